@@ -1,0 +1,101 @@
+#pragma once
+// The autograd graph: a Node per recorded op, holding what its backward needs and an Edge per input
+// pointing at the node that produced that input (or at the leaf's gradient accumulator).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kiln/core/tensor.h>
+
+namespace kiln::autograd {
+
+struct Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: the input needs no gradient
+  uint32_t input_nr = 0;       // which output of `node` the input was
+};
+
+struct OutputInfo {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+struct Node {
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // grads: one per output, zero-filled where no gradient arrived. Returns one gradient per next edge
+  // (undefined where the input needs none).
+  virtual std::vector<Tensor> apply(const std::vector<Tensor>& grads) = 0;
+  // Frees what was saved for backward; called after backward unless retain_graph.
+  virtual void release() {}
+  virtual bool released() const { return false; }
+
+  const std::string& name() const { return name_; }
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  std::vector<Edge> next_edges;
+  std::vector<OutputInfo> outputs;
+  // Hooks on the gradient w.r.t. output i, run before apply; each may replace the gradient.
+  std::vector<std::pair<uint32_t, TensorHook>> pre_hooks;
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;
+};
+
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
+
+// A node whose backward is a closure over its saved tensors.
+struct FunctionNode final : Node {
+  FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
+  void release() override { fn_ = nullptr; }
+  bool released() const override { return !fn_; }
+
+ private:
+  BackwardFn fn_;
+};
+
+// Sums incoming gradients into a leaf's .grad.
+struct AccumulateGrad final : Node {
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("AccumulateGrad"), leaf_(leaf) {}
+  std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// A tensor saved for backward. It remembers the storage version at save time and refuses to unpack if
+// the memory was modified in place since, because the gradient would silently be wrong.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t);  // NOLINT(google-explicit-constructor)
+  Tensor unpack(const char* op) const;
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;  // detached alias: shares storage (and so the version counter), holds no graph
+  uint64_t version_ = 0;
+};
+
+// True when grad mode is on and any defined input requires grad.
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+// Makes `outputs` the results of a new node named `name` with edges to `inputs`. backward gets one
+// gradient per output and returns one per input. Call only when any_requires_grad(inputs).
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn backward);
+// The edge a gradient for `t` must flow along (grad_fn output or leaf accumulator).
+Edge gradient_edge(const Tensor& t);
+
+// Runs the backward pass from roots with the given gradients (undefined: ones for scalars).
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
+
+}  // namespace kiln::autograd

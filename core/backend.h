@@ -1,0 +1,105 @@
+#pragma once
+// The per-device kernel table. Op entry points (core/ops*.cpp, nn/functional*.cpp) validate arguments,
+// allocate outputs and call these; each device implements them (core/cpu: the reference; cuda/: GPU).
+// Kernels may assume what their comment promises: the entry points arrange layouts before calling.
+#include <cstddef>
+#include <cstdint>
+
+#include <kiln/core/random.h>
+#include <kiln/core/tensor.h>
+
+namespace kiln {
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu, gelu_tanh, abs, sign, square, isfinite,
+  pow_scalar,   // x^p0
+  clamp,        // min(max(x, p0), p1)
+  add_scalar,   // x + p0
+  mul_scalar,   // x * p0
+  rsub_scalar,  // p0 - x
+  rdiv_scalar,  // p0 / x
+};
+
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div, pow, maximum, minimum,
+  eq, ne, lt, le, gt, ge,          // output bool
+  relu_backward,                   // a * (b > 0)            (a = grad, b = input)
+  gelu_backward,                   // a * gelu'(b)
+  gelu_tanh_backward,              // a * gelu_tanh'(b)
+  tanh_backward,                   // a * (1 - b^2)          (b = output)
+  sigmoid_backward,                // a * b * (1 - b)        (b = output)
+};
+
+enum class ReduceOp : uint8_t { sum, max, min, argmax };
+
+// Geometry of a 2-D window op (convolution via im2col, pooling).
+struct Window2d {
+  int64_t n, c, h, w;        // input
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t oh, ow;            // output spatial size
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes) = 0;
+
+  // dst = src converted to dst's dtype. Same shape (src may have 0 strides), any strides.
+  virtual void copy(const Tensor& src, const Tensor& dst) const = 0;
+  virtual void fill(const Tensor& dst, double value) const = 0;  // any strides
+  // out = op(in); out contiguous, in of the same shape with any strides.
+  virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) const = 0;
+  // out = op(a, b); out contiguous, a and b expanded to out's shape (any strides).
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
+  // out = cond ? a : b; all expanded to out's shape; cond bool.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
+  // in contiguous (M, R); out contiguous (M): reduces each row. argmax writes i64 (first maximum).
+  virtual void reduce(ReduceOp op, const Tensor& in, const Tensor& out) const = 0;
+  // out (B, M, N) contiguous = a (B, M, K) · b (B, K, N). a and b have unit stride in one of their two
+  // matrix dims (row- or column-major matrices); their batch stride may be 0 (broadcast).
+  virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
+  // Over the last dim of contiguous (M, C) tensors.
+  virtual void softmax(const Tensor& in, const Tensor& out, bool log) const = 0;
+  virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const = 0;
+  // x, y (M, C) contiguous; weight/bias (C) or undefined; mean, rstd (M) f32.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                          const Tensor& mean, const Tensor& rstd) const = 0;
+  // dw, db (C) may be undefined (no affine params); they are overwritten, not accumulated.
+  virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const = 0;
+  // logits (N, C) contiguous, target (N) i64. loss (N) f32: per-row loss (0 for ignored rows);
+  // lse (N) f32: log-sum-exp of each row, saved for backward.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                             const Tensor& loss, const Tensor& lse) const = 0;
+  // grad_logits (N, C) = grad_loss[n] * d loss[n] / d logits[n, :]; grad_loss (N) f32.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                      const Tensor& grad_loss, int64_t ignore_index, double label_smoothing,
+                                      const Tensor& grad_logits) const = 0;
+  // Fills contiguous out: element i from Philox block (offset + i / 4) (uniform) or (offset + i / 2)
+  // (normal, Box-Muller on two words). uniform: [a, b); normal: mean a, std b.
+  virtual void random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const = 0;
+  // src contiguous viewed as (outer, D, inner); out contiguous (outer, n, inner); index (n) i64.
+  virtual void index_select(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const = 0;
+  // dst contiguous (outer, D, inner) += src contiguous (outer, n, inner) at rows index (n) i64.
+  virtual void index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const = 0;
+  // out[..i_dim..] = src[..index[..]..]; index, out contiguous with equal shapes; src contiguous.
+  virtual void gather(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const = 0;
+  // dst[..index[..]..] += src[..]; dst contiguous, index and src contiguous with equal shapes.
+  virtual void scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const = 0;
+  // x (N, C, H, W) contiguous -> cols (N, C*kh*kw, oh*ow); col2im adds cols back into zeroed x.
+  virtual void im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const = 0;
+  virtual void col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const = 0;
+  // out (N, C, oh, ow); indices (N, C, oh, ow) i64 into each (H*W) plane.
+  virtual void max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const = 0;
+  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                                   const Tensor& grad_in) const = 0;
+  virtual void avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const = 0;
+  virtual void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const = 0;
+};
+
+Backend& backend(Device device);
+void register_backend(DeviceType type, Backend* backend);
+bool has_backend(DeviceType type);
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+#include <kiln/core/dtype.h>
+#include <kiln/core/error.h>
+
+namespace kiln {
+
+size_t element_size(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 4;
+    case DType::f64: case DType::i64: return 8;
+    case DType::f16: case DType::bf16: return 2;
+    case DType::boolean: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean})
+    if (name == dtype_name(t)) return t;
+  KILN_FAIL("dtype_from_name: unknown dtype '", name, "'");
+}
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  auto rank = [](DType t) {
+    switch (t) {
+      case DType::boolean: return 0;
+      case DType::i32: return 1;
+      case DType::i64: return 2;
+      case DType::f16: case DType::bf16: return 3;
+      case DType::f32: return 4;
+      case DType::f64: return 5;
+    }
+    return 0;
+  };
+  if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16)) return DType::f32;
+  return rank(a) >= rank(b) ? a : b;
+}
+
+}  // namespace kiln

@@ -1,0 +1,78 @@
+#pragma once
+// Differentiable tensor operations. Each validates its inputs (throwing kiln::Error that names the op,
+// shapes, dtypes and devices), computes through the device's kernel table and, when grad mode is on and
+// an input requires grad, records a node for the backward pass.
+#include <vector>
+
+#include <kiln/core/tensor.h>
+
+namespace kiln {
+
+// ---- elementwise (binary ops broadcast like NumPy; dtypes promote) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor rsub(const Tensor& a, double b);  // b - a
+Tensor rdiv(const Tensor& a, double b);  // b / a
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approximation = false);
+Tensor abs(const Tensor& a);
+Tensor sign(const Tensor& a);  // not differentiable (zero gradient)
+Tensor square(const Tensor& a);
+Tensor clamp(const Tensor& a, double lo, double hi);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond is bool; broadcasts
+// Comparisons return bool tensors and carry no gradient.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor isfinite(const Tensor& a);
+Tensor cast(const Tensor& a, DType dtype);  // differentiable between floating dtypes
+
+// ---- reductions (dims may be negative; an empty dims list reduces everything) ----
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);  // ties share the gradient
+Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // i64
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+bool all_true(const Tensor& a);  // host bool: every element nonzero
+// Sums a broadcast gradient back to `shape` (the reverse of expand).
+Tensor sum_to(const Tensor& a, const Shape& shape);
+
+// ---- linear algebra ----
+// NumPy matmul: 1-D operands are promoted and the added dim removed; batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- softmax family (over one dim) ----
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+
+// ---- joining, splitting, indexing ----
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim = 0);  // views; last chunk may be smaller
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);  // index: 1-D i32/i64
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);        // out[i][j] = a[i][index[i][j]] (dim 1)
+// out = a with src added at index along dim (not recorded by autograd).
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+
+}  // namespace kiln

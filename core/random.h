@@ -1,0 +1,61 @@
+#pragma once
+// Counter-based random numbers (Philox4x32-10, Salmon et al. 2011). A generator is just (seed, offset):
+// element i of a draw that starts at block `offset` comes from Philox(key = seed, counter = offset + i/4),
+// so any device computes exactly the same bits for the same element without sharing state, and the
+// generator state saved in a checkpoint is two integers.
+#include <array>
+#include <cstdint>
+
+#include <kiln/core/tensor.h>
+
+namespace kiln {
+
+std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed);
+// Top 24 bits of a Philox word as a float in [0, 1).
+inline float uint_to_unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
+
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // next unused 128-bit Philox block
+};
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) { state_.seed = seed; }
+  void manual_seed(uint64_t seed) { state_ = {seed, 0}; }
+  GeneratorState state() const { return state_; }
+  void set_state(GeneratorState s) { state_ = s; }
+  // Claims `blocks` Philox blocks and returns the first.
+  uint64_t reserve(uint64_t blocks) {
+    uint64_t first = state_.offset;
+    state_.offset += blocks;
+    return first;
+  }
+  uint64_t seed() const { return state_.seed; }
+  // Host-side helpers for data shuffling etc.
+  uint32_t next_u32();
+  uint64_t random_below(uint64_t n);  // uniform in [0, n)
+
+ private:
+  GeneratorState state_;
+};
+
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+enum class Distribution : uint8_t { uniform, normal };
+
+// Random tensors. uniform: [low, high); normal: mean, std. Every draw advances the generator.
+Tensor rand(const Shape& shape, const TensorOptions& opt = {}, Generator* gen = nullptr);
+Tensor randn(const Shape& shape, const TensorOptions& opt = {}, Generator* gen = nullptr);
+Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
+Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& opt = {.dtype = DType::i64},
+               Generator* gen = nullptr);
+// In place: fills t from the distribution with parameters (a, b) = (low, high) or (mean, std).
+Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0, Generator* gen = nullptr);
+Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
+// A random permutation of 0..n-1 (i64, CPU).
+Tensor randperm(int64_t n, Generator* gen = nullptr);
+
+}  // namespace kiln

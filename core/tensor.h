@@ -1,0 +1,231 @@
+#pragma once
+// Tensor: a strided view (shape, strides, offset) over reference-counted storage, with a dtype, a device
+// and the autograd state of the value it holds. Copying a Tensor copies the handle, not the data.
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <kiln/core/device.h>
+#include <kiln/core/dtype.h>
+#include <kiln/core/error.h>
+
+namespace kiln {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);  // "[2, 3]"
+
+namespace autograd {
+struct Node;
+}
+
+// A block of device memory. The version counter lives here so that every view of the same memory sees
+// in-place writes made through any other view (autograd uses it to reject stale saved tensors).
+struct Storage {
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  uint64_t version = 0;
+};
+
+class Tensor;
+using TensorHook = std::function<Tensor(const Tensor&)>;  // returns a replacement gradient or an undefined Tensor
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape, strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+
+  // autograd
+  bool requires_grad = false;                     // only meaningful on leaves
+  std::shared_ptr<TensorImpl> grad;               // accumulated gradient (leaves, or non-leaves that retain_grad)
+  std::shared_ptr<autograd::Node> grad_fn;        // the node that produced this tensor (non-leaves)
+  uint32_t output_nr = 0;                         // which output of grad_fn this is
+  std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: where incoming gradients are summed
+  std::vector<TensorHook> hooks;
+  bool retains_grad = false;
+};
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  bool requires_grad = false;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- metadata ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& sizes() const { return impl().shape; }
+  const Shape& shape() const { return impl().shape; }
+  const Shape& strides() const { return impl().strides; }
+  int64_t size(int64_t dim) const;    // negative dims count from the end
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return int64_t(impl().shape.size()); }
+  int64_t numel() const;
+  int64_t offset() const { return impl().offset; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device; }
+  size_t element_size() const { return kiln::element_size(dtype()); }
+  bool is_contiguous() const;
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  bool shares_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
+  std::string str() const;  // "f32[2, 3] cpu" for messages
+  uint64_t version() const { return impl().storage->version; }
+  void bump_version() const { ++impl().storage->version; }
+
+  // ---- data access (CPU tensors) ----
+  void* raw_data() const;  // pointer to the first element of this view
+  template <class T> T* data_ptr() const {
+    KILN_CHECK(dtype_of<T>::value == dtype(), "data_ptr: tensor is ", str(), ", asked for ", dtype_name(dtype_of<T>::value));
+    return static_cast<T*>(raw_data());
+  }
+  template <class T> T item() const;              // the value of a one-element tensor, converted to T
+  template <class T> std::vector<T> to_vector() const;  // all elements in row-major order, converted to T
+
+  // ---- views: share storage, no copy ----
+  Tensor view(const Shape& shape) const;          // needs compatible strides; one dim may be -1
+  Tensor reshape(const Shape& shape) const;       // a view when possible, else a copy
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const { return transpose(0, 1); }
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;  // removes dim
+  Tensor expand(const Shape& shape) const;        // -1 keeps a size; broadcasting rules
+  Tensor expand_as(const Tensor& o) const { return expand(o.sizes()); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor contiguous() const;                      // this tensor if already contiguous, else a copy
+  Tensor clone() const;                           // always a contiguous copy (differentiable)
+  Tensor detach() const;                          // same storage, no autograd history
+
+  // ---- device / dtype ----
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device, DType dtype) const;
+  Tensor cpu() const { return to(Device::cpu()); }
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool value = true);
+  Tensor grad() const;                     // undefined until a backward pass reaches it
+  void set_grad(const Tensor& g) const;    // replaces .grad (undefined clears it)
+  Tensor& mutable_grad_ref() = delete;
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
+  bool is_leaf() const { return impl().grad_fn == nullptr; }
+  // Computes gradients of this tensor w.r.t. every leaf that requires grad and adds them to .grad.
+  // A non-scalar tensor needs `gradient` of its shape. The graph is freed unless retain_graph.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // Calls hook(grad) whenever the gradient w.r.t. this tensor is computed; the hook may return a
+  // replacement gradient. Returns the hook's index.
+  size_t register_hook(TensorHook hook) const;
+  void retain_grad() const;
+
+  // ---- in-place (never recorded by autograd; they bump the version counter) ----
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);  // broadcasts src, casts dtype, may cross devices
+  Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& sub_(const Tensor& other) { return add_(other, -1.0); }
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(double value);
+  Tensor& div_(const Tensor& other);
+  Tensor& add_(double value);
+
+  // ---- math (differentiable; definitions in core/ops.h) ----
+  Tensor add(const Tensor& o) const;
+  Tensor sub(const Tensor& o) const;
+  Tensor mul(const Tensor& o) const;
+  Tensor div(const Tensor& o) const;
+  Tensor neg() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor pow(double exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor abs() const;
+  Tensor clamp(double lo, double hi) const;
+  Tensor sum() const;
+  Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor max() const;
+  Tensor max(int64_t dim, bool keepdim = false) const;
+  Tensor min() const;
+  Tensor min(int64_t dim, bool keepdim = false) const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor argmax() const;  // index into the flattened tensor
+  Tensor var(const std::vector<int64_t>& dims, int64_t correction = 1, bool keepdim = false) const;
+  Tensor matmul(const Tensor& o) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor eq(const Tensor& o) const;
+  Tensor ne(const Tensor& o) const;
+  Tensor lt(const Tensor& o) const;
+  Tensor le(const Tensor& o) const;
+  Tensor gt(const Tensor& o) const;
+  Tensor ge(const Tensor& o) const;
+
+  TensorImpl& impl() const {
+    KILN_CHECK(impl_ != nullptr, "tensor: use of an undefined tensor");
+    return *impl_;
+  }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Operators follow the dtype of the tensor operand when the other is a double.
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);  // values of small tensors, shape of large ones
+
+// ---- factories (core/factory.cpp) ----
+Tensor empty(const Shape& shape, const TensorOptions& opt = {});
+Tensor zeros(const Shape& shape, const TensorOptions& opt = {});
+Tensor ones(const Shape& shape, const TensorOptions& opt = {});
+Tensor full(const Shape& shape, double value, const TensorOptions& opt = {});
+Tensor arange(double start, double end, double step = 1.0, const TensorOptions& opt = {});
+Tensor arange(int64_t end, const TensorOptions& opt = {.dtype = DType::i64});
+Tensor scalar_tensor(double value, const TensorOptions& opt = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, const TensorOptions& opt = {.dtype = dtype_of<T>::value});
+// Tensor from an arbitrary dtype-less double list: from_list({1,2,3}, {3}, {.dtype=DType::f64}).
+Tensor tensor(std::initializer_list<double> values, const Shape& shape, const TensorOptions& opt = {});
+Tensor tensor(const std::vector<double>& values, const Shape& shape, const TensorOptions& opt = {});
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+#pragma once
+// Neural-network operations, each one fused node in the autograd graph (one kernel call forward and
+// one backward where the math allows), usable without modules: nn::functional::linear(x, w, b).
+#include <array>
+#include <optional>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+
+namespace kiln::nn::functional {
+
+// y = x · wᵀ + b, with w of shape (out_features, in_features) as in PyTorch.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
+inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
+inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }
+inline Tensor log_softmax(const Tensor& x, int64_t dim) { return kiln::log_softmax(x, dim); }
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p); the identity when !training.
+// The mask comes from the Philox generator, so the same seed gives the same mask on every device.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// Normalizes over the trailing dims given by normalized_shape; weight and bias may be undefined.
+// Saves the per-row mean and 1/std for backward.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// Rows of weight picked by integer indices of any shape: output shape = indices.shape + [dim].
+Tensor embedding(const Tensor& indices, const Tensor& weight);
+
+enum class Reduction { none, mean, sum };
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  Reduction reduction = Reduction::mean;
+};
+// Fused log-softmax + negative log-likelihood. logits (N, C) or (N, C, d...) with class dim 1, target
+// integer class indices. The mean is over targets that are not ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt = {});
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+
+struct Conv2dOptions {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+};
+// x (N, C_in, H, W), weight (C_out, C_in, kH, kW), bias (C_out) or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& opt = {});
+
+struct Pool2dOptions {
+  std::array<int64_t, 2> kernel_size{2, 2};
+  std::array<int64_t, 2> stride{0, 0};  // 0 means "same as kernel_size"
+  std::array<int64_t, 2> padding{0, 0};
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts in the divisor, as PyTorch's default
+
+// Reference attention: softmax(q kᵀ · scale + mask) v over the last two dims; q (..., Tq, D), k/v (..., Tk, D).
+// causal masks keys after the query position. scale defaults to 1/sqrt(D).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                    std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                    bool training = false);
+
+}  // namespace kiln::nn::functional
