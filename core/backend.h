@@ -16,6 +16,7 @@ enum class UnaryOp : uint8_t {
   clamp,        // min(max(x, p0), p1)
   add_scalar,   // x + p0
   mul_scalar,   // x * p0
+  div_scalar,   // x / p0
   rsub_scalar,  // p0 - x
   rdiv_scalar,  // p0 / x
 };
@@ -29,6 +30,9 @@ enum class BinaryOp : uint8_t {
   tanh_backward,                   // a * (1 - b^2)          (b = output)
   sigmoid_backward,                // a * b * (1 - b)        (b = output)
 };
+
+// The dtype of saved statistics for inputs of dtype t.
+inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 enum class ReduceOp : uint8_t { sum, max, min, argmax };
 
@@ -62,17 +66,18 @@ class Backend {
   // Over the last dim of contiguous (M, C) tensors.
   virtual void softmax(const Tensor& in, const Tensor& out, bool log) const = 0;
   virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const = 0;
-  // x, y (M, C) contiguous; weight/bias (C) or undefined; mean, rstd (M) f32.
+  // x, y (M, C) contiguous; weight/bias (C) or undefined; mean, rstd (M) in the stat dtype: f64 for f64
+  // inputs, f32 otherwise (also for loss, lse and grad_loss of cross_entropy).
   virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                           const Tensor& mean, const Tensor& rstd) const = 0;
   // dw, db (C) may be undefined (no affine params); they are overwritten, not accumulated.
   virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const = 0;
-  // logits (N, C) contiguous, target (N) i64. loss (N) f32: per-row loss (0 for ignored rows);
-  // lse (N) f32: log-sum-exp of each row, saved for backward.
+  // logits (N, C) contiguous, target (N) i64. loss (N) stat dtype: per-row loss (0 for ignored rows);
+  // lse (N) stat dtype: log-sum-exp of each row, saved for backward.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                              const Tensor& loss, const Tensor& lse) const = 0;
-  // grad_logits (N, C) = grad_loss[n] * d loss[n] / d logits[n, :]; grad_loss (N) f32.
+  // grad_logits (N, C) = grad_loss[n] * d loss[n] / d logits[n, :]; grad_loss (N) stat dtype.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                       const Tensor& grad_loss, int64_t ignore_index, double label_smoothing,
                                       const Tensor& grad_logits) const = 0;

@@ -18,6 +18,7 @@ Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
 Tensor pow(const Tensor& a, double exponent);
 Tensor rsub(const Tensor& a, double b);  // b - a
 Tensor rdiv(const Tensor& a, double b);  // b / a

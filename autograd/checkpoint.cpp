@@ -1,0 +1,49 @@
+// Reentrant gradient checkpointing: forward runs without recording; the node's backward replays fn
+// with recording on (and the generator rewound to where the forward pass found it), then runs a nested
+// backward through the replayed graph. Parameters used inside fn receive their gradients from that
+// nested pass; the inputs' gradients are returned to the outer one.
+#include <kiln/autograd/checkpoint.h>
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/random.h>
+
+namespace kiln::autograd {
+
+Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
+  if (!is_grad_enabled()) return fn(inputs);
+  GeneratorState rng = default_generator().state();
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = fn(inputs);
+  }
+  KILN_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
+  out = out.detach();
+  // Record even when no input requires grad: parameters inside fn may.
+  std::vector<bool> needs;
+  for (const auto& t : inputs) needs.push_back(t.defined() && t.requires_grad());
+  record("checkpoint", inputs, {out}, [fn, rng, inputs, needs](const std::vector<Tensor>& grads) {
+    std::vector<Tensor> detached;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Tensor d = inputs[i].defined() ? inputs[i].detach() : Tensor();
+      if (needs[i]) d.requires_grad_(true);
+      detached.push_back(d);
+    }
+    GeneratorState now = default_generator().state();
+    default_generator().set_state(rng);
+    Tensor replay;
+    {
+      EnableGradGuard eg;
+      replay = fn(detached);
+    }
+    default_generator().set_state(now);
+    if (replay.requires_grad()) run_backward({replay}, {grads[0]}, false);
+    std::vector<Tensor> result;
+    for (size_t i = 0; i < detached.size(); ++i) result.push_back(needs[i] ? detached[i].grad() : Tensor());
+    return result;
+  });
+  // The output needs a graph even if no input required grad, so that backward reaches the node.
+  return out;
+}
+
+}  // namespace kiln::autograd

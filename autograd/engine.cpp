@@ -1,0 +1,116 @@
+// The backward pass. Counts, for every node reachable from the roots, how many edges lead into it;
+// runs a node once all its gradients have arrived (latest-recorded first among the ready ones, so the
+// order is deterministic), summing gradients that arrive along several edges.
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <kiln/autograd/anomaly.h>
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::autograd {
+
+namespace {
+
+struct ByLatest {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+};
+
+void check_finite(const Node& node, const std::vector<Tensor>& grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (!g.defined() || !is_floating(g.dtype())) continue;
+    KILN_CHECK(all_true(isfinite(g)), "anomaly: backward of '", node.name(), "' produced a non-finite gradient for its input ",
+               i, " (", g.str(), ")");
+  }
+}
+
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> keep_alive;
+
+  auto add_grad = [&](const Edge& e, const Tensor& g) {
+    auto& buf = buffers[e.node.get()];
+    if (buf.empty()) buf.resize(e.node->outputs.size());
+    const OutputInfo& info = e.node->outputs[e.input_nr];
+    Tensor gg = g;
+    if (gg.dtype() != info.dtype) gg = gg.to(info.dtype);
+    if (gg.sizes() != info.shape) gg = sum_to(gg, info.shape);
+    Tensor& slot = buf[e.input_nr];
+    slot = slot.defined() ? add(slot, gg) : gg;
+  };
+
+  std::vector<Edge> root_edges;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    KILN_CHECK(r.requires_grad(), "backward: tensor ", r.str(), " does not require grad and has no grad_fn");
+    Tensor g = i < grads.size() ? grads[i] : Tensor();
+    if (!g.defined()) {
+      KILN_CHECK(r.numel() == 1, "backward: a gradient is needed for the non-scalar tensor ", r.str());
+      g = ones(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
+    }
+    KILN_CHECK(g.sizes() == r.sizes(), "backward: gradient ", g.str(), " does not match tensor ", r.str());
+    root_edges.push_back(gradient_edge(r));
+    add_grad(root_edges.back(), g);
+  }
+
+  // Count incoming edges of every reachable node.
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (auto& e : root_edges)
+    if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next_edges) {
+      if (!e.node) continue;
+      dependencies[e.node.get()]++;
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
+  for (auto& e : root_edges)
+    if (dependencies[e.node.get()] == 0) {
+      dependencies[e.node.get()] = -1;  // queued
+      ready.push(e.node.get());
+    }
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> in = std::move(buffers[node]);
+    buffers.erase(node);
+    in.resize(node->outputs.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      if (!in[i].defined())
+        in[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype, .device = node->outputs[i].device});
+    for (auto& [index, hook] : node->pre_hooks) {
+      Tensor replaced = hook(in[index]);
+      if (replaced.defined()) in[index] = replaced;
+    }
+    std::vector<Tensor> out = node->apply(in);
+    if (is_anomaly_enabled()) check_finite(*node, out);
+    if (!retain_graph) node->release();
+    for (size_t i = 0; i < node->next_edges.size() && i < out.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.node || !out[i].defined()) continue;
+      add_grad(e, out[i]);
+    }
+    for (auto& e : node->next_edges) {
+      if (!e.node) continue;
+      if (--dependencies[e.node.get()] == 0) {
+        dependencies[e.node.get()] = -1;
+        ready.push(e.node.get());
+      }
+    }
+  }
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,84 @@
+#include <kiln/autograd/node.h>
+
+#include <atomic>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::autograd {
+
+namespace {
+std::atomic<uint64_t> next_sequence_nr{0};
+}
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
+
+std::vector<Tensor> FunctionNode::apply(const std::vector<Tensor>& grads) {
+  KILN_CHECK(fn_ != nullptr, name(), " backward: trying to backward through the graph a second time (or after its "
+             "saved tensors were freed); pass retain_graph=true to the first backward");
+  return fn_(grads);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
+  auto leaf = leaf_.lock();
+  if (!leaf || !grads[0].defined()) return {};
+  Tensor var(leaf);
+  Tensor g = grads[0];
+  if (g.dtype() != var.dtype()) g = g.to(var.dtype());
+  Tensor old = var.grad();
+  if (!old.defined()) {
+    // Own the memory: the incoming gradient may alias a buffer of the graph or a user's tensor.
+    var.set_grad(g.clone());
+  } else {
+    old.add_(g);
+  }
+  return {};
+}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  data_ = t.detach();
+  version_ = t.version();
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (data_.defined())
+    KILN_CHECK(data_.version() == version_, op, " backward: a tensor ", data_.str(), " saved for backward was modified "
+               "in place (version ", version_, " -> ", data_.version(), "); its gradient would be wrong");
+  return data_;
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  TensorImpl& impl = t.impl();
+  if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
+  if (!impl.requires_grad) return {};
+  if (!impl.grad_accumulator) {
+    auto acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    acc->outputs.push_back({t.sizes(), t.dtype(), t.device()});
+    impl.grad_accumulator = acc;
+  }
+  // Module::to() may have changed the leaf's dtype or device since the accumulator was made.
+  impl.grad_accumulator->outputs[0] = {t.sizes(), t.dtype(), t.device()};
+  return {impl.grad_accumulator, 0};
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn backward) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->next_edges.reserve(inputs.size());
+  for (const auto& in : inputs) node->next_edges.push_back(in.defined() && in.requires_grad() ? gradient_edge(in) : Edge{});
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl& o = outputs[i].impl();
+    o.grad_fn = node;
+    o.output_nr = uint32_t(i);
+    node->outputs.push_back({o.shape, o.dtype, outputs[i].device()});
+  }
+}
+
+}  // namespace kiln::autograd

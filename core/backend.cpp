@@ -1,0 +1,25 @@
+#include <kiln/core/backend.h>
+
+#include <array>
+
+#include <kiln/core/cpu/cpu_backend.h>
+
+namespace kiln {
+
+namespace {
+std::array<Backend*, 2>& registry() {
+  static std::array<Backend*, 2> table{&cpu::cpu_backend(), nullptr};
+  return table;
+}
+}  // namespace
+
+void register_backend(DeviceType type, Backend* b) { registry()[size_t(type)] = b; }
+bool has_backend(DeviceType type) { return registry()[size_t(type)] != nullptr; }
+
+Backend& backend(Device device) {
+  Backend* b = registry()[size_t(device.type)];
+  KILN_CHECK(b != nullptr, "device ", device.str(), " is not available: this build of Kiln has no backend for it");
+  return *b;
+}
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+// matmul with NumPy semantics, built from differentiable views around one batched GEMM node.
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/shape.h>
+
+namespace kiln {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+// The kernel needs unit stride along the rows or the columns of each matrix.
+Tensor gemm_ready(const Tensor& t) { return (t.stride(2) == 1 || t.stride(1) == 1) ? t : t.contiguous(); }
+
+// (B, M, K) · (B, K, N) -> (B, M, N)
+Tensor bmm3(const Tensor& a, const Tensor& b) {
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
+  {
+    NoGradGuard ng;
+    backend(a.device()).bmm(gemm_ready(a), gemm_ready(b), out);
+  }
+  if (any_requires_grad({a, b}))
+    record("matmul", {a, b}, {out}, [sa = SavedTensor(a), sb = SavedTensor(b), ra = a.requires_grad(),
+                                     rb = b.requires_grad()](const Grads& g) {
+      // dA = G Bᵀ, dB = Aᵀ G
+      Tensor ga = ra ? bmm3(g[0], sb.unpack("matmul").transpose(1, 2)) : Tensor();
+      Tensor gb = rb ? bmm3(sa.unpack("matmul").transpose(1, 2), g[0]) : Tensor();
+      return Grads{ga, gb};
+    });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  KILN_CHECK(a_in.device() == b_in.device(), "matmul: tensors on different devices: ", a_in.str(), " and ", b_in.str());
+  KILN_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: both operands need at least 1 dim, got ", a_in.str(), " and ",
+             b_in.str());
+  KILN_CHECK(is_floating(a_in.dtype()) && is_floating(b_in.dtype()), "matmul: expected floating-point tensors, got ",
+             a_in.str(), " and ", b_in.str());
+  DType t = promote_types(a_in.dtype(), b_in.dtype());
+  Tensor a = cast(a_in, t), b = cast(b_in, t);
+  bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
+  if (a_vec) a = a.unsqueeze(0);
+  if (b_vec) b = b.unsqueeze(1);
+  int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  KILN_CHECK(b.size(-2) == K, "matmul: inner dimensions differ: ", a_in.str(), " and ", b_in.str());
+
+  Shape result;
+  Tensor out;
+  if (b.dim() == 2) {
+    // (..., M, K) · (K, N): fold every batch dim into M for one GEMM with a shared weight.
+    Shape batch(a.sizes().begin(), a.sizes().end() - 2);
+    out = bmm3(a.reshape({1, -1, K}), b.unsqueeze(0));
+    result = batch;
+  } else {
+    Shape ba(a.sizes().begin(), a.sizes().end() - 2), bb(b.sizes().begin(), b.sizes().end() - 2);
+    Shape batch = broadcast_shapes(ba, bb, "matmul");
+    Shape ea = batch, eb = batch;
+    ea.insert(ea.end(), {M, K});
+    eb.insert(eb.end(), {K, N});
+    out = bmm3(a.expand(ea).reshape({-1, M, K}), b.expand(eb).reshape({-1, K, N}));
+    result = batch;
+  }
+  if (!a_vec) result.push_back(M);
+  if (!b_vec) result.push_back(N);
+  return out.reshape(result);
+}
+
+}  // namespace kiln

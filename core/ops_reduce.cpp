@@ -1,0 +1,174 @@
+// Reductions and the softmax family. A reduction moves the reduced dims last, makes the tensor a
+// contiguous (M, R) matrix and reduces each row: one kernel for every combination of dims.
+#include <algorithm>
+#include <numeric>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/shape.h>
+
+namespace kiln {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+struct ReducePlan {
+  std::vector<bool> reduced;  // per input dim
+  Shape out_shape;            // without keepdim
+  Shape keep_shape;           // with reduced dims as 1
+  int64_t rows = 1, cols = 1;
+};
+
+ReducePlan plan_reduce(const Tensor& a, const std::vector<int64_t>& dims, const char* op) {
+  ReducePlan p;
+  p.reduced.assign(size_t(a.dim()), dims.empty());
+  for (int64_t d : dims) {
+    int64_t w = wrap_dim(d, a.dim(), op);
+    KILN_CHECK(!p.reduced[size_t(w)] || dims.empty(), op, ": dim ", d, " given twice for ", a.str());
+    p.reduced[size_t(w)] = true;
+  }
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (p.reduced[size_t(d)]) {
+      p.cols *= a.size(d);
+      p.keep_shape.push_back(1);
+    } else {
+      p.rows *= a.size(d);
+      p.out_shape.push_back(a.size(d));
+      p.keep_shape.push_back(a.size(d));
+    }
+  }
+  return p;
+}
+
+// Runs the reduction kernel; the result has p.out_shape (or keep_shape with keepdim).
+Tensor reduce_raw(ReduceOp op, const Tensor& a, const ReducePlan& p, bool keepdim, DType out_dtype, const char* name) {
+  KILN_CHECK(p.cols > 0 || op == ReduceOp::sum, name, ": cannot reduce over an empty dim of ", a.str());
+  NoGradGuard ng;
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (!p.reduced[size_t(d)]) perm.push_back(d);
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (p.reduced[size_t(d)]) perm.push_back(d);
+  Tensor m = (a.dim() ? a.permute(perm) : a).contiguous().reshape({p.rows, p.cols});
+  Tensor out = empty({p.rows}, {.dtype = out_dtype, .device = a.device()});
+  if (p.cols == 0) backend(a.device()).fill(out, 0.0);
+  else backend(a.device()).reduce(op, m, out);
+  return out.reshape(keepdim ? p.keep_shape : p.out_shape);
+}
+
+DType sum_dtype(DType t) { return is_floating(t) ? t : DType::i64; }
+
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  ReducePlan p = plan_reduce(a, dims, "sum");
+  Tensor out = reduce_raw(ReduceOp::sum, a, p, keepdim, sum_dtype(a.dtype()), "sum");
+  if (any_requires_grad({a}))
+    record("sum", {a}, {out}, [shape = a.sizes(), keep = p.keep_shape](const Grads& g) {
+      return Grads{g[0].reshape(keep).expand(shape)};
+    });
+  return out;
+}
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  KILN_CHECK(is_floating(a.dtype()), "mean: expected a floating-point tensor, got ", a.str());
+  ReducePlan p = plan_reduce(a, dims, "mean");
+  return div(sum(a, dims, keepdim), double(p.cols));
+}
+
+namespace {
+// amax/amin: the gradient is shared evenly by the elements equal to the extremum.
+Tensor extremum(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, const char* name) {
+  ReducePlan p = plan_reduce(a, dims, name);
+  Tensor out = reduce_raw(op, a, p, keepdim, a.dtype(), name);
+  if (any_requires_grad({a}))
+    record(name, {a}, {out}, [sa = SavedTensor(a), so = SavedTensor(out), keep = p.keep_shape, dims, name](const Grads& g) {
+      Tensor x = sa.unpack(name);
+      Tensor m = so.unpack(name).reshape(keep);
+      Tensor mask = cast(eq(x, m), g[0].dtype());
+      Tensor count = sum(mask, dims, true);
+      return Grads{mul(div(g[0].reshape(keep), count), mask)};
+    });
+  return out;
+}
+}  // namespace
+
+Tensor amax(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum(ReduceOp::max, a, dims, keepdim, "amax");
+}
+Tensor amin(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum(ReduceOp::min, a, dims, keepdim, "amin");
+}
+
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
+  ReducePlan p = plan_reduce(a, {dim}, "argmax");
+  return reduce_raw(ReduceOp::argmax, a, p, keepdim, DType::i64, "argmax");
+}
+
+// var = Σ (x - mean)² / (N - correction), composed of differentiable ops.
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  KILN_CHECK(is_floating(a.dtype()), "var: expected a floating-point tensor, got ", a.str());
+  ReducePlan p = plan_reduce(a, dims, "var");
+  Tensor centered = sub(a, mean(a, dims, true));
+  return div(sum(mul(centered, centered), dims, keepdim), double(std::max<int64_t>(p.cols - correction, 0)));
+}
+
+bool all_true(const Tensor& a) {
+  NoGradGuard ng;
+  if (a.numel() == 0) return true;
+  Tensor as_bool = a.dtype() == DType::boolean ? a : ne(a, zeros({}, {.dtype = a.dtype(), .device = a.device()}));
+  ReducePlan p = plan_reduce(as_bool, {}, "all");
+  return reduce_raw(ReduceOp::min, cast(as_bool, DType::f32), p, false, DType::f32, "all").item<float>() != 0.0f;
+}
+
+Tensor sum_to(const Tensor& a, const Shape& shape) {
+  if (a.sizes() == shape) return a;
+  KILN_CHECK(int64_t(shape.size()) <= a.dim(), "sum_to: cannot sum ", a.str(), " to ", shape_str(shape));
+  int64_t lead = a.dim() - int64_t(shape.size());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (d < lead) dims.push_back(d);
+    else if (shape[size_t(d - lead)] == 1 && a.size(d) != 1) dims.push_back(d);
+    else KILN_CHECK(shape[size_t(d - lead)] == a.size(d), "sum_to: cannot sum ", a.str(), " to ", shape_str(shape));
+  }
+  if (dims.empty()) return a.reshape(shape);
+  return sum(a, dims, true).reshape(shape);
+}
+
+// ---------------------------------------------------------------- softmax family
+
+namespace {
+Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* name) {
+  KILN_CHECK(is_floating(a.dtype()), name, ": expected a floating-point tensor, got ", a.str());
+  dim = wrap_dim(dim, a.dim(), name);
+  Tensor moved, out;
+  {
+    NoGradGuard ng;
+    moved = a.dim() ? a.transpose(dim, -1).contiguous() : a.reshape({1});
+    Tensor y = empty(moved.sizes(), {.dtype = a.dtype(), .device = a.device()});
+    backend(a.device()).softmax(moved, y, log);
+    out = a.dim() ? y.transpose(dim, -1) : y.reshape({});
+  }
+  if (any_requires_grad({a}))
+    record(name, {a}, {out}, [so = SavedTensor(out), dim, log, name, nd = a.dim()](const Grads& g) {
+      Tensor y = so.unpack(name);
+      Tensor yc = nd ? y.transpose(dim, -1).contiguous() : y.reshape({1});
+      Tensor gc = nd ? g[0].transpose(dim, -1).contiguous() : g[0].reshape({1});
+      Tensor gi = empty(yc.sizes(), {.dtype = y.dtype(), .device = y.device()});
+      backend(y.device()).softmax_backward(gc, yc, gi, log);
+      return Grads{nd ? gi.transpose(dim, -1) : gi.reshape({})};
+    });
+  return out;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false, "softmax"); }
+Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true, "log_softmax"); }
+
+}  // namespace kiln

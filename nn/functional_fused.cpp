@@ -1,0 +1,207 @@
+// Fused NN ops, each a single autograd node with a dedicated backward kernel: layer_norm,
+// cross_entropy, conv2d (im2col + GEMM) and 2-D pooling.
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/shape.h>
+#include <kiln/nn/functional.h>
+
+namespace kiln::nn::functional {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  int64_t nd = int64_t(normalized_shape.size());
+  KILN_CHECK(is_floating(x.dtype()), "layer_norm: expected a floating-point input, got ", x.str());
+  KILN_CHECK(nd >= 1 && x.dim() >= nd &&
+                 Shape(x.sizes().end() - nd, x.sizes().end()) == normalized_shape,
+             "layer_norm: input ", x.str(), " does not end in normalized_shape ", shape_str(normalized_shape));
+  for (const Tensor* p : {&weight, &bias})
+    KILN_CHECK(!p->defined() || (p->sizes() == normalized_shape && p->device() == x.device()), "layer_norm: parameter ",
+               p->str(), " must have normalized_shape ", shape_str(normalized_shape), " on ", x.device().str());
+  int64_t C = shape_numel(normalized_shape), M = x.numel() / std::max<int64_t>(C, 1);
+  Tensor y, mean, rstd, xc, w, b;
+  {
+    NoGradGuard ng;
+    xc = x.contiguous().reshape({M, C});
+    w = weight.defined() ? cast(weight, x.dtype()).contiguous().reshape({C}) : Tensor();
+    b = bias.defined() ? cast(bias, x.dtype()).contiguous().reshape({C}) : Tensor();
+    y = empty({M, C}, {.dtype = x.dtype(), .device = x.device()});
+    mean = empty({M}, {.dtype = stat_dtype(x.dtype()), .device = x.device()});
+    rstd = empty({M}, {.dtype = stat_dtype(x.dtype()), .device = x.device()});
+    backend(x.device()).layer_norm(xc, w, b, eps, y, mean, rstd);
+    y = y.reshape(x.sizes());
+  }
+  if (any_requires_grad({x, weight, bias}))
+    record("layer_norm", {x, weight, bias}, {y},
+           [sx = SavedTensor(xc), sw = SavedTensor(w), mean, rstd, M, C, xs = x.sizes(), wdt = weight.defined() ? weight.dtype() : x.dtype(),
+            has_w = weight.defined(), has_b = bias.defined(), ns = normalized_shape](const Grads& g) {
+             Tensor xx = sx.unpack("layer_norm"), ww = sw.unpack("layer_norm");
+             Tensor dy = g[0].contiguous().reshape({M, C});
+             Tensor dx = empty({M, C}, {.dtype = xx.dtype(), .device = xx.device()});
+             Tensor dw = has_w ? empty({C}, {.dtype = xx.dtype(), .device = xx.device()}) : Tensor();
+             Tensor db = has_b ? empty({C}, {.dtype = xx.dtype(), .device = xx.device()}) : Tensor();
+             backend(xx.device()).layer_norm_backward(dy, xx, ww, mean, rstd, dx, dw, db);
+             return Grads{dx.reshape(xs), has_w ? cast(dw.reshape(ns), wdt) : Tensor(), has_b ? cast(db.reshape(ns), wdt) : Tensor()};
+           });
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt) {
+  KILN_CHECK(is_floating(logits.dtype()) && logits.dim() >= 2, "cross_entropy: logits must be floating (N, C, ...), got ",
+             logits.str());
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, "cross_entropy: target must hold class "
+             "indices (i32/i64), got ", target.str());
+  KILN_CHECK(logits.device() == target.device(), "cross_entropy: logits ", logits.str(), " and target ", target.str(),
+             " are on different devices");
+  Shape expect = logits.sizes();
+  expect.erase(expect.begin() + 1);
+  KILN_CHECK(target.sizes() == expect, "cross_entropy: target ", target.str(), " should have shape ", shape_str(expect),
+             " for logits ", logits.str());
+  KILN_CHECK(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0, "cross_entropy: label_smoothing must be in "
+             "[0, 1], got ", opt.label_smoothing);
+  int64_t C = logits.size(1);
+  Tensor rows, tgt, loss, lse;
+  {
+    NoGradGuard ng;
+    // class dim last, then one row per prediction
+    rows = (logits.dim() > 2 ? logits.transpose(1, -1) : logits).contiguous().reshape({-1, C});
+    tgt = target.to(DType::i64).contiguous().reshape({-1});
+    if (logits.device().is_cpu()) {
+      const int64_t* t = tgt.data_ptr<int64_t>();
+      for (int64_t i = 0; i < tgt.numel(); ++i)
+        KILN_CHECK(t[i] == opt.ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
+                   " is out of range for ", C, " classes");
+    }
+    loss = empty({rows.size(0)}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});
+    lse = empty({rows.size(0)}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});
+    backend(logits.device()).cross_entropy(rows, tgt, opt.ignore_index, opt.label_smoothing, loss, lse);
+  }
+  if (any_requires_grad({logits}))
+    record("cross_entropy", {logits}, {loss},
+           [sr = SavedTensor(rows), tgt, lse, opt, ls = logits.sizes(), nd = logits.dim()](const Grads& g) {
+             Tensor r = sr.unpack("cross_entropy");
+             Tensor gl = empty(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
+             backend(r.device()).cross_entropy_backward(r, tgt, lse, g[0].contiguous(), opt.ignore_index,
+                                                        opt.label_smoothing, gl);
+             if (nd == 2) return Grads{gl};
+             Shape moved = ls;
+             std::swap(moved[1], moved.back());
+             return Grads{gl.reshape(moved).transpose(1, -1)};
+           });
+  switch (opt.reduction) {
+    case Reduction::none: return loss.reshape(target.sizes());
+    case Reduction::sum: return sum(loss);
+    case Reduction::mean: {
+      // mean over the targets that count; a tensor division keeps it on the device (no host sync)
+      Tensor valid = cast(ne(tgt, full({}, double(opt.ignore_index), {.dtype = DType::i64, .device = tgt.device()})),
+                          loss.dtype());
+      return div(sum(loss), sum(valid));
+    }
+  }
+  return loss;
+}
+
+namespace {
+
+Window2d window(const Tensor& x, int64_t kh, int64_t kw, std::array<int64_t, 2> stride, std::array<int64_t, 2> pad,
+                std::array<int64_t, 2> dil, const char* op) {
+  KILN_CHECK(x.dim() == 4, op, ": input must be (N, C, H, W), got ", x.str());
+  Window2d g{x.size(0), x.size(1), x.size(2), x.size(3), kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 0, 0};
+  KILN_CHECK(g.sh > 0 && g.sw > 0 && g.dh > 0 && g.dw > 0 && g.ph >= 0 && g.pw >= 0 && kh > 0 && kw > 0, op,
+             ": invalid stride/padding/dilation/kernel");
+  g.oh = (g.h + 2 * g.ph - g.dh * (kh - 1) - 1) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.dw * (kw - 1) - 1) / g.sw + 1;
+  KILN_CHECK(g.oh > 0 && g.ow > 0, op, ": kernel ", kh, "x", kw, " does not fit the padded input ", x.str());
+  return g;
+}
+
+Tensor im2col(const Tensor& x, const Window2d& g) {
+  Tensor cols = empty({g.n, g.c * g.kh * g.kw, g.oh * g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  backend(x.device()).im2col(x, g, cols);
+  return cols;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opt) {
+  KILN_CHECK(weight.dim() == 4, "conv2d: weight must be (C_out, C_in, kH, kW), got ", weight.str());
+  KILN_CHECK(x.dim() == 4 && x.size(1) == weight.size(1), "conv2d: input ", x.str(), " does not have C_in = ",
+             weight.size(1), " channels of weight ", weight.str());
+  KILN_CHECK(x.device() == weight.device() && x.dtype() == weight.dtype(), "conv2d: input ", x.str(), " and weight ",
+             weight.str(), " must share dtype and device");
+  int64_t O = weight.size(0);
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == O), "conv2d: bias ", bias.str(),
+             " does not match weight ", weight.str());
+  Window2d g = window(x, weight.size(2), weight.size(3), opt.stride, opt.padding, opt.dilation, "conv2d");
+  int64_t CK = g.c * g.kh * g.kw;
+  Tensor out, xc, w2;
+  {
+    NoGradGuard ng;
+    xc = x.contiguous();
+    w2 = weight.reshape({O, CK});
+    out = matmul(w2, im2col(xc, g));  // (N, O, L)
+    if (bias.defined()) out = add(out, bias.reshape({1, O, 1}));
+    out = out.reshape({g.n, O, g.oh, g.ow});
+  }
+  if (any_requires_grad({x, weight, bias}))
+    record("conv2d", {x, weight, bias}, {out},
+           [sx = SavedTensor(xc), sw = SavedTensor(w2), g, O, CK, ws = weight.sizes(), has_b = bias.defined()](const Grads& gr) {
+             Tensor xx = sx.unpack("conv2d"), w = sw.unpack("conv2d");
+             Tensor go = gr[0].contiguous().reshape({g.n, O, g.oh * g.ow});
+             Tensor cols = im2col(xx, g);  // recomputed rather than saved: kh*kw times the input's memory
+             Tensor dw = sum(matmul(go, cols.transpose(1, 2)), {0}).reshape(ws);
+             Tensor dcols = matmul(w.t(), go);  // (N, CK, L)
+             Tensor dx = zeros(xx.sizes(), {.dtype = xx.dtype(), .device = xx.device()});
+             backend(xx.device()).col2im(dcols.contiguous(), g, dx);
+             Tensor db = has_b ? sum(go, {0, 2}) : Tensor();
+             (void)CK;
+             return Grads{dx, dw, db};
+           });
+  return out;
+}
+
+namespace {
+std::array<int64_t, 2> pool_stride(const Pool2dOptions& opt) {
+  return {opt.stride[0] ? opt.stride[0] : opt.kernel_size[0], opt.stride[1] ? opt.stride[1] : opt.kernel_size[1]};
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
+  Window2d g = window(x, opt.kernel_size[0], opt.kernel_size[1], pool_stride(opt), opt.padding, {1, 1}, "max_pool2d");
+  KILN_CHECK(2 * g.ph <= g.kh && 2 * g.pw <= g.kw, "max_pool2d: padding must be at most half the kernel size");
+  Tensor out = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  Tensor idx = empty({g.n, g.c, g.oh, g.ow}, {.dtype = DType::i64, .device = x.device()});
+  {
+    NoGradGuard ng;
+    backend(x.device()).max_pool2d(x.contiguous(), g, out, idx);
+  }
+  if (any_requires_grad({x}))
+    record("max_pool2d", {x}, {out}, [idx, g, dt = x.dtype(), dev = x.device()](const Grads& gr) {
+      Tensor gi = empty({g.n, g.c, g.h, g.w}, {.dtype = dt, .device = dev});
+      backend(dev).max_pool2d_backward(gr[0].contiguous(), idx, g, gi);
+      return Grads{gi};
+    });
+  return out;
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt) {
+  Window2d g = window(x, opt.kernel_size[0], opt.kernel_size[1], pool_stride(opt), opt.padding, {1, 1}, "avg_pool2d");
+  Tensor out = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  {
+    NoGradGuard ng;
+    backend(x.device()).avg_pool2d(x.contiguous(), g, out);
+  }
+  if (any_requires_grad({x}))
+    record("avg_pool2d", {x}, {out}, [g, dt = x.dtype(), dev = x.device()](const Grads& gr) {
+      Tensor gi = empty({g.n, g.c, g.h, g.w}, {.dtype = dt, .device = dev});
+      backend(dev).avg_pool2d_backward(gr[0].contiguous(), g, gi);
+      return Grads{gi};
+    });
+  return out;
+}
+
+}  // namespace kiln::nn::functional
