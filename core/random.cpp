@@ -7,10 +7,10 @@
 namespace kiln {
 
 // Philox4x32-10: ten rounds of two 32x32->64 multiplies, with the key bumped by the Weyl constants.
-std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
   constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  uint32_t c0 = uint32_t(counter), c1 = uint32_t(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+  uint32_t k0 = key[0], k1 = key[1];
   for (int round = 0; round < 10; ++round) {
     uint64_t p0 = uint64_t(M0) * c0, p1 = uint64_t(M1) * c2;
     uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
@@ -22,6 +22,10 @@ std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
     k1 += W1;
   }
   return {c0, c1, c2, c3};
+}
+
+std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
+  return philox4x32_10({uint32_t(counter), uint32_t(counter >> 32), 0u, 0u}, {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
 uint32_t Generator::next_u32() {

@@ -10,6 +10,9 @@
 
 namespace kiln {
 
+// The raw generator on a 128-bit counter and 64-bit key (checked against Random123's known answers).
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+// Block `counter` of the stream keyed by `seed`.
 std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed);
 // Top 24 bits of a Philox word as a float in [0, 1).
 inline float uint_to_unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
