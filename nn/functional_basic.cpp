@@ -76,7 +76,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     Tensor allowed = le(kj, add(qi, double(Tk - Tq)));
     scores = where(allowed, scores, full({}, -INFINITY, {.dtype = scores.dtype(), .device = q.device()}));
   }
-  Tensor attn = softmax(scores, -1);
+  Tensor attn = kiln::softmax(scores, -1);
   attn = dropout(attn, dropout_p, training);
   return matmul(attn, v);
 }
