@@ -1,0 +1,42 @@
+#include <kiln/nn/linear.h>
+
+#include <cmath>
+
+#include <kiln/core/error.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/init.h>
+
+namespace kiln::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, const LinearOptions& options)
+    : in_features_(in_features), out_features_(out_features) {
+  KILN_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
+             in_features, " and ", out_features);
+  KILN_CHECK(is_floating(options.dtype), "Linear: parameters need a floating dtype, got ", dtype_name(options.dtype));
+  TensorOptions to{.dtype = options.dtype, .device = options.device};
+  weight = register_parameter("weight", empty({out_features, in_features}, to));
+  if (options.bias) bias = register_parameter("bias", empty({out_features}, to));
+  reset_parameters();
+}
+
+void Linear::reset_parameters() {
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    double bound = 1.0 / std::sqrt(double(in_features_));
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  KILN_CHECK(x.defined(), repr(), ": the input is undefined");
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, repr(), ": expected an input of shape [..., ", in_features_,
+             "], got ", x.str(), " (weight ", weight.str(), ")");
+  return functional::linear(x, weight, bias);
+}
+
+void Linear::pretty_print(std::ostream& os) const {
+  os << "Linear(in_features=" << in_features_ << ", out_features=" << out_features_
+     << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+}
+
+}  // namespace kiln::nn

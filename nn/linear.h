@@ -1,0 +1,37 @@
+#pragma once
+// Linear: y = x · Wᵀ + b over the last dim of x, W of shape (out_features, in_features).
+//   nn::Linear fc(784, 256);                    // with bias
+//   nn::Linear head(768, 50257, {.bias = false});
+// Initialization as PyTorch: W ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), and b
+// from the same interval.
+#include <cstdint>
+
+#include <kiln/nn/module.h>
+
+namespace kiln::nn {
+
+struct LinearOptions {
+  bool bias = true;
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, const LinearOptions& options = {});
+
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();  // draws the PyTorch initialization again
+  void pretty_print(std::ostream& os) const override;
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+
+  Tensor weight;  // (out_features, in_features)
+  Tensor bias;    // (out_features), undefined when options.bias is false
+
+ private:
+  int64_t in_features_, out_features_;
+};
+
+}  // namespace kiln::nn

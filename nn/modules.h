@@ -1,0 +1,17 @@
+#pragma once
+// Every nn module in one include, for programs that want them all. Libraries should include the
+// headers they use (each is small), which keeps compile times down.
+#include <kiln/nn/activation.h>
+#include <kiln/nn/conv2d.h>
+#include <kiln/nn/dropout.h>
+#include <kiln/nn/embedding.h>
+#include <kiln/nn/flatten.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/init.h>
+#include <kiln/nn/layer_norm.h>
+#include <kiln/nn/linear.h>
+#include <kiln/nn/loss.h>
+#include <kiln/nn/module.h>
+#include <kiln/nn/multihead_attention.h>
+#include <kiln/nn/pooling.h>
+#include <kiln/nn/sequential.h>

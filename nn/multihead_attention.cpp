@@ -1,0 +1,92 @@
+#include <kiln/nn/multihead_attention.h>
+
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/init.h>
+
+namespace kiln::nn {
+
+namespace {
+LinearOptions projection_options(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& o) {
+  // Checked here because the members are built from these options before the constructor body runs.
+  KILN_CHECK(embed_dim > 0 && num_heads > 0, "MultiheadAttention: embed_dim and num_heads must be positive, got ",
+             embed_dim, " and ", num_heads);
+  KILN_CHECK(embed_dim % num_heads == 0, "MultiheadAttention: embed_dim (", embed_dim,
+             ") must be divisible by num_heads (", num_heads, ")");
+  KILN_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, "MultiheadAttention: dropout must be in [0, 1), got ", o.dropout);
+  return {.bias = o.bias, .dtype = o.dtype, .device = o.device};
+}
+}  // namespace
+
+MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& options)
+    : embed_dim_(embed_dim),
+      num_heads_(num_heads),
+      options_(options),
+      in_proj(embed_dim, 3 * embed_dim, projection_options(embed_dim, num_heads, options)),
+      out_proj(embed_dim, embed_dim, projection_options(embed_dim, num_heads, options)) {
+  register_module("in_proj", in_proj);
+  register_module("out_proj", out_proj);
+  reset_parameters();
+}
+
+void MultiheadAttention::reset_parameters() {
+  in_proj.reset_parameters();
+  out_proj.reset_parameters();
+  init::xavier_uniform_(in_proj.weight);
+  if (in_proj.bias.defined()) init::zeros_(in_proj.bias);
+  if (out_proj.bias.defined()) init::zeros_(out_proj.bias);
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x); }
+
+Tensor MultiheadAttention::operator()(const Tensor& query, const Tensor& key, const Tensor& value) {
+  return call_with_hooks(query, [&] { return forward(query, key, value); });
+}
+
+Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value) {
+  KILN_CHECK(query.defined() && key.defined() && value.defined(), repr(), ": query, key and value must be defined");
+  const int64_t E = embed_dim_, H = num_heads_, D = E / H;
+  KILN_CHECK((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(), repr(),
+             ": expected (B, T, E) or (T, E) inputs of equal rank, got query ", query.str(), ", key ", key.str(),
+             ", value ", value.str());
+  KILN_CHECK(query.size(-1) == E && key.size(-1) == E && value.size(-1) == E, repr(), ": expected last dim ", E,
+             ", got query ", query.str(), ", key ", key.str(), ", value ", value.str());
+  KILN_CHECK(key.size(-2) == value.size(-2), repr(), ": key and value need the same length, got ", key.str(), " and ",
+             value.str());
+  KILN_CHECK(query.dim() == 2 || (key.size(0) == query.size(0) && value.size(0) == query.size(0)), repr(),
+             ": batch sizes differ: query ", query.str(), ", key ", key.str(), ", value ", value.str());
+
+  const bool batched = query.dim() == 3;
+  Tensor q_in = batched ? query : query.unsqueeze(0);
+  Tensor k_in = batched ? key : key.unsqueeze(0);
+  Tensor v_in = batched ? value : value.unsqueeze(0);
+
+  Tensor q, k, v;
+  if (query.is_same(key) && key.is_same(value)) {
+    std::vector<Tensor> qkv = chunk(in_proj(q_in), 3, -1);  // one GEMM for the three projections
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    auto block = [&](const Tensor& t, int64_t i) { return t.defined() ? t.narrow(0, i * E, E) : Tensor(); };
+    q = functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0));
+    k = functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1));
+    v = functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2));
+  }
+
+  const int64_t B = q_in.size(0), Tq = q_in.size(1), Tk = k_in.size(1);
+  // (B, T, E) -> (B, H, T, D)
+  auto split_heads = [&](const Tensor& t, int64_t T) { return t.reshape({B, T, H, D}).transpose(1, 2); };
+  Tensor attn = functional::scaled_dot_product_attention(split_heads(q, Tq), split_heads(k, Tk), split_heads(v, Tk),
+                                                         options_.causal, std::nullopt, options_.dropout, is_training());
+  // (B, H, Tq, D) -> (B, Tq, E)
+  Tensor merged = attn.transpose(1, 2).reshape({B, Tq, E});
+  Tensor out = out_proj(merged);
+  return batched ? out : out.squeeze(0);
+}
+
+void MultiheadAttention::pretty_print(std::ostream& os) const {
+  os << "MultiheadAttention(embed_dim=" << embed_dim_ << ", num_heads=" << num_heads_ << ", dropout=" << options_.dropout
+     << ", causal=" << (options_.causal ? "true" : "false") << ")";
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,56 @@
+#pragma once
+// MultiheadAttention (Vaswani et al. 2017), a reference implementation on batch-first inputs:
+//   q = query·Wqᵀ + bq,  k = key·Wkᵀ + bk,  v = value·Wvᵀ + bv         (B, T, E), split into H heads of D = E/H
+//   head_h = softmax(q_h k_hᵀ / sqrt(D) [+ causal mask]) v_h          (scaled_dot_product_attention)
+//   out = concat(head_1..head_H)·Woᵀ + bo
+// Wq, Wk, Wv are the row blocks [0,E), [E,2E), [2E,3E) of in_proj.weight (3E, E). Self-attention
+// (operator()(x)) runs in_proj as one layer, so hooks on in_proj and out_proj see every projection
+// (K-FAC relies on that); with distinct query/key/value the blocks are applied one by one.
+// Initialization as PyTorch: xavier_uniform_ on in_proj.weight, zero biases.
+//   nn::MultiheadAttention attn(768, 12, {.causal = true});
+//   Tensor y = attn(x);                  // (B, T, E) self-attention
+//   Tensor z = attn(x, memory, memory);  // cross-attention
+// A (T, E) input is treated as a batch of one.
+#include <cstdint>
+
+#include <kiln/nn/linear.h>
+#include <kiln/nn/module.h>
+
+namespace kiln::nn {
+
+struct MultiheadAttentionOptions {
+  double dropout = 0.0;  // on the attention weights, in training mode
+  bool bias = true;      // biases of in_proj and out_proj
+  bool causal = false;   // position t attends to keys 0..t only
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+};
+
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& options = {});
+
+  using Module::operator();
+  Tensor forward(const Tensor& x) override;  // self-attention: forward(x, x, x)
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
+  // forward(query, key, value) between the hooks (which see `query` as the input).
+  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value);
+
+  void reset_parameters();
+  void pretty_print(std::ostream& os) const override;
+
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  const MultiheadAttentionOptions& options() const { return options_; }
+
+ private:
+  int64_t embed_dim_, num_heads_;
+  MultiheadAttentionOptions options_;
+
+ public:
+  Linear in_proj;   // E -> 3E: query, key and value projections stacked
+  Linear out_proj;  // E -> E
+};
+
+}  // namespace kiln::nn

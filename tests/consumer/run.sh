@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the built Kiln into a temporary prefix, extracts the README's example, builds it with
+# find_package(Kiln) and runs it. Arguments: the build dir and the source dir.
+set -euo pipefail
+build=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+sed -n '/<!-- readme-example:begin -->/,/<!-- readme-example:end -->/p' "$src/README.md" | sed '/^```/d;/^<!--/d' \
+  > "$work/main.cpp"
+[ -s "$work/main.cpp" ] || { echo "no example found in README.md"; exit 1; }
+cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$work/prefix" -DEXAMPLE_SOURCE="$work/main.cpp" >/dev/null
+cmake --build "$work/build"
+cd "$work" && ./build/readme_example
+test -s "$work/readme_example.h5"
