@@ -1,0 +1,171 @@
+#include <kiln/optim/optimizer.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include <kiln/autograd/grad_mode.h>
+
+namespace kiln::optim {
+
+namespace {
+
+// A fresh copy of src with the given dtype and device: snapshots must not alias live state.
+Tensor copy_as(const Tensor& src, DType dtype, Device device) {
+  Tensor out = empty(src.shape(), {.dtype = dtype, .device = device});
+  out.copy_(src);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::ostringstream os;
+  for (const auto& l : lines) os << "\n  " << l;
+  return os.str();
+}
+
+}  // namespace
+
+double ParamGroup::get(const std::string& name) const {
+  auto it = options.find(name);
+  KILN_CHECK(it != options.end(), "optimizer: parameter group has no option '", name, "'");
+  return it->second;
+}
+
+DType state_dtype(DType t) { return (t == DType::f16 || t == DType::bf16) ? DType::f32 : t; }
+
+Optimizer::Optimizer(std::string type, Options defaults) : type_(std::move(type)), defaults_(std::move(defaults)) {
+  KILN_CHECK(defaults_.count("lr"), type_, ": defaults need an 'lr'");
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  for (const auto& p : group.params) {
+    KILN_CHECK(p.defined(), type_, ": add_param_group: undefined parameter tensor");
+    KILN_CHECK(is_floating(p.dtype()), type_, ": add_param_group: parameters must be floating point, got ", p.str());
+    for (const auto& g : groups_)
+      for (const auto& q : g.params)
+        KILN_CHECK(!q.is_same(p), type_, ": add_param_group: parameter ", p.str(), " is already in another group");
+  }
+  for (size_t i = 0; i < group.params.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      KILN_CHECK(!group.params[i].is_same(group.params[j]), type_, ": add_param_group: parameter ",
+                 group.params[i].str(), " appears twice in the group");
+  for (const auto& [name, value] : defaults_) group.options.emplace(name, value);  // keeps what the group set
+  KILN_CHECK(group.get("lr") >= 0.0, type_, ": invalid learning rate ", group.get("lr"));
+  state_.resize(state_.size() + group.params.size());
+  groups_.push_back(std::move(group));
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& g : groups_)
+    for (auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      if (set_to_none)
+        p.set_grad(Tensor());
+      else
+        grad.zero_();
+    }
+}
+
+int64_t Optimizer::num_params() const { return int64_t(state_.size()); }
+
+const Tensor& Optimizer::param(int64_t index) const {
+  KILN_CHECK(index >= 0 && index < num_params(), type_, ": parameter index ", index, " out of range [0, ", num_params(), ")");
+  for (const auto& g : groups_) {
+    if (index < int64_t(g.params.size())) return g.params[size_t(index)];
+    index -= int64_t(g.params.size());
+  }
+  KILN_FAIL(type_, ": unreachable");
+}
+
+OptimizerStateDict Optimizer::state_dict() const {
+  OptimizerStateDict sd;
+  sd.type = type_;
+  int64_t index = 0;
+  for (const auto& g : groups_) {
+    OptimizerStateDict::Group out{g.options, {}};
+    for (size_t i = 0; i < g.params.size(); ++i, ++index) {
+      out.params.push_back(index);
+      const ParamState& st = state_[size_t(index)];
+      if (st.empty()) continue;
+      ParamState copy;
+      copy.step = st.step;
+      for (const auto& [name, t] : st.tensors) copy.tensors[name] = copy_as(t, t.dtype(), t.device());
+      sd.state[index] = std::move(copy);
+    }
+    sd.param_groups.push_back(std::move(out));
+  }
+  return sd;
+}
+
+std::vector<std::string> Optimizer::check_state_dict(const OptimizerStateDict& sd) const {
+  std::vector<std::string> errors;
+  auto add = [&](auto&&... parts) { errors.push_back(detail::concat(parts...)); };
+  if (sd.type != type_) {
+    add("type: saved '", sd.type, "', this optimizer is '", type_, "'");
+    return errors;  // another optimizer's state and options cannot fit; listing each would only be noise
+  }
+  if (sd.param_groups.size() != groups_.size()) {
+    add("parameter groups: saved ", sd.param_groups.size(), ", this optimizer has ", groups_.size());
+    return errors;  // the per-parameter checks below would only repeat this one
+  }
+  int64_t index = 0;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& mine = groups_[gi];
+    const auto& saved = sd.param_groups[gi];
+    if (saved.params.size() != mine.params.size()) {
+      add("group ", gi, ": saved ", saved.params.size(), " parameters, this optimizer has ", mine.params.size());
+    } else {
+      for (size_t i = 0; i < saved.params.size(); ++i)
+        if (saved.params[i] != index + int64_t(i))
+          add("group ", gi, ": parameter ", i, " has saved index ", saved.params[i], ", expected ", index + int64_t(i));
+    }
+    for (const auto& [name, value] : defaults_)
+      if (!saved.options.count(name)) add("group ", gi, ": saved options lack '", name, "'");
+    index += int64_t(mine.params.size());
+  }
+  const auto names = state_tensor_names();
+  for (const auto& [i, st] : sd.state) {
+    if (i < 0 || i >= num_params()) {
+      add("state: parameter index ", i, " out of range [0, ", num_params(), ")");
+      continue;
+    }
+    const Tensor& p = param(i);
+    if (st.step < 0) add("state of parameter ", i, ": negative step ", st.step);
+    for (const auto& [name, t] : st.tensors) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        add("state of parameter ", i, ": unknown tensor '", name, "' for ", type_);
+        continue;
+      }
+      if (!t.defined()) {
+        add("state of parameter ", i, ": '", name, "' is undefined");
+        continue;
+      }
+      if (t.shape() != p.shape())
+        add("state of parameter ", i, ": '", name, "' has shape ", shape_str(t.shape()), ", the parameter ",
+            shape_str(p.shape()));
+      if (t.dtype() != state_dtype(p.dtype()))
+        add("state of parameter ", i, ": '", name, "' has dtype ", dtype_name(t.dtype()), ", expected ",
+            dtype_name(state_dtype(p.dtype())));
+    }
+  }
+  return errors;
+}
+
+void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
+  const auto errors = check_state_dict(sd);
+  KILN_CHECK(errors.empty(), type_, ".load_state_dict: the state does not fit this optimizer (", errors.size(),
+             " mismatches):", join(errors));
+  // Build everything before touching the optimizer, so an allocation failure leaves it as it was.
+  NoGradGuard no_grad;
+  std::vector<ParamState> state(state_.size());
+  for (const auto& [i, st] : sd.state) {
+    const Tensor& p = param(i);
+    ParamState& dst = state[size_t(i)];
+    dst.step = st.step;
+    for (const auto& [name, t] : st.tensors) dst.tensors[name] = copy_as(t, state_dtype(p.dtype()), p.device());
+  }
+  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = sd.param_groups[gi].options;
+  state_ = std::move(state);
+}
+
+}  // namespace kiln::optim

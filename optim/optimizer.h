@@ -1,0 +1,104 @@
+#pragma once
+// Optimizer base: parameter groups with named hyper-parameters, per-parameter state, zero_grad and a
+// state_dict that captures everything step() depends on, so that an optimizer restored from it takes
+// exactly the same steps (bit for bit) as the one it was saved from.
+//
+// As in PyTorch, hyper-parameters live in the groups (a group's missing options are filled from the
+// optimizer's defaults), and state is keyed by the parameter's index in the concatenation of all groups'
+// parameter lists, so a state_dict can be loaded into a fresh optimizer built over a fresh model.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <kiln/core/tensor.h>
+
+namespace kiln::optim {
+
+// Hyper-parameters by name ("lr", "weight_decay", "momentum", "beta1", ...). Flags are 0 or 1.
+using Options = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;
+
+  double lr() const { return get("lr"); }
+  void set_lr(double lr) { options["lr"] = lr; }
+  bool has(const std::string& name) const { return options.count(name) != 0; }
+  double get(const std::string& name) const;  // throws kiln::Error naming the option when it is missing
+};
+
+// What one parameter's update rule remembers between steps. Empty until the first step that touches it.
+struct ParamState {
+  std::map<std::string, Tensor> tensors;  // momentum_buffer, exp_avg, exp_avg_sq, ...
+  int64_t step = 0;                        // updates applied so far (Adam's bias correction needs it)
+  bool empty() const { return tensors.empty() && step == 0; }
+};
+
+// A snapshot of an optimizer. Tensors are copies (saving and then stepping does not change the snapshot).
+struct OptimizerStateDict {
+  struct Group {
+    Options options;
+    std::vector<int64_t> params;  // global parameter indices
+  };
+  std::string type;                    // "SGD", "AdamW": loading into another kind of optimizer is an error
+  std::map<int64_t, ParamState> state;  // only parameters that have state
+  std::vector<Group> param_groups;
+};
+
+class Optimizer {
+ public:
+  Optimizer(std::string type, Options defaults);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Appends a group; options it does not set come from the defaults. A parameter may be in one group only.
+  void add_param_group(ParamGroup group);
+  // Clears every parameter's gradient: drops it (set_to_none) or fills it with zeros.
+  void zero_grad(bool set_to_none = true);
+  // One update of every parameter that has a gradient. Runs without recording autograd history.
+  virtual void step() = 0;
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const Options& defaults() const { return defaults_; }
+  const std::string& type() const { return type_; }
+  int64_t num_params() const;
+  // The parameter with this global index (groups in order, parameters in order within a group).
+  const Tensor& param(int64_t index) const;
+  // State of the parameter with this global index (created empty on first use).
+  ParamState& state(int64_t index) { return state_[size_t(index)]; }
+  const ParamState& state(int64_t index) const { return state_[size_t(index)]; }
+
+  OptimizerStateDict state_dict() const;
+  // Validates everything first (type, group count, parameter counts per group, state tensor shapes
+  // and dtypes) and reports every mismatch in one kiln::Error; the optimizer is unchanged on error.
+  void load_state_dict(const OptimizerStateDict& sd);
+  // The mismatches load_state_dict would report, one line each (empty when sd fits this optimizer).
+  std::vector<std::string> check_state_dict(const OptimizerStateDict& sd) const;
+
+ protected:
+  // Calls fn(group, param, global index) for every parameter of every group.
+  template <class Fn>
+  void for_each_param(Fn&& fn) {
+    int64_t index = 0;
+    for (auto& g : groups_)
+      for (auto& p : g.params) fn(g, p, index++);
+  }
+  // Names of the state tensors this optimizer may keep per parameter (each of the parameter's shape, in
+  // state_dtype of its dtype); a loaded state_dict with other names is rejected.
+  virtual std::vector<std::string> state_tensor_names() const = 0;
+
+ private:
+  std::string type_;
+  Options defaults_;
+  std::vector<ParamGroup> groups_;
+  std::vector<ParamState> state_;  // one per parameter, by global index
+};
+
+// dtype the optimizer keeps state and does its arithmetic in for a parameter of dtype `t`: f32 master
+// state for reduced-precision parameters, the parameter's own dtype otherwise.
+DType state_dtype(DType t);
+
+}  // namespace kiln::optim

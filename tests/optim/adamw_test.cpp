@@ -1,0 +1,99 @@
+// AdamW against a trajectory computed here, in double, from the update formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <kiln/optim/adamw.h>
+
+namespace kiln::optim {
+namespace {
+
+using Vec = std::vector<double>;
+
+const std::vector<Vec> kGrads = {{0.5, -1.0}, {0.1, 0.3}, {-0.2, 0.4}};
+
+// Decoupled weight decay, then Adam with bias correction, written out on scalars.
+std::vector<Vec> reference(Vec p, double lr, double b1, double b2, double eps, double wd) {
+  std::vector<Vec> out;
+  Vec m(p.size(), 0.0), v(p.size(), 0.0);
+  for (size_t t = 1; t <= kGrads.size(); ++t) {
+    for (size_t j = 0; j < p.size(); ++j) {
+      const double g = kGrads[t - 1][j];
+      p[j] -= lr * wd * p[j];
+      m[j] = b1 * m[j] + (1 - b1) * g;
+      v[j] = b2 * v[j] + (1 - b2) * g * g;
+      const double m_hat = m[j] / (1 - std::pow(b1, double(t)));
+      const double v_hat = v[j] / (1 - std::pow(b2, double(t)));
+      p[j] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+TEST(AdamW, TrajectoryMatchesFormulas) {
+  const Vec p0 = {1.0, -2.0};
+  Tensor p = tensor(p0, {2}, {.dtype = DType::f64});
+  p.requires_grad_();
+  AdamW opt({p}, {.lr = 0.01, .betas = {0.8, 0.95}, .eps = 1e-6, .weight_decay = 0.1});
+  const auto expected = reference(p0, 0.01, 0.8, 0.95, 1e-6, 0.1);
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    p.set_grad(tensor(kGrads[t], {2}, {.dtype = DType::f64}));
+    opt.step();
+    const auto got = p.to_vector<double>();
+    for (size_t j = 0; j < 2; ++j) EXPECT_NEAR(got[j], expected[t][j], 1e-12) << "step " << t + 1 << " elem " << j;
+  }
+  EXPECT_EQ(opt.state(0).step, 3);
+}
+
+TEST(AdamW, FirstStepByHand) {
+  // t = 1: m_hat = g, v_hat = g^2, so p1 = p0 (1 - lr wd) - lr g / (|g| + eps).
+  Tensor p = tensor({2.0}, {1}, {.dtype = DType::f64});
+  p.requires_grad_();
+  AdamW opt({p}, {.lr = 0.1, .weight_decay = 0.5});
+  p.set_grad(tensor({-4.0}, {1}, {.dtype = DType::f64}));
+  opt.step();
+  EXPECT_NEAR(p.to_vector<double>()[0], 2.0 * (1 - 0.05) + 0.1 * 4.0 / (4.0 + 1e-8), 1e-14);
+}
+
+TEST(AdamW, DefaultsAndDecoupledDecay) {
+  const AdamWOptions d;
+  EXPECT_EQ(d.lr, 1e-3);
+  EXPECT_EQ(d.betas.first, 0.9);
+  EXPECT_EQ(d.betas.second, 0.999);
+  EXPECT_EQ(d.eps, 1e-8);
+  EXPECT_EQ(d.weight_decay, 1e-2);
+  // With a zero gradient the Adam term vanishes and only the decay acts: p <- p (1 - lr wd).
+  Tensor p = tensor({3.0, -1.0}, {2}, {.dtype = DType::f64});
+  p.requires_grad_();
+  AdamW opt({p}, {.lr = 1e-3, .weight_decay = 0.01});
+  p.set_grad(zeros({2}, {.dtype = DType::f64}));
+  opt.step();
+  EXPECT_DOUBLE_EQ(p.to_vector<double>()[0], 3.0 * (1 - 1e-5));
+  EXPECT_DOUBLE_EQ(p.to_vector<double>()[1], -1.0 * (1 - 1e-5));
+}
+
+TEST(AdamW, F32ParametersKeepF32State) {
+  const Vec p0 = {1.0, -2.0};
+  Tensor p = tensor(p0, {2});
+  p.requires_grad_();
+  AdamW opt({p}, {.lr = 0.01, .weight_decay = 0.1});
+  for (const auto& g : kGrads) {
+    p.set_grad(tensor(g, {2}));
+    opt.step();
+  }
+  const auto expected = reference(p0, 0.01, 0.9, 0.999, 1e-8, 0.1).back();
+  EXPECT_EQ(opt.state(0).tensors.at("exp_avg").dtype(), DType::f32);
+  EXPECT_EQ(opt.state(0).tensors.at("exp_avg_sq").dtype(), DType::f32);
+  for (size_t j = 0; j < 2; ++j) EXPECT_NEAR(p.to_vector<double>()[j], expected[j], 1e-6);
+}
+
+TEST(AdamW, RejectsBadBetas) {
+  Tensor p = tensor({1.0}, {1});
+  EXPECT_THROW(AdamW({p}, {.betas = {0.9, 1.0}}), Error);
+  EXPECT_THROW(AdamW({p}, {.lr = -0.1}), Error);
+}
+
+}  // namespace
+}  // namespace kiln::optim
