@@ -1,4 +1,6 @@
 // matmul with NumPy semantics, built from differentiable views around one batched GEMM node.
+#include <algorithm>
+
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/backend.h>
@@ -14,8 +16,15 @@ using Grads = std::vector<Tensor>;
 
 namespace {
 
-// The kernel needs unit stride along the rows or the columns of each matrix.
-Tensor gemm_ready(const Tensor& t) { return (t.stride(2) == 1 || t.stride(1) == 1) ? t : t.contiguous(); }
+// The kernel needs a row- or column-major layout of each matrix: unit stride along one matrix dim and,
+// along the other, a stride spanning it. A broadcast row or column (stride 0 inside the matrix, e.g.
+// from expand) has unit stride along one dim but is neither, so it is copied.
+Tensor gemm_ready(const Tensor& t) {
+  int64_t r = t.size(1), c = t.size(2);
+  bool row_major = (t.stride(2) == 1 || c == 1) && (r == 1 || t.stride(1) >= std::max<int64_t>(c, 1));
+  bool col_major = (t.stride(1) == 1 || r == 1) && (c == 1 || t.stride(2) >= std::max<int64_t>(r, 1));
+  return row_major || col_major ? t : t.contiguous();
+}
 
 // (B, M, K) · (B, K, N) -> (B, M, N)
 Tensor bmm3(const Tensor& a, const Tensor& b) {
@@ -56,7 +65,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (b.dim() == 2) {
     // (..., M, K) · (K, N): fold every batch dim into M for one GEMM with a shared weight.
     Shape batch(a.sizes().begin(), a.sizes().end() - 2);
-    out = bmm3(a.reshape({1, -1, K}), b.unsqueeze(0));
+    // explicit sizes, not -1: a -1 cannot be inferred when K == 0
+    out = bmm3(a.reshape({1, shape_numel(batch) * M, K}), b.unsqueeze(0));
     result = batch;
   } else {
     Shape ba(a.sizes().begin(), a.sizes().end() - 2), bb(b.sizes().begin(), b.sizes().end() - 2);
@@ -64,7 +74,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     Shape ea = batch, eb = batch;
     ea.insert(ea.end(), {M, K});
     eb.insert(eb.end(), {K, N});
-    out = bmm3(a.expand(ea).reshape({-1, M, K}), b.expand(eb).reshape({-1, K, N}));
+    int64_t nb = shape_numel(batch);
+    out = bmm3(a.expand(ea).reshape({nb, M, K}), b.expand(eb).reshape({nb, K, N}));
     result = batch;
   }
   if (!a_vec) result.push_back(M);

@@ -99,7 +99,7 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;       // a view when possible, else a copy
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor t() const { return transpose(0, 1); }
+  Tensor t() const { return dim() < 2 ? *this : transpose(0, 1); }  // 0-D and 1-D tensors are their own transpose
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // removes dim

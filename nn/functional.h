@@ -56,7 +56,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts in the divisor, as PyTorch's default
 
 // Reference attention: softmax(q kᵀ · scale + mask) v over the last two dims; q (..., Tq, D), k/v (..., Tk, D).
-// causal masks keys after the query position. scale defaults to 1/sqrt(D).
+// causal masks keys after the query position (query i sees keys j <= i, as PyTorch's is_causal). scale defaults to 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                     bool training = false);

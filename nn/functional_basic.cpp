@@ -70,10 +70,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
   if (causal) {
-    // query i sees keys j <= i + (Tk - Tq) (aligned at the end, as PyTorch's is_causal with Tq == Tk)
+    // query i sees keys j <= i (the top-left aligned lower triangle, as PyTorch's is_causal)
     Tensor qi = arange(0.0, double(Tq), 1.0, {.dtype = DType::i64, .device = q.device()}).reshape({Tq, 1});
     Tensor kj = arange(0.0, double(Tk), 1.0, {.dtype = DType::i64, .device = q.device()}).reshape({1, Tk});
-    Tensor allowed = le(kj, add(qi, double(Tk - Tq)));
+    Tensor allowed = le(kj, qi);
     scores = where(allowed, scores, full({}, -INFINITY, {.dtype = scores.dtype(), .device = q.device()}));
   }
   Tensor attn = kiln::softmax(scores, -1);

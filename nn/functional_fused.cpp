@@ -64,11 +64,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   KILN_CHECK(opt.label_smoothing >= 0.0 && opt.label_smoothing <= 1.0, "cross_entropy: label_smoothing must be in "
              "[0, 1], got ", opt.label_smoothing);
   int64_t C = logits.size(1);
+  int64_t nd = logits.dim();
+  // (N, C, d1, ..., dk) -> (N, d1, ..., dk, C): the class dim moves last and the others keep their order,
+  // so the rows line up with the targets (N, d1, ..., dk). A transpose(1, -1) would reverse d1..dk.
+  std::vector<int64_t> to_last = {0}, from_last = {0, nd - 1};
+  for (int64_t d = 2; d < nd; ++d) {
+    to_last.push_back(d);
+    from_last.push_back(d - 1);
+  }
+  to_last.push_back(1);
   Tensor rows, tgt, loss, lse;
   {
     NoGradGuard ng;
     // class dim last, then one row per prediction
-    rows = (logits.dim() > 2 ? logits.transpose(1, -1) : logits).contiguous().reshape({-1, C});
+    rows = (nd > 2 ? logits.permute(to_last) : logits).contiguous().reshape({-1, C});
     tgt = target.to(DType::i64).contiguous().reshape({-1});
     if (logits.device().is_cpu()) {
       const int64_t* t = tgt.data_ptr<int64_t>();
@@ -82,15 +91,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   }
   if (any_requires_grad({logits}))
     record("cross_entropy", {logits}, {loss},
-           [sr = SavedTensor(rows), tgt, lse, opt, ls = logits.sizes(), nd = logits.dim()](const Grads& g) {
+           [sr = SavedTensor(rows), tgt, lse, opt, ls = logits.sizes(), nd, from_last](const Grads& g) {
              Tensor r = sr.unpack("cross_entropy");
              Tensor gl = empty(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
              backend(r.device()).cross_entropy_backward(r, tgt, lse, g[0].contiguous(), opt.ignore_index,
                                                         opt.label_smoothing, gl);
              if (nd == 2) return Grads{gl};
-             Shape moved = ls;
-             std::swap(moved[1], moved.back());
-             return Grads{gl.reshape(moved).transpose(1, -1)};
+             Shape moved = {ls[0]};
+             moved.insert(moved.end(), ls.begin() + 2, ls.end());
+             moved.push_back(ls[1]);
+             return Grads{gl.reshape(moved).permute(from_last)};
            });
   switch (opt.reduction) {
     case Reduction::none: return loss.reshape(target.sizes());

@@ -106,6 +106,42 @@ void copy_words(const Tensor& src, const Tensor& dst) {
   });
 }
 
+// The value v takes once stored in dtype t.
+double rounded(DType t, double v) {
+  switch (t) {
+    case DType::f32: return double(float(v));
+    case DType::f16: return double(float(Half(float(v))));
+    case DType::bf16: return double(float(BFloat16(float(v))));
+    default: return v;
+  }
+}
+
+// The largest finite value of the 16-bit type H strictly below b.
+template <class H>
+double half_below(double b) {
+  H h = H(float(b));
+  if (double(float(h)) < b) return double(float(h));
+  float f = float(h);
+  if (f > 0) --h.bits;
+  else if (f == 0) h.bits = 0x8001;  // the smallest negative subnormal
+  else ++h.bits;
+  return double(float(h));
+}
+
+// The largest value of dtype t strictly below b: where a uniform draw lands when rounding it into t
+// would give b, so that draws stay in [a, b).
+double below(DType t, double b) {
+  switch (t) {
+    case DType::f32: {
+      float f = float(b);
+      return double(f) < b ? double(f) : double(std::nextafter(f, -INFINITY));
+    }
+    case DType::f16: return half_below<Half>(b);
+    case DType::bf16: return half_below<BFloat16>(b);
+    default: return std::nextafter(b, -INFINITY);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) const {
@@ -168,6 +204,8 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
 }
 
 void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const {
+  const DType dt = out.dtype();
+  const double top = dist == Distribution::uniform && b > a ? below(dt, b) : b;
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
     double buf[kChunk];
     for (int64_t i = 0; i < n; ++i) {
@@ -175,6 +213,8 @@ void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b
       if (dist == Distribution::uniform) {
         uint32_t w = philox4x32(offset + e / 4, seed)[e % 4];
         buf[i] = a + (b - a) * double(uint_to_unit_float(w));
+        // u < 1, but rounding into a narrow dtype (bf16 keeps 8 bits) can still give b
+        if (b > a && rounded(dt, buf[i]) >= b) buf[i] = top;
       } else {
         // Box-Muller on two words: u1 in (0, 1] so the log is finite.
         auto w = philox4x32(offset + e / 2, seed);

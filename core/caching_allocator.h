@@ -1,0 +1,93 @@
+#pragma once
+// A device-memory cache in the style of PyTorch's CUDA caching allocator, independent of CUDA so its
+// logic is tested on any machine. Device allocations (cudaMalloc) are slow and synchronizing; the cache
+// keeps freed blocks and hands them out again.
+//
+// - Requests round up to 512 bytes. Requests up to 1 MiB come from 2 MiB segments (the small pool),
+//   larger ones from segments of their own size rounded up to 2 MiB (the large pool).
+// - A free block is found best-fit (smallest that fits) among blocks of the same stream: memory freed on
+//   one stream is only reused on that stream, so no cross-stream synchronization is needed.
+// - A block larger than needed is split; the remainder stays cached (small pool: when >= 512 bytes;
+//   large pool: when > 1 MiB). Freed blocks merge with free neighbours of the same segment.
+// - When the device refuses a segment, every cached segment that is wholly free is released and the
+//   request is retried once; if it still fails, a kiln::Error gives the requested, allocated and
+//   reserved bytes.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+namespace kiln {
+
+// Where segments come from: returns nullptr when the device is out of memory.
+struct SegmentSource {
+  std::function<void*(size_t)> allocate;
+  std::function<void(void*)> release;
+};
+
+struct MemoryStats {
+  size_t allocated = 0;       // bytes in blocks handed out (rounded sizes)
+  size_t reserved = 0;        // bytes in segments obtained from the device
+  size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+  size_t peak_reserved = 0;
+  uint64_t num_allocs = 0;    // requests served
+  uint64_t num_segments = 0;  // device allocations made (cache misses)
+  uint64_t num_ooms = 0;      // requests that failed even after freeing the cache
+};
+
+class CachingAllocator {
+ public:
+  static constexpr size_t kRound = 512;
+  static constexpr size_t kSmallRequest = 1 << 20;  // 1 MiB
+  static constexpr size_t kSmallSegment = 2 << 20;  // 2 MiB
+  static constexpr size_t kLargeRound = 2 << 20;
+
+  CachingAllocator(std::string device_name, SegmentSource source);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  void* allocate(size_t nbytes, uintptr_t stream = 0);
+  void free(void* ptr);
+  // Returns every wholly free segment to the device.
+  void empty_cache();
+  MemoryStats stats() const;
+  void reset_peak_stats();
+  std::string summary() const;
+
+ private:
+  struct Block {
+    uintptr_t stream;
+    size_t size;
+    char* ptr;
+    bool allocated = false;
+    bool small_pool;
+    Block* prev = nullptr;  // neighbours within the segment
+    Block* next = nullptr;
+  };
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return a->stream < b->stream;
+      if (a->size != b->size) return a->size < b->size;
+      return a->ptr < b->ptr;
+    }
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+
+  Block* find_free(Pool& pool, uintptr_t stream, size_t size);
+  Block* new_segment(size_t segment_size, uintptr_t stream, bool small);
+  void release_free_segments();
+  void update_peaks();
+
+  std::string device_name_;
+  SegmentSource source_;
+  mutable std::mutex mutex_;
+  Pool small_free_, large_free_;
+  std::unordered_map<void*, Block*> live_;
+  MemoryStats stats_;
+};
+
+}  // namespace kiln
