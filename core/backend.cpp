@@ -6,9 +6,19 @@
 
 namespace kiln {
 
+#ifdef KILN_WITH_CUDA
+namespace cuda {
+Backend& cuda_backend();
+}
+#endif
+
 namespace {
 std::array<Backend*, 2>& registry() {
+#ifdef KILN_WITH_CUDA
+  static std::array<Backend*, 2> table{&cpu::cpu_backend(), &cuda::cuda_backend()};
+#else
   static std::array<Backend*, 2> table{&cpu::cpu_backend(), nullptr};
+#endif
   return table;
 }
 }  // namespace

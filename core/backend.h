@@ -46,8 +46,8 @@ struct Window2d {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual void* allocate(size_t nbytes) = 0;
-  virtual void deallocate(void* ptr, size_t nbytes) = 0;
+  virtual void* allocate(size_t nbytes, Device device) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, Device device) = 0;
 
   // dst = src converted to dst's dtype. Same shape (src may have 0 strides), any strides.
   virtual void copy(const Tensor& src, const Tensor& dst) const = 0;

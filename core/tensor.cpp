@@ -25,10 +25,10 @@ std::string shape_str(const Shape& s) {
 }
 
 Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
-  data = n ? backend(d).allocate(n) : nullptr;
+  data = n ? backend(d).allocate(n, d) : nullptr;
 }
 Storage::~Storage() {
-  if (data) backend(device).deallocate(data, nbytes);
+  if (data) backend(device).deallocate(data, nbytes, device);
 }
 
 namespace {

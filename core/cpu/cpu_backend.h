@@ -7,8 +7,8 @@ namespace kiln::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  void* allocate(size_t nbytes) override;
-  void deallocate(void* ptr, size_t nbytes) override;
+  void* allocate(size_t nbytes, Device device) override;
+  void deallocate(void* ptr, size_t nbytes, Device device) override;
   void copy(const Tensor& src, const Tensor& dst) const override;
   void fill(const Tensor& dst, double value) const override;
   void unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) const override;

@@ -228,7 +228,7 @@ void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b
   });
 }
 
-void* CpuBackend::allocate(size_t nbytes) {
+void* CpuBackend::allocate(size_t nbytes, Device) {
   // 64-byte alignment for vector loads; aligned_alloc needs a size multiple of the alignment.
   size_t rounded = (nbytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
@@ -236,7 +236,7 @@ void* CpuBackend::allocate(size_t nbytes) {
   return p;
 }
 
-void CpuBackend::deallocate(void* ptr, size_t) { std::free(ptr); }
+void CpuBackend::deallocate(void* ptr, size_t, Device) { std::free(ptr); }
 
 Backend& cpu_backend() {
   static CpuBackend instance;

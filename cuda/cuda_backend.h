@@ -1,0 +1,45 @@
+#pragma once
+// The CUDA kernels. Each method lives in the .cu file of its kernel family (elementwise, reduce, norm,
+// loss, gemm, index, window, random); every one is tested against the CPU reference.
+#include <kiln/core/backend.h>
+
+namespace kiln::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  void* allocate(size_t nbytes, Device device) override;
+  void deallocate(void* ptr, size_t nbytes, Device device) override;
+  void copy(const Tensor& src, const Tensor& dst) const override;
+  void fill(const Tensor& dst, double value) const override;
+  void unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) const override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) const override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const override;
+  void reduce(ReduceOp op, const Tensor& in, const Tensor& out) const override;
+  void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const override;
+  void softmax(const Tensor& in, const Tensor& out, bool log) const override;
+  void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                  const Tensor& mean, const Tensor& rstd) const override;
+  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     const Tensor& loss, const Tensor& lse) const override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& grad_loss,
+                              int64_t ignore_index, double label_smoothing, const Tensor& grad_logits) const override;
+  void random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const override;
+  void index_select(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const override;
+  void index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const override;
+  void gather(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const override;
+  void scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const override;
+  void im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const override;
+  void col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const override;
+  void max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const override;
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                           const Tensor& grad_in) const override;
+  void avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const override;
+  void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const override;
+};
+
+Backend& cuda_backend();
+
+}  // namespace kiln::cuda

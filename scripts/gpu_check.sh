@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU machine's check: build with CUDA (sm_90), run every test including the `gpu` label, run the GPU
+# tests under compute-sanitizer memcheck, run the benchmarks with their PyTorch references, and print a
+# short summary last. Full logs go to $OUT (or ./gpu_check_logs). Usage: bash scripts/gpu_check.sh [--no-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_check_logs}
+mkdir -p "$out"
+bench=1
+[ "${1:-}" = "--no-bench" ] && bench=0
+summary=()
+step() {  # step NAME LOGFILE COMMAND...: runs, records pass/fail
+  local name=$1 log=$2
+  shift 2
+  local t0=$(date +%s)
+  if "$@" >"$out/$log" 2>&1; then summary+=("PASS  $name ($(( $(date +%s) - t0 )) s)")
+  else summary+=("FAIL  $name ($(( $(date +%s) - t0 )) s, see $log)"); tail -40 "$out/$log"; fi
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
+step configure configure.log cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_BENCH=ON
+step build build.log cmake --build build-gpu -j16
+step "ctest (all labels)" ctest.log bash -c "cd build-gpu && ctest -j8 --output-on-failure --timeout 900"
+if [ -x build-gpu/tests/kiln_cuda_tests ]; then
+  step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
+    build-gpu/tests/kiln_cuda_tests
+fi
+if [ $bench = 1 ] && [ -x scripts/run_benchmarks.sh ]; then
+  step benchmarks bench.log bash scripts/run_benchmarks.sh build-gpu
+fi
+
+echo "==== gpu_check summary ($(cat "$out/gpu.txt"))"
+grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1
+grep -E "ERROR SUMMARY" "$out/memcheck.log" 2>/dev/null | tail -1
+[ -f "$out/bench_table.txt" ] && cat "$out/bench_table.txt"
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -q '^FAIL'
