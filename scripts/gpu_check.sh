@@ -23,8 +23,9 @@ step configure configure.log cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE
 step build build.log cmake --build build-gpu -j16
 step "ctest (all labels)" ctest.log bash -c "cd build-gpu && ctest -j8 --output-on-failure --timeout 900"
 if [ -x build-gpu/tests/kiln_cuda_tests ]; then
+  # The out-of-memory test provokes a failing cudaMalloc on purpose, which memcheck reports as an API error.
   step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
-    build-gpu/tests/kiln_cuda_tests
+    build-gpu/tests/kiln_cuda_tests --gtest_filter=-*OutOfMemory*
 fi
 if [ $bench = 1 ] && [ -x scripts/run_benchmarks.sh ]; then
   step benchmarks bench.log bash scripts/run_benchmarks.sh build-gpu
