@@ -3,6 +3,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/backend.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/shape.h>
@@ -52,8 +53,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
              b_in.str());
   KILN_CHECK(is_floating(a_in.dtype()) && is_floating(b_in.dtype()), "matmul: expected floating-point tensors, got ",
              a_in.str(), " and ", b_in.str());
-  DType t = promote_types(a_in.dtype(), b_in.dtype());
-  Tensor a = cast(a_in, t), b = cast(b_in, t);
+  // Under autocast both operands go to its dtype; otherwise the wider of the two.
+  Tensor al = amp::to_lower_precision(a_in), bl = amp::to_lower_precision(b_in);
+  DType t = promote_types(al.dtype(), bl.dtype());
+  Tensor a = cast(al, t), b = cast(bl, t);
   bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
   if (a_vec) a = a.unsqueeze(0);
   if (b_vec) b = b.unsqueeze(1);

@@ -5,6 +5,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/backend.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/shape.h>
@@ -168,7 +169,10 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* name) {
 }
 }  // namespace
 
-Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false, "softmax"); }
-Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true, "log_softmax"); }
+// Under autocast the softmax family computes in f32.
+Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(amp::to_full_precision(a), dim, false, "softmax"); }
+Tensor log_softmax(const Tensor& a, int64_t dim) {
+  return softmax_impl(amp::to_full_precision(a), dim, true, "log_softmax");
+}
 
 }  // namespace kiln
