@@ -27,8 +27,11 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   Tensor old = var.grad();
   if (!old.defined()) {
-    // Own the memory: the incoming gradient may alias a buffer of the graph or a user's tensor.
-    var.set_grad(g.clone());
+    // Steal the incoming gradient when nothing else can see it (the engine's buffer holds the only
+    // handle and no view shares its storage); otherwise own a copy, since it may alias a user's tensor.
+    long handles = g.is_same(grads[0]) ? 2 : 1;  // `g` itself, plus the engine's buffer when not converted
+    bool sole_owner = g.impl_ptr().use_count() == handles && g.impl().storage.use_count() == 1;
+    var.set_grad(sole_owner && g.is_contiguous() && g.offset() == 0 ? g : g.clone());
   } else {
     old.add_(g);
   }

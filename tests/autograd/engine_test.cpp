@@ -6,6 +6,7 @@
 #include <kiln/autograd/gradcheck.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/ops.h>
+#include <kiln/core/random.h>
 
 #include "../core/core_test_util.h"
 
@@ -240,4 +241,25 @@ TEST(Engine, GradcheckAcceptsCorrectAndDetectsWrongGradients) {
   };
   EXPECT_TRUE(autograd::gradcheck(right, {a}).ok);
   EXPECT_KILN_ERROR(autograd::gradcheck(good, {a.detach().to(DType::f32).requires_grad_(), b}), "gradcheck", "f64");
+}
+
+TEST(AccumulateGrad, NeverAliasesATensorTheUserStillHolds) {
+  using namespace kiln;
+  Tensor x = randn({3}).requires_grad_(true);
+  Tensor seed = ones({3});
+  Tensor y = x * 1.0;
+  y.backward(seed);  // the seed reaches x's accumulator through mul's backward: a fresh tensor
+  Tensor g1 = x.grad();
+  Tensor z = x.clone();
+  z.backward(seed);  // clone's backward passes the user's seed straight through: must be copied
+  EXPECT_FALSE(x.grad().shares_storage(seed));
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 2.0f));
+  EXPECT_EQ(seed.to_vector<float>(), std::vector<float>(3, 1.0f));  // the user's tensor is untouched
+  x.set_grad(Tensor());
+  Tensor w = x.clone();
+  w.backward(seed);
+  EXPECT_FALSE(x.grad().shares_storage(seed));
+  x.grad().add_(ones({3}));
+  EXPECT_EQ(seed.to_vector<float>(), std::vector<float>(3, 1.0f));
+  (void)g1;
 }
