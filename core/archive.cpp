@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <kiln/autograd/grad_mode.h>
 
@@ -19,6 +20,11 @@ std::string canonical(std::string name) {
 }
 
 std::string where(const Archive& a) { return a.source.empty() ? std::string("archive") : "archive '" + a.source + "'"; }
+
+// "an int", "a double list": attribute type names with their article, for messages.
+std::string with_article(const char* type) {
+  return (std::string("aeiou").find(type[0]) != std::string::npos ? "an " : "a ") + std::string(type);
+}
 
 std::string describe(const Shape& shape, DType dtype) { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
@@ -135,8 +141,8 @@ const Attribute& Archive::attribute(const std::string& key) const {
 }
 
 void Archive::wrong_type(const std::string& key, const char* expected) const {
-  KILN_FAIL(where(*this), ": attribute '", key, "' is a ", attribute_type_name(attributes.at(key)), ", expected a ",
-            expected);
+  KILN_FAIL(where(*this), ": attribute '", key, "' is ", with_article(attribute_type_name(attributes.at(key))),
+            ", expected ", with_article(expected));
 }
 
 void check_tensors(const Archive& archive, const std::string& prefix,
@@ -152,11 +158,11 @@ void check_tensors(const Archive& archive, const std::string& prefix,
   }
 
   std::vector<std::string> problems;
-  std::unordered_map<std::string, bool> wanted;
+  std::unordered_set<std::string> wanted;
   for (const auto& [n, t] : expected) {
     KILN_CHECK(t.defined(), where(archive), ": check_tensors: expected tensor '", n, "' is undefined");
     std::string c = canonical(n);
-    wanted[c] = true;
+    wanted.insert(c);
     auto it = stored.find(c);
     if (it == stored.end()) {
       problems.push_back("missing " + p + n + " (expected " + describe(t.shape(), t.dtype()) + ")");
@@ -168,7 +174,8 @@ void check_tensors(const Archive& archive, const std::string& prefix,
                          describe(s.shape(), s.dtype()) + ", expected " + describe(t.shape(), t.dtype()));
   }
   for (const auto& [n, s] : stored_order)
-    if (!wanted.count(canonical(n))) problems.push_back("unexpected " + p + n + " (" + describe(s->shape(), s->dtype()) + ")");
+    if (!wanted.count(canonical(n)))
+      problems.push_back("unexpected " + p + n + " (" + describe(s->shape(), s->dtype()) + ")");
   if (problems.empty()) return;
   std::ostringstream os;
   os << where(archive) << ": " << problems.size() << (problems.size() == 1 ? " mismatch" : " mismatches");

@@ -14,11 +14,12 @@
 // lives on the root group. Only '/' separates groups here (the attribute's own name may contain dots).
 // The root attribute "kiln_format_version" is written by save() and checked by load().
 //
-// Files. save() is atomic: it writes "<path>.tmp.<pid>", flushes, fsyncs and renames it over <path>, so
-// a crash or an error leaves the previous file intact. load() reads everything into memory and checks it
-// before returning, so a truncated or corrupted file gives a kiln::Error (naming the file and what was
-// being read) and nothing the caller owns has been touched. Data are checksummed (Fletcher-32) and HDF5's
-// metadata carries its own checksums, so corruption inside the file is detected, not only truncation.
+// Files. save() is atomic: it builds the file in memory, writes it to "<path>.tmp.<pid>", fsyncs it and
+// renames it over <path>, so a crash or an error (disk full included) leaves the previous file intact.
+// load() reads everything into memory and checks it before returning, so a truncated or corrupted file
+// gives a kiln::Error (naming the file and what was being read) and nothing the caller owns has been
+// touched. Data are checksummed (Fletcher-32) and the metadata carries HDF5's own checksums, so
+// corruption inside the file is detected, not only truncation.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -71,7 +72,8 @@ struct Archive {
 
 // Writes the archive to `path` atomically (see above). Tensors may live on any device and have any
 // strides; they are copied to contiguous CPU memory one at a time. Validates every name before creating
-// any file. Throws kiln::Error naming the file on any failure; the temporary file is removed.
+// any file. Throws kiln::Error naming the file on any failure; the temporary file is removed. Needs host
+// memory of about the file's size while it runs (the file is built in memory, then written).
 void save(const std::string& path, const Archive& archive);
 
 // Reads a whole archive into CPU tensors. Throws kiln::Error naming the file and the object being read on

@@ -16,10 +16,12 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
@@ -178,9 +180,14 @@ std::string type_description(hid_t type) {
   return std::to_string(size * 8) + "-bit " + name;
 }
 
-Id string_type(const std::string& ctx) {
+// Strings are fixed-length (NUL-padded UTF-8 of exactly the text's size), not variable-length: those live
+// in HDF5's global heap, which has no checksum, and a damaged global heap can send HDF5 into an endless
+// loop. Fixed-length strings sit inside the checksummed object header. `size` 0 means variable-length
+// (only for reading other writers' files).
+Id string_type(size_t size, const std::string& ctx) {
   Id t(KILN_H5(H5Tcopy(H5T_C_S1), ctx), H5Tclose);
-  KILN_H5(H5Tset_size(t, H5T_VARIABLE), ctx);
+  KILN_H5(H5Tset_size(t, size == 0 ? H5T_VARIABLE : size), ctx);
+  if (size != 0) KILN_H5(H5Tset_strpad(t, H5T_STR_NULLPAD), ctx);
   KILN_H5(H5Tset_cset(t, H5T_CSET_UTF8), ctx);
   return t;
 }
@@ -226,19 +233,72 @@ Plan plan_layout(const std::string& path, const Archive& a) {
   return plan;
 }
 
+// The finished file: bytes HDF5's core driver allocated (through the callbacks below), owned by us.
+struct Image {
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> data;
+  size_t size = 0;
+};
+
+// Memory of the in-memory file, allocated by HDF5 through file-image callbacks so that the image can be
+// taken over when HDF5 closes the file (after it has written the final superblock) instead of copied:
+// H5Fget_file_image would double the memory, and in HDF5 1.10.8 it also writes a wrong superblock checksum.
+struct ImageMemory {
+  void* data = nullptr;
+  ~ImageMemory() { std::free(data); }
+
+  static void* malloc_cb(size_t size, H5FD_file_image_op_t, void* udata) {
+    void* p = std::malloc(size);
+    if (p) static_cast<ImageMemory*>(udata)->data = p;
+    return p;
+  }
+  static void* memcpy_cb(void* dst, const void* src, size_t size, H5FD_file_image_op_t, void*) {
+    return std::memcpy(dst, src, size);
+  }
+  static void* realloc_cb(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+    void* p = std::realloc(ptr, size);
+    if (p) static_cast<ImageMemory*>(udata)->data = p;
+    return p;
+  }
+  static herr_t free_cb(void* ptr, H5FD_file_image_op_t op, void* udata) {
+    if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE) return 0;  // the closed file's image: ours to keep (see data)
+    auto* m = static_cast<ImageMemory*>(udata);
+    if (ptr == m->data) m->data = nullptr;
+    std::free(ptr);
+    return 0;
+  }
+  static void* udata_copy_cb(void* udata) { return udata; }  // property-list copies share this object
+  static herr_t udata_free_cb(void*) { return 0; }
+};
+
+// Builds the file in memory (HDF5's core driver, no backing store) and hands back its bytes; save() writes
+// them. HDF5 never touches the disk: when HDF5's own writes fail (disk full, quota, I/O error) its cleanup
+// leaves the library in a state that crashes at process exit (HDF5 1.10, found by the disk-full test), while
+// our plain write() calls fail cleanly. The price is host memory of about the file's size during a save.
 class Writer {
  public:
   Writer(std::string path, std::string tmp) : path_(std::move(path)), tmp_(std::move(tmp)) {}
 
-  void write(const Archive& a, const Plan& plan) {
+  Image write(const Archive& a, const Plan& plan) {
     std::string ctx = "archive::save: '" + path_ + "'";
     Id fapl(KILN_H5(H5Pcreate(H5P_FILE_ACCESS), ctx), H5Pclose);
-    // v18+ object headers carry checksums, so damaged metadata is detected on load (readable by HDF5 >= 1.8).
-    KILN_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), ctx);
+    // The 1.10 format checksums all metadata that locates data: object headers (v2) and the chunk indexes
+    // (the 1.8 format's v1 B-tree is unchecksummed: a flipped byte there switched a chunk's filters off and
+    // returned wrong values silently). Pinning both bounds keeps files readable by HDF5 >= 1.10 whatever
+    // newer library writes them.
+    KILN_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), ctx);
     KILN_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), ctx);
-#if H5_VERSION_GE(1, 10, 7)
-    KILN_H5(H5Pset_file_locking(fapl, true, true), ctx);  // locks where the filesystem supports them
-#endif
+    // Grow the in-memory image in steps of the expected file size: usually one allocation.
+    size_t expected = size_t(1) << 20;
+    for (const auto& [name, t] : a.tensors)
+      if (t.defined()) expected += size_t(t.numel()) * t.element_size() + 4096;
+    KILN_H5(H5Pset_fapl_core(fapl, std::min<size_t>(expected, size_t(1) << 30), false), ctx);
+    H5FD_file_image_callbacks_t callbacks = {ImageMemory::malloc_cb, ImageMemory::memcpy_cb,
+                                             ImageMemory::realloc_cb, ImageMemory::free_cb,
+                                             ImageMemory::udata_copy_cb, ImageMemory::udata_free_cb, &memory_};
+    KILN_H5(H5Pset_file_image_callbacks(fapl, &callbacks), ctx);
     Id fcpl(KILN_H5(H5Pcreate(H5P_FILE_CREATE), ctx), H5Pclose);
     KILN_H5(H5Pset_link_creation_order(fcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), ctx);
     KILN_H5(H5Pset_obj_track_times(fcpl, false), ctx);
@@ -246,10 +306,8 @@ class Writer {
     KILN_H5(H5Pset_link_creation_order(gcpl_, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), ctx);
     // No timestamps: saving the same archive twice gives identical bytes.
     KILN_H5(H5Pset_obj_track_times(gcpl_, false), ctx);
-    string_type_ = string_type(ctx);
 
-    file_ = Id(KILN_H5(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, fcpl, fapl),
-                       ctx, ": cannot create the temporary file '", tmp_, "' (does the directory exist and is it writable?)"),
+    file_ = Id(KILN_H5(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, fcpl, fapl), ctx, ": creating the file in memory"),
                H5Fclose);
     write_attribute(file_, kFormatVersionKey, Attribute(kFormatVersion), ctx);
 
@@ -269,8 +327,17 @@ class Writer {
     for (auto it = groups_.rbegin(); it != groups_.rend(); ++it)
       KILN_H5(it->second.close(), ctx, ": closing group ", it->first);
     groups_.clear();
-    KILN_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL), ctx, ": flushing '", tmp_, "'");
-    KILN_H5(H5Fclose(file_.release()), ctx, ": closing '", tmp_, "'");
+    KILN_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL), ctx, ": flushing the file");
+    // With a null buffer this only reports the file's size (its end of allocation), copying nothing; the
+    // memory block is larger (it grows in whole increments).
+    ssize_t size = KILN_H5(H5Fget_file_image(file_, nullptr, 0), ctx, ": sizing the file image");
+    KILN_H5(H5Fclose(file_.release()), ctx, ": closing the file");
+    KILN_CHECK(memory_.data != nullptr, ctx, ": HDF5 left no file image");
+    Image image;
+    image.data.reset(static_cast<unsigned char*>(memory_.data));
+    memory_.data = nullptr;
+    image.size = size_t(size);
+    return image;
   }
 
  private:
@@ -335,10 +402,12 @@ class Writer {
   void write_attribute(hid_t obj, const std::string& name, const Attribute& value, const std::string& ctx) {
     std::string what = ctx + ": writing attribute '" + name + "'";
     if (const auto* s = std::get_if<std::string>(&value)) {
+      Id type = string_type(std::max<size_t>(s->size(), 1), what);  // HDF5 has no 0-byte strings: "" is one NUL
       Id space(KILN_H5(H5Screate(H5S_SCALAR), what), H5Sclose);
-      Id attr(KILN_H5(H5Acreate2(obj, name.c_str(), string_type_, space, H5P_DEFAULT, H5P_DEFAULT), what), H5Aclose);
-      const char* p = s->c_str();
-      KILN_H5(H5Awrite(attr, string_type_, &p), what);
+      Id attr(KILN_H5(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), what), H5Aclose);
+      std::string padded = *s;
+      padded.resize(std::max<size_t>(s->size(), 1), '\0');
+      KILN_H5(H5Awrite(attr, type, padded.data()), what);
       KILN_H5(attr.close(), what);
       return;
     }
@@ -372,22 +441,45 @@ class Writer {
   }
 
   std::string path_, tmp_;
-  Id file_, gcpl_, string_type_;
+  ImageMemory memory_;  // before file_: the file is closed (releasing into memory_) before memory_ goes
+  Id file_, gcpl_;
   std::map<std::string, Id> groups_;
 };
 
-// Makes the temporary file's bytes durable before the rename publishes it.
-void fsync_path(const std::string& path, bool directory, const std::string& ctx) {
-  int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) {
-    KILN_CHECK(directory, ctx, ": cannot reopen '", path, "' to sync it: ", std::strerror(errno));
-    return;  // directory sync is best effort: the data itself is already durable
+// Writes `data` to a new file at `path` and makes it durable (fsync) before the caller publishes it.
+void write_durably(const std::string& path, const Image& image, const std::string& ctx) {
+  const unsigned char* data = image.data.get();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  KILN_CHECK(fd >= 0, ctx, ": cannot create the temporary file '", path, "': ", std::strerror(errno),
+             " (does the directory exist and is it writable?)");
+  size_t done = 0;
+  while (done < image.size) {
+    ssize_t n = ::write(fd, data + done, std::min<size_t>(image.size - done, size_t(1) << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      KILN_FAIL(ctx, ": writing '", path, "' failed after ", done, " of ", image.size, " bytes: ", std::strerror(err));
+    }
+    done += size_t(n);
   }
   int rc = ::fsync(fd);
   int err = errno;
+  if (rc != 0) {
+    ::close(fd);
+    KILN_FAIL(ctx, ": fsync of '", path, "' failed: ", std::strerror(err));
+  }
+  // close() can report a deferred write error (NFS).
+  KILN_CHECK(::close(fd) == 0, ctx, ": closing '", path, "' failed: ", std::strerror(errno));
+}
+
+// Persists a rename by syncing the directory. Best effort: some filesystems cannot sync directories, and the
+// data are already durable.
+void sync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
   ::close(fd);
-  // Some filesystems cannot sync directories (EINVAL); the rename is still atomic there.
-  KILN_CHECK(rc == 0 || directory, ctx, ": fsync of '", path, "' failed: ", std::strerror(err));
 }
 
 // ---- reading ----
@@ -416,18 +508,20 @@ class Reader {
             H5Fclose);
     Id root(KILN_H5(H5Gopen2(file, "/", H5P_DEFAULT), ctx_, ": opening the root group"), H5Gclose);
 
-    Archive a;
-    a.source = path_;
-    visit(root, {}, a);
-    auto it = a.attributes.find(kFormatVersionKey);
-    KILN_CHECK(it != a.attributes.end(), ctx_, ": not a Kiln archive (the root attribute '", kFormatVersionKey,
+    // The version first: a newer layout may not make sense to the checks below.
+    htri_t has_version = KILN_H5(H5Aexists(root, kFormatVersionKey), ctx_, ": reading the root attributes");
+    KILN_CHECK(has_version > 0, ctx_, ": not a Kiln archive (the root attribute '", kFormatVersionKey,
                "' is missing)");
-    const int64_t* version = std::get_if<int64_t>(&it->second);
-    KILN_CHECK(version != nullptr, ctx_, ": root attribute '", kFormatVersionKey, "' is a ",
-               attribute_type_name(it->second), ", expected an int");
+    Attribute v = read_attribute(root, kFormatVersionKey, ctx_ + ": root attribute '" + kFormatVersionKey + "'");
+    const int64_t* version = std::get_if<int64_t>(&v);
+    KILN_CHECK(version != nullptr, ctx_, ": root attribute '", kFormatVersionKey, "' has type ",
+               attribute_type_name(v), ", expected an int");
     KILN_CHECK(*version >= 1 && *version <= kFormatVersion, ctx_, ": format version ", *version,
                " is not supported (this build reads versions 1 to ", kFormatVersion, ")");
 
+    Archive a;
+    a.source = path_;
+    visit(root, {}, a);
     root.reset();
     KILN_H5(H5Fclose(file.release()), ctx_, ": closing the file");
     return a;
@@ -501,7 +595,7 @@ class Reader {
       KILN_CHECK(sclass == H5S_SCALAR, ctx, ": string lists are not supported");
       htri_t var = KILN_H5(H5Tis_variable_str(type), ctx);
       if (var) {
-        Id mem = string_type(ctx);
+        Id mem = string_type(0, ctx);
         char* p = nullptr;
         KILN_H5(H5Aread(attr, mem, &p), ctx);
         std::string s = p ? p : "";
@@ -538,7 +632,7 @@ class Reader {
     KILN_CHECK(has_dtype > 0, ctx, " has no 'dtype' attribute (Kiln writes one on every tensor)");
     Attribute dtype_attr = read_attribute(ds, "dtype", ctx + ": attribute 'dtype'");
     const std::string* dtype_name_p = std::get_if<std::string>(&dtype_attr);
-    KILN_CHECK(dtype_name_p != nullptr, ctx, ": attribute 'dtype' is a ", attribute_type_name(dtype_attr),
+    KILN_CHECK(dtype_name_p != nullptr, ctx, ": attribute 'dtype' has type ", attribute_type_name(dtype_attr),
                ", expected a string");
     DType dt;
     try {
@@ -553,7 +647,7 @@ class Reader {
     if (has_name > 0) {
       Attribute n = read_attribute(ds, "name", ctx + ": attribute 'name'");
       const std::string* s = std::get_if<std::string>(&n);
-      KILN_CHECK(s != nullptr, ctx, ": attribute 'name' is a ", attribute_type_name(n), ", expected a string");
+      KILN_CHECK(s != nullptr, ctx, ": attribute 'name' has type ", attribute_type_name(n), ", expected a string");
       std::string mapped;
       try {
         mapped = hdf5_path(*s);
@@ -576,7 +670,7 @@ class Reader {
     Shape shape;
     if (sclass == H5S_SIMPLE) {
       int rank = KILN_H5(H5Sget_simple_extent_ndims(space), ctx);
-      std::vector<hsize_t> dims(size_t(rank));
+      std::vector<hsize_t> dims(static_cast<size_t>(rank));
       KILN_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), ctx);
       int64_t numel = 1;
       for (hsize_t d : dims) {
@@ -620,22 +714,25 @@ void save(const std::string& path, const Archive& archive) {
   KILN_CHECK(!std::filesystem::is_directory(path, ec), ctx, ": is a directory");
   // The pid keeps concurrent writers (e.g. one per rank) from sharing a temporary file.
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Session session;
+  Image image;
+  {
+    Session session;  // HDF5 is used only in here, including the Writer's destructor
+    image = Writer(path, tmp).write(archive, plan);
+  }
   try {
-    Writer(path, tmp).write(archive, plan);
-    fsync_path(tmp, false, ctx);
+    write_durably(tmp, image, ctx);
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
+  image.data.reset();  // release the memory before the rename
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     std::remove(tmp.c_str());
     KILN_FAIL(ctx, ": cannot rename '", tmp, "' to it: ", std::strerror(err));
   }
-  // Persist the directory entry, so the rename survives a power loss.
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  fsync_path(dir.empty() ? std::string(".") : dir.string(), true, ctx);
+  sync_directory(dir.empty() ? std::string(".") : dir.string());
 }
 
 Archive load(const std::string& path) {

@@ -4,6 +4,7 @@
 // Kernels may assume what their comment promises: the entry points arrange layouts before calling.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <kiln/core/random.h>
 #include <kiln/core/tensor.h>
@@ -41,6 +42,13 @@ struct Window2d {
   int64_t n, c, h, w;        // input
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   int64_t oh, ow;            // output spatial size
+};
+
+// Hyper-parameters of one AdamW step; bias corrections are computed on the host in double.
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  double bias_correction1;       // 1 - beta1^t
+  double bias_correction2_sqrt;  // sqrt(1 - beta2^t)
 };
 
 class Backend {
@@ -95,12 +103,35 @@ class Backend {
   // x (N, C, H, W) contiguous -> cols (N, C*kh*kw, oh*ow); col2im adds cols back into zeroed x.
   virtual void im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const = 0;
   virtual void col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const = 0;
+  // 2-D convolution (cross-correlation, PyTorch's conv2d) with geometry g. All tensors contiguous and of
+  // one floating dtype: x (N, C, H, W), w (O, C, kh, kw), bias (O) or undefined, out (N, O, oh, ow).
+  // The backward methods overwrite their output: grad_x (N, C, H, W), grad_w (O, C, kh, kw); grad_out is
+  // (N, O, oh, ow). The bias gradient is a plain sum in the entry point.
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
+                              const Tensor& out) const = 0;
+  virtual void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
+                                     const Tensor& grad_x) const = 0;
+  virtual void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
+                                      const Tensor& grad_w) const = 0;
   // out (N, C, oh, ow); indices (N, C, oh, ow) i64 into each (H*W) plane.
   virtual void max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const = 0;
   virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
                                    const Tensor& grad_in) const = 0;
   virtual void avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const = 0;
   virtual void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const = 0;
+
+  // Fused AdamW over many tensors (all contiguous, on this device). For each i, with g = grads[i] and
+  // m, v = exp_avgs[i], exp_avg_sqs[i] (state dtype, f32 or f64):
+  //   p ← p (1 - lr wd);  m ← β1 m + (1-β1) g;  v ← β2 v + (1-β2) g²;
+  //   p ← p - (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
+  // computed in the state dtype and rounded once into p's dtype.
+  virtual void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                          const AdamWHyper& h) const = 0;
+  // Loss-scaler unscale: every tensor (contiguous, floating) ← tensor · inv_scale, and found_inf (f32
+  // scalar) is set to 1 if any element of any tensor is not finite. inv_scale is an f32 scalar tensor on
+  // this device, so no value crosses to the host.
+  virtual void amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const = 0;
 };
 
 Backend& backend(Device device);

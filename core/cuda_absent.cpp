@@ -16,6 +16,7 @@ bool is_available() { return false; }
 int current_device() { no_cuda("current_device"); }
 void set_device(int) { no_cuda("set_device"); }
 void synchronize() { no_cuda("synchronize"); }
+void* current_stream_handle() { no_cuda("current_stream_handle"); }
 DeviceProperties properties(int) { no_cuda("properties"); }
 bool has_tensor_core_support(int) { return false; }
 MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
@@ -24,6 +25,11 @@ std::string memory_summary(int) { no_cuda("memory_summary"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
 void set_sync_check(bool) {}
 bool sync_check() { return false; }
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+void set_cudnn_benchmark(bool) {}
+bool cudnn_benchmark() { return false; }
+size_t conv_algorithm_cache_size() { return 0; }
 
 }  // namespace kiln::cuda
 #endif

@@ -33,11 +33,20 @@ class CudaBackend final : public Backend {
   void scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const override;
   void im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const override;
   void col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const override;
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
+                      const Tensor& out) const override;
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
+                             const Tensor& grad_x) const override;
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
+                              const Tensor& grad_w) const override;
   void max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const override;
   void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
                            const Tensor& grad_in) const override;
   void avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const override;
   void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const override;
+  void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
+                  const std::vector<Tensor>& exp_avg_sqs, const AdamWHyper& h) const override;
+  void amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const override;
 };
 
 Backend& cuda_backend();

@@ -115,6 +115,7 @@ void set_device(int index) {
 }
 
 void synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+void* current_stream_handle() { return static_cast<void*>(current_stream()); }
 
 DeviceProperties properties(int index) {
   KILN_CHECK(index >= 0 && index < device_count(), "cuda::properties: device ", index, " does not exist");

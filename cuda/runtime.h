@@ -13,6 +13,9 @@ int device_count();
 int current_device();
 void set_device(int index);
 void synchronize();  // waits for all work on the current device
+// The cudaStream_t Kiln launches on for the current device, as an opaque pointer (for timing with CUDA
+// events or interoperating with other CUDA code without including CUDA headers here).
+void* current_stream_handle();
 
 struct DeviceProperties {
   std::string name;
@@ -34,5 +37,19 @@ void empty_cache(int index = 0);
 // and names the kernel and op whose launch failed: slow, for debugging.
 void set_sync_check(bool on);
 bool sync_check();
+
+// TF32 tensor-core math for f32 matmuls (cuBLASLt) and convolutions (cuDNN): about 10 mantissa bits per
+// product instead of 23, several times faster. Off by default (PyTorch's matmul default), so f32 results
+// stay f32-accurate. Without the CUDA backend: set is a no-op and allow_tf32() is false.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+// Like torch.backends.cudnn.benchmark: when on, each new convolution shape times cuDNN's algorithms once
+// (cudnnFind*) and keeps the fastest; when off (default), cuDNN's heuristic picks one (cudnnGet*_v7).
+// Either choice is cached per (shapes, dtype, geometry).
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+// Number of cached convolution algorithm choices (one per direction and shape seen): for tests and
+// diagnostics.
+size_t conv_algorithm_cache_size();
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
 // Fused NN ops, each a single autograd node with a dedicated backward kernel: layer_norm,
-// cross_entropy, conv2d (im2col + GEMM) and 2-D pooling.
+// cross_entropy, conv2d (the device's convolution kernels) and 2-D pooling.
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/backend.h>
@@ -123,16 +123,14 @@ Window2d window(const Tensor& x, int64_t kh, int64_t kw, std::array<int64_t, 2> 
   Window2d g{x.size(0), x.size(1), x.size(2), x.size(3), kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 0, 0};
   KILN_CHECK(g.sh > 0 && g.sw > 0 && g.dh > 0 && g.dw > 0 && g.ph >= 0 && g.pw >= 0 && kh > 0 && kw > 0, op,
              ": invalid stride/padding/dilation/kernel");
-  g.oh = (g.h + 2 * g.ph - g.dh * (kh - 1) - 1) / g.sh + 1;
-  g.ow = (g.w + 2 * g.pw - g.dw * (kw - 1) - 1) / g.sw + 1;
+  // floor((in + 2 pad - dil (k - 1) - 1) / stride) + 1, with a window wider than the padded input an error
+  // (C++ division truncates toward zero, so a negative span must be caught before dividing)
+  int64_t span_h = g.h + 2 * g.ph - g.dh * (kh - 1) - 1, span_w = g.w + 2 * g.pw - g.dw * (kw - 1) - 1;
+  KILN_CHECK(span_h >= 0 && span_w >= 0, op, ": kernel ", kh, "x", kw, " does not fit the padded input ", x.str());
+  g.oh = span_h / g.sh + 1;
+  g.ow = span_w / g.sw + 1;
   KILN_CHECK(g.oh > 0 && g.ow > 0, op, ": kernel ", kh, "x", kw, " does not fit the padded input ", x.str());
   return g;
-}
-
-Tensor im2col(const Tensor& x, const Window2d& g) {
-  Tensor cols = empty({g.n, g.c * g.kh * g.kw, g.oh * g.ow}, {.dtype = x.dtype(), .device = x.device()});
-  backend(x.device()).im2col(x, g, cols);
-  return cols;
 }
 
 }  // namespace
@@ -143,32 +141,39 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
              weight.size(1), " channels of weight ", weight.str());
   KILN_CHECK(x.device() == weight.device() && x.dtype() == weight.dtype(), "conv2d: input ", x.str(), " and weight ",
              weight.str(), " must share dtype and device");
+  KILN_CHECK(is_floating(x.dtype()), "conv2d: expected floating-point tensors, got ", x.str());
   int64_t O = weight.size(0);
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == O), "conv2d: bias ", bias.str(),
              " does not match weight ", weight.str());
+  KILN_CHECK(!bias.defined() || bias.device() == x.device(), "conv2d: bias ", bias.str(), " is not on ",
+             x.device().str());
   Window2d g = window(x, weight.size(2), weight.size(3), opt.stride, opt.padding, opt.dilation, "conv2d");
-  int64_t CK = g.c * g.kh * g.kw;
-  Tensor out, xc, w2;
+  Tensor out, xc, wc;
   {
     NoGradGuard ng;
     xc = x.contiguous();
-    w2 = weight.reshape({O, CK});
-    out = matmul(w2, im2col(xc, g));  // (N, O, L)
-    if (bias.defined()) out = add(out, bias.reshape({1, O, 1}));
-    out = out.reshape({g.n, O, g.oh, g.ow});
+    wc = weight.contiguous();
+    Tensor bc = bias.defined() ? cast(bias, x.dtype()).contiguous() : Tensor();
+    out = empty({g.n, O, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
+    backend(x.device()).conv2d_forward(xc, wc, bc, g, out);
   }
   if (any_requires_grad({x, weight, bias}))
     record("conv2d", {x, weight, bias}, {out},
-           [sx = SavedTensor(xc), sw = SavedTensor(w2), g, O, CK, ws = weight.sizes(), has_b = bias.defined()](const Grads& gr) {
+           [sx = SavedTensor(xc), sw = SavedTensor(wc), g, O, rx = x.requires_grad(), rw = weight.requires_grad(),
+            rb = bias.defined() && bias.requires_grad(), bdt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& gr) {
              Tensor xx = sx.unpack("conv2d"), w = sw.unpack("conv2d");
-             Tensor go = gr[0].contiguous().reshape({g.n, O, g.oh * g.ow});
-             Tensor cols = im2col(xx, g);  // recomputed rather than saved: kh*kw times the input's memory
-             Tensor dw = sum(matmul(go, cols.transpose(1, 2)), {0}).reshape(ws);
-             Tensor dcols = matmul(w.t(), go);  // (N, CK, L)
-             Tensor dx = zeros(xx.sizes(), {.dtype = xx.dtype(), .device = xx.device()});
-             backend(xx.device()).col2im(dcols.contiguous(), g, dx);
-             Tensor db = has_b ? sum(go, {0, 2}) : Tensor();
-             (void)CK;
+             Tensor go = gr[0].contiguous();
+             Backend& be = backend(xx.device());
+             Tensor dx, dw, db;
+             if (rx) {
+               dx = empty(xx.sizes(), {.dtype = xx.dtype(), .device = xx.device()});
+               be.conv2d_backward_input(go, w, g, dx);
+             }
+             if (rw) {
+               dw = empty(w.sizes(), {.dtype = w.dtype(), .device = w.device()});
+               be.conv2d_backward_weight(go, xx, g, dw);
+             }
+             if (rb) db = cast(sum(go.reshape({g.n, O, g.oh * g.ow}), {0, 2}), bdt);
              return Grads{dx, dw, db};
            });
   return out;

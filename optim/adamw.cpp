@@ -3,17 +3,14 @@
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/backend.h>
 #include <kiln/core/ops.h>
+#include <map>
 
 namespace kiln::optim {
 
 namespace {
 
-Tensor fresh_copy(const Tensor& src, DType dtype) {
-  Tensor out = empty(src.shape(), {.dtype = dtype, .device = src.device()});
-  out.copy_(src);
-  return out;
-}
 
 void check_group(const ParamGroup& g) {
   const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("eps");
@@ -45,37 +42,57 @@ void AdamW::add_param_group(std::vector<Tensor> params, const AdamWOptions& opti
 void AdamW::step() {
   NoGradGuard no_grad;
   for (const auto& g : param_groups()) check_group(g);  // options may have been edited since construction
-  for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
-    const Tensor grad = p.grad();
-    if (!grad.defined()) return;
+  // One fused multi-tensor update per (group, device): all parameters with a gradient go through the
+  // device's adamw_step kernel (the math is in core/backend.h). Parameters are updated in place in
+  // their own dtype; the state is f32 (f64 for f64 parameters).
+  int64_t index = 0;
+  for (auto& g : param_groups()) {
     const double lr = g.get("lr"), beta1 = g.get("beta1"), beta2 = g.get("beta2"), eps = g.get("eps");
     const double wd = g.get("weight_decay");
-    const DType sdt = state_dtype(p.dtype());
-    const bool master = sdt != p.dtype();  // f16/bf16 parameters: arithmetic in f32, written back at the end
-    Tensor w = master ? fresh_copy(p, sdt) : p;
-    const Tensor gr = grad.dtype() == sdt ? grad : fresh_copy(grad, sdt);
-
-    ParamState& st = state(index);
-    if (!st.tensors.count("exp_avg")) {
-      st.tensors["exp_avg"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
-      st.tensors["exp_avg_sq"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
+    std::map<std::pair<int, int>, std::vector<int64_t>> by_device;
+    for (auto& p : g.params) {
+      int64_t i = index++;
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      KILN_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), "AdamW: gradient ", grad.str(),
+                 " does not match parameter ", p.str());
+      ParamState& st = state(i);
+      if (!st.tensors.count("exp_avg")) {
+        const DType sdt = state_dtype(p.dtype());
+        st.tensors["exp_avg"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
+        st.tensors["exp_avg_sq"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
+      }
+      ++st.step;
+      by_device[{int(p.device().type), p.device().index}].push_back(i);
     }
-    Tensor& m = st.tensors["exp_avg"];
-    Tensor& v = st.tensors["exp_avg_sq"];
-    const int64_t t = ++st.step;
-
-    if (wd != 0.0) w.mul_(1.0 - lr * wd);      // p = p * (1 - lr * wd)
-    m.mul_(beta1).add_(gr, 1.0 - beta1);          // m = beta1 m + (1 - beta1) g
-    v.mul_(beta2).add_(square(gr), 1.0 - beta2);  // v = beta2 v + (1 - beta2) g^2
-    // Bias corrections in double on the host, as PyTorch does with Python floats.
-    const double bc1 = 1.0 - std::pow(beta1, double(t));
-    const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, double(t)));
-    const double step_size = lr / bc1;
-    Tensor denom = sqrt(v) / bc2_sqrt;             // sqrt(v) / sqrt(bc2) + eps
-    denom.add_(eps);
-    w.add_(div(m, denom), -step_size);             // p = p - step_size * m / denom
-    if (master) p.copy_(w);
-  });
+    for (auto& [dev, indices] : by_device) {
+      // Parameters of a group that share a step count share bias corrections: batch them by step.
+      std::map<int64_t, std::vector<int64_t>> by_step;
+      for (int64_t i : indices) by_step[state(i).step].push_back(i);
+      for (auto& [t, ids] : by_step) {
+        std::vector<Tensor> ps, gs, ms, vs;
+        std::vector<Tensor> strided;  // parameters that are not contiguous get a contiguous working copy
+        for (int64_t i : ids) {
+          Tensor p = param(i);
+          Tensor grad = p.grad();
+          ps.push_back(p.is_contiguous() ? p : p.contiguous());
+          gs.push_back(grad.dtype() == p.dtype() ? grad.contiguous() : grad.to(p.dtype()).contiguous());
+          ms.push_back(state(i).tensors["exp_avg"]);
+          vs.push_back(state(i).tensors["exp_avg_sq"]);
+        }
+        // Bias corrections in double on the host, as PyTorch does with Python floats.
+        AdamWHyper h{lr, beta1, beta2, eps, wd, 1.0 - std::pow(beta1, double(t)), std::sqrt(1.0 - std::pow(beta2, double(t)))};
+        backend(ps[0].device()).adamw_step(ps, gs, ms, vs, h);
+        for (size_t k = 0; k < ids.size(); ++k) {
+          Tensor p = param(ids[k]);
+          if (!ps[k].is_same(p)) p.copy_(ps[k]);
+          p.bump_version();
+          ms[k].bump_version();
+          vs[k].bump_version();
+        }
+      }
+    }
+  }
 }
 
 }  // namespace kiln::optim

@@ -142,7 +142,7 @@ MetadataValue to_metadata(const std::string& key, const archive::Attribute& a) {
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer* optimizer,
-                     const Metadata& metadata, int64_t step, const LRScheduler* scheduler) {
+                     const Metadata& metadata, int64_t step, const LRScheduler* scheduler, const GradScaler* scaler) {
   archive::Archive ar;
   ar.set(kVersionKey, kCheckpointVersion);
   ar.set("step", step);
@@ -151,6 +151,10 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
   if (scheduler) {
     ar.set("scheduler/last_step", scheduler->last_step());
     ar.set("scheduler/base_lrs", scheduler->base_lrs());
+  }
+  if (scaler) {
+    ar.set("scaler/scale", scaler->state_dict().scale);
+    ar.set("scaler/growth_tracker", scaler->state_dict().growth_tracker);
   }
   // Generator state is two integers (Philox key and counter); uint64 is stored bit for bit as int64.
   const GeneratorState rng = default_generator().state();
@@ -165,7 +169,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
-                               LRScheduler* scheduler) {
+                               LRScheduler* scheduler, GradScaler* scaler) {
   // 1. Read and check the whole file; a truncated or corrupted file fails here, before anything changes.
   const archive::Archive ar = archive::load(path);
 
@@ -220,6 +224,19 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optim
     }
   }
 
+  GradScalerState scaler_sd;
+  if (scaler) {
+    if (!ar.has("scaler/scale")) {
+      errors.push_back("a grad scaler was given but the file holds no scaler state (no /scaler group)");
+    } else {
+      attempt(errors, [&] { scaler_sd.scale = ar.get_double("scaler/scale"); });
+      attempt(errors, [&] { scaler_sd.growth_tracker = ar.get_int("scaler/growth_tracker"); });
+      if (!(scaler_sd.scale > 0.0) || scaler_sd.growth_tracker < 0)
+        errors.push_back("scaler: invalid state (scale " + std::to_string(scaler_sd.scale) + ", growth_tracker " +
+                         std::to_string(scaler_sd.growth_tracker) + ")");
+    }
+  }
+
   GeneratorState rng;
   attempt(errors, [&] {
     const std::string& gen = ar.get_string("rng/generator");
@@ -247,6 +264,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optim
   archive::restore_tensors(ar, "model", targets);
   if (optimizer) optimizer->load_state_dict(opt_sd);
   if (scheduler) scheduler->load_state_dict(sched_sd);
+  if (scaler) scaler->load_state_dict(scaler_sd);
   default_generator().set_state(rng);
   return info;
 }

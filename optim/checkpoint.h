@@ -8,6 +8,7 @@
 //   /optimizer/param_groups/<g>   attributes: one double per hyper-parameter, params (int list)
 //   /optimizer/state/<i>/   datasets exp_avg, momentum_buffer, ...; attributes step, param_name
 //   /scheduler              attributes last_step, base_lrs (when a scheduler was saved)
+//   /scaler                 attributes scale, growth_tracker (when a GradScaler was saved)
 //   /rng                    attributes generator, seed, offset (kiln::default_generator())
 //   /metadata               one attribute per user key
 //
@@ -25,6 +26,7 @@
 #include <variant>
 
 #include <kiln/nn/module.h>
+#include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
 #include <kiln/optim/optimizer.h>
 
@@ -42,21 +44,23 @@ struct CheckpointInfo {
   Metadata metadata;
 };
 
-// optimizer and scheduler may be null (then they are not saved).
+// optimizer, scheduler and scaler may be null (then they are not saved).
 void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer* optimizer,
-                     const Metadata& metadata = {}, int64_t step = 0, const LRScheduler* scheduler = nullptr);
+                     const Metadata& metadata = {}, int64_t step = 0, const LRScheduler* scheduler = nullptr,
+                     const GradScaler* scaler = nullptr);
 inline void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
-                            const Metadata& metadata = {}, int64_t step = 0, const LRScheduler* scheduler = nullptr) {
-  save_checkpoint(path, model, &optimizer, metadata, step, scheduler);
+                            const Metadata& metadata = {}, int64_t step = 0, const LRScheduler* scheduler = nullptr,
+                            const GradScaler* scaler = nullptr) {
+  save_checkpoint(path, model, &optimizer, metadata, step, scheduler, scaler);
 }
 
 // Restores the model, the optimizer (when not null; the file must then hold optimizer state), the
 // scheduler (when not null; likewise) and the default generator's state. Returns the step and metadata.
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer = nullptr,
-                               LRScheduler* scheduler = nullptr);
+                               LRScheduler* scheduler = nullptr, GradScaler* scaler = nullptr);
 inline CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optimizer& optimizer,
-                                      LRScheduler* scheduler = nullptr) {
-  return load_checkpoint(path, model, &optimizer, scheduler);
+                                      LRScheduler* scheduler = nullptr, GradScaler* scaler = nullptr) {
+  return load_checkpoint(path, model, &optimizer, scheduler, scaler);
 }
 
 }  // namespace kiln::optim

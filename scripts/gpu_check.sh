@@ -17,6 +17,8 @@ step() {  # step NAME LOGFILE COMMAND...: runs, records pass/fail
   else summary+=("FAIL  $name ($(( $(date +%s) - t0 )) s, see $log)"); tail -40 "$out/$log"; fi
 }
 
+# Data the GPU machine lacks travels in the ignored .data/ folder (carry it).
+[ -d .data/fashion-mnist ] && export KILN_FASHION_MNIST_DIR=$PWD/.data/fashion-mnist
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure configure.log cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_BENCH=ON

@@ -11,11 +11,11 @@ using kiln::CachingAllocator;
 namespace {
 
 struct FakeDevice {
+  explicit FakeDevice(size_t cap) : capacity(cap) {}
   size_t capacity;
   size_t used = 0;
   int mallocs = 0, frees = 0;
   std::map<char*, size_t> live;
-  char next_address[1] = {};
   uintptr_t cursor = 1 << 20;
 
   kiln::SegmentSource source() {
@@ -41,7 +41,7 @@ struct FakeDevice {
 }  // namespace
 
 TEST(CachingAllocator, ReusesFreedBlocksWithoutNewDeviceAllocations) {
-  FakeDevice dev{64 << 20};
+  FakeDevice dev(64 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   void* a = alloc.allocate(1000);
   EXPECT_EQ(dev.mallocs, 1);
@@ -53,7 +53,7 @@ TEST(CachingAllocator, ReusesFreedBlocksWithoutNewDeviceAllocations) {
 }
 
 TEST(CachingAllocator, SplitsSegmentsAndMergesOnFree) {
-  FakeDevice dev{64 << 20};
+  FakeDevice dev(64 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   // Four small requests share one 2 MiB segment.
   void* p[4];
@@ -74,7 +74,7 @@ TEST(CachingAllocator, SplitsSegmentsAndMergesOnFree) {
 }
 
 TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
-  FakeDevice dev{64 << 20};
+  FakeDevice dev(64 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   void* a = alloc.allocate(4 << 20, /*stream=*/1);
   alloc.free(a);
@@ -88,7 +88,7 @@ TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
 }
 
 TEST(CachingAllocator, PeakStatsAndReset) {
-  FakeDevice dev{64 << 20};
+  FakeDevice dev(64 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   void* a = alloc.allocate(4 << 20);
   void* b = alloc.allocate(6 << 20);
@@ -103,7 +103,7 @@ TEST(CachingAllocator, PeakStatsAndReset) {
 }
 
 TEST(CachingAllocator, OutOfMemoryFreesTheCacheRetriesThenReportsBytes) {
-  FakeDevice dev{10 << 20};
+  FakeDevice dev(10 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   void* a = alloc.allocate(6 << 20);
   alloc.free(a);  // 6 MiB now cached
@@ -127,7 +127,7 @@ TEST(CachingAllocator, OutOfMemoryFreesTheCacheRetriesThenReportsBytes) {
 }
 
 TEST(CachingAllocator, FreeOfAForeignPointerIsAnError) {
-  FakeDevice dev{10 << 20};
+  FakeDevice dev(10 << 20);
   CachingAllocator alloc("fake:0", dev.source());
   int x = 0;
   EXPECT_THROW(alloc.free(&x), kiln::Error);

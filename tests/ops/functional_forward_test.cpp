@@ -459,3 +459,10 @@ TEST(FunctionalForward, ScaledDotProductAttentionMatchesNaive) {
   auto o2 = naive_attention(q2.to_vector<double>(), k2.to_vector<double>(), v2.to_vector<double>(), 3, 6, 4, 2, false, 0.5);
   EXPECT_TRUE(AllClose(F::scaled_dot_product_attention(q2, k2, v2, false, 0.5).to_vector<double>(), o2, 1e-5, 1e-5));
 }
+
+TEST(FunctionalErrors, PoolingWindowLargerThanTheInputIsAnError) {
+  kiln::Tensor x = kiln::randn({1, 1, 4, 4});
+  EXPECT_THROW(kiln::nn::functional::max_pool2d(x, {.kernel_size = {5, 5}}), kiln::Error);
+  EXPECT_THROW(kiln::nn::functional::avg_pool2d(x, {.kernel_size = {5, 5}}), kiln::Error);
+  EXPECT_EQ(kiln::nn::functional::max_pool2d(x, {.kernel_size = {4, 4}}).sizes(), (kiln::Shape{1, 1, 1, 1}));
+}

@@ -166,12 +166,13 @@ TEST(OpHarness, GradcheckEveryOpContiguousAndStrided) {
         prepared.push_back(prepare(s, c.domain, strided, gen));
         leaves.push_back(prepared.back().leaf);
       }
-      if (strided) {
-        // the views really are non-contiguous
+      if (strided) {  // the views really are non-contiguous
         for (auto& p : prepared) {
           Tensor v = p.view(p.leaf);
           bool can_be_strided = v.dim() == 1 ? v.numel() > 1 : (v.dim() >= 2 && v.size(-1) > 1 && v.size(-2) > 1);
-          if (can_be_strided) EXPECT_FALSE(v.is_contiguous()) << c.op;
+          if (can_be_strided) {
+            EXPECT_FALSE(v.is_contiguous()) << c.op;
+          }
         }
       }
       auto fn = [&](const Inputs& in) {

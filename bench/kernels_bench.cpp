@@ -1,0 +1,157 @@
+// Kernel benchmarks on the GPU. Each prints one line
+//   BENCH <name> <milliseconds> <bytes moved> <flops>
+// with the median of timed iterations (CUDA events on Kiln's stream, after warm-up). bytes/flops are the
+// floor's numerators: the minimum traffic or arithmetic the op needs. scripts/run_benchmarks.sh joins
+// these lines with bench/torch_bench.py's and prints the table.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+#include <kiln/nn/functional.h>
+
+using namespace kiln;
+namespace F = kiln::nn::functional;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double median_ms(const std::function<void()>& fn, int warmup = 5, int iters = 20) {
+  auto stream = static_cast<cudaStream_t>(cuda::current_stream_handle());
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(start, stream);
+    fn();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void report(const std::string& name, double ms, double bytes, double flops) {
+  std::printf("BENCH %s %.5f %.6g %.6g\n", name.c_str(), ms, bytes, flops);
+  std::fflush(stdout);
+}
+
+Tensor gpu_randn(const Shape& s, DType t) { return randn(s, {.dtype = t, .device = kGpu}); }
+
+void run(const std::string& name, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::printf("BENCH_ERROR %s %s\n", name.c_str(), e.what());
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!cuda::is_available()) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  NoGradGuard no_grad;
+  manual_seed(0);
+
+  run("gemm_bf16_8192", [] {
+    Tensor a = gpu_randn({8192, 8192}, DType::bf16), b = gpu_randn({8192, 8192}, DType::bf16);
+    double ms = median_ms([&] { matmul(a, b); }, 3, 10);
+    report("gemm_bf16_8192", ms, 3.0 * 8192 * 8192 * 2, 2.0 * 8192.0 * 8192 * 8192);
+  });
+  run("linear_gelu_bf16_8192x768x3072", [] {
+    Tensor x = gpu_randn({8192, 768}, DType::bf16), w = gpu_randn({3072, 768}, DType::bf16);
+    Tensor b = gpu_randn({3072}, DType::bf16);
+    double ms = median_ms([&] { F::gelu(F::linear(x, w, b), true); });
+    report("linear_gelu_bf16_8192x768x3072", ms, 2.0 * (8192 * 768 + 3072 * 768 + 8192 * 3072),
+           2.0 * 8192 * 768 * 3072);
+  });
+  for (DType t : {DType::f32, DType::bf16}) {
+    std::string sfx = std::string("_") + dtype_name(t);
+    double n = 16384.0 * 4096, es = double(element_size(t));
+    run("layernorm_fwd" + sfx, [&] {
+      Tensor x = gpu_randn({16384, 4096}, t), w = gpu_randn({4096}, t), b = gpu_randn({4096}, t);
+      double ms = median_ms([&] { F::layer_norm(x, {4096}, w, b); });
+      report("layernorm_fwd" + sfx, ms, 2 * n * es, 8 * n);
+    });
+    run("layernorm_bwd" + sfx, [&] {
+      EnableGradGuard eg;
+      Tensor x = gpu_randn({16384, 4096}, t).requires_grad_(true);
+      Tensor w = gpu_randn({4096}, t).requires_grad_(true), b = gpu_randn({4096}, t).requires_grad_(true);
+      Tensor dy = gpu_randn({16384, 4096}, t);
+      Tensor y = F::layer_norm(x, {4096}, w, b);
+      double ms = median_ms([&] {
+        x.set_grad(Tensor());
+        w.set_grad(Tensor());
+        b.set_grad(Tensor());
+        y.backward(dy, /*retain_graph=*/true);
+      });
+      report("layernorm_bwd" + sfx, ms, 3 * n * es, 12 * n);
+    });
+    run("softmax" + sfx, [&] {
+      Tensor x = gpu_randn({16384, 4096}, t);
+      double ms = median_ms([&] { softmax(x, -1); });
+      report("softmax" + sfx, ms, 2 * n * es, 4 * n);
+    });
+    run("gelu" + sfx, [&] {
+      Tensor x = gpu_randn({16384, 4096}, t);
+      double ms = median_ms([&] { F::gelu(x, true); });
+      report("gelu" + sfx, ms, 2 * n * es, 10 * n);
+    });
+  }
+  run("cross_entropy_fwd_bwd_bf16_8192x50304", [] {
+    EnableGradGuard eg;
+    Tensor logits = gpu_randn({8192, 50304}, DType::bf16).requires_grad_(true);
+    Tensor target = randint(0, 50304, {8192}, {.dtype = DType::i64, .device = kGpu});
+    double n = 8192.0 * 50304;
+    double ms = median_ms([&] {
+      logits.set_grad(Tensor());
+      F::cross_entropy(logits, target).backward();
+    });
+    // forward reads the logits once; backward reads them again and writes the gradient
+    report("cross_entropy_fwd_bwd_bf16_8192x50304", ms, 3 * n * 2, 6 * n);
+  });
+  run("adamw_step_124M_f32", [] {
+    // GPT-2 small's parameter shapes
+    std::vector<Shape> shapes = {{50304, 768}, {1024, 768}};
+    for (int l = 0; l < 12; ++l)
+      for (Shape s : std::vector<Shape>{{768}, {768}, {2304, 768}, {2304}, {768, 768}, {768}, {768}, {768},
+                                       {3072, 768}, {3072}, {768, 3072}, {768}})
+        shapes.push_back(s);
+    shapes.push_back({768});
+    shapes.push_back({768});
+    std::vector<Tensor> p, g, m, v;
+    double count = 0;
+    for (auto& s : shapes) {
+      p.push_back(gpu_randn(s, DType::f32));
+      g.push_back(gpu_randn(s, DType::f32));
+      m.push_back(zeros(s, {.dtype = DType::f32, .device = kGpu}));
+      v.push_back(zeros(s, {.dtype = DType::f32, .device = kGpu}));
+      count += double(p.back().numel());
+    }
+    AdamWHyper h{1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9, std::sqrt(1 - 0.999)};
+    double ms = median_ms([&] { backend(kGpu).adamw_step(p, g, m, v, h); });
+    // reads p, g, m, v and writes p, m, v
+    report("adamw_step_124M_f32", ms, 28 * count, 12 * count);
+  });
+  return 0;
+}

@@ -1,0 +1,82 @@
+"""PyTorch references for bench/kernels_bench.cpp: the same ops, shapes and dtypes, timed the same way
+(CUDA events, median after warm-up). Prints `TORCH <name> <ms>` lines."""
+import math
+import torch
+import torch.nn.functional as F
+
+dev = "cuda"
+
+
+def median_ms(fn, warmup=5, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def report(name, ms):
+    print(f"TORCH {name} {ms:.5f}", flush=True)
+
+
+torch.manual_seed(0)
+with torch.no_grad():
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    report("gemm_bf16_8192", median_ms(lambda: a @ b, 3, 10))
+    del a, b
+    x = torch.randn(8192, 768, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(3072, 768, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn(3072, device=dev, dtype=torch.bfloat16)
+    report("linear_gelu_bf16_8192x768x3072", median_ms(lambda: F.gelu(F.linear(x, w, bias), approximate="tanh")))
+
+for dt, sfx in ((torch.float32, "_f32"), (torch.bfloat16, "_bf16")):
+    x = torch.randn(16384, 4096, device=dev, dtype=dt)
+    w = torch.randn(4096, device=dev, dtype=dt)
+    b = torch.randn(4096, device=dev, dtype=dt)
+    with torch.no_grad():
+        report("layernorm_fwd" + sfx, median_ms(lambda: F.layer_norm(x, (4096,), w, b)))
+        report("softmax" + sfx, median_ms(lambda: torch.softmax(x, -1)))
+        report("gelu" + sfx, median_ms(lambda: F.gelu(x, approximate="tanh")))
+    xg = x.clone().requires_grad_(True)
+    wg = w.clone().requires_grad_(True)
+    bg = b.clone().requires_grad_(True)
+    dy = torch.randn_like(x)
+    y = F.layer_norm(xg, (4096,), wg, bg)
+
+    def ln_bwd():
+        xg.grad = wg.grad = bg.grad = None
+        y.backward(dy, retain_graph=True)
+
+    report("layernorm_bwd" + sfx, median_ms(ln_bwd))
+    del x, xg, dy, y
+
+logits = torch.randn(8192, 50304, device=dev, dtype=torch.bfloat16, requires_grad=True)
+target = torch.randint(0, 50304, (8192,), device=dev)
+
+
+def ce():
+    logits.grad = None
+    F.cross_entropy(logits, target).backward()
+
+
+report("cross_entropy_fwd_bwd_bf16_8192x50304", median_ms(ce))
+del logits
+
+shapes = [(50304, 768), (1024, 768)]
+for _ in range(12):
+    shapes += [(768,), (768,), (2304, 768), (2304,), (768, 768), (768,), (768,), (768,), (3072, 768), (3072,), (768, 3072), (768,)]
+shapes += [(768,), (768,)]
+params = [torch.randn(s, device=dev, requires_grad=True) for s in shapes]
+for p in params:
+    p.grad = torch.randn_like(p)
+opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True)
+report("adamw_step_124M_f32", median_ms(opt.step))

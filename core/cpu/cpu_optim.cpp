@@ -1,0 +1,64 @@
+// Fused optimizer and loss-scaler kernels on the CPU (the reference for the CUDA multi-tensor kernels).
+// One pass over each tensor, in double, rounding once into each stored dtype.
+#include <cmath>
+
+#include <kiln/core/cpu/cpu_backend.h>
+#include <kiln/core/cpu/strided.h>
+
+namespace kiln::cpu {
+
+namespace {
+
+template <class P, class S>
+void adamw_typed(const Tensor& p_t, const Tensor& g_t, const Tensor& m_t, const Tensor& v_t, const AdamWHyper& h) {
+  P* p = static_cast<P*>(p_t.raw_data());
+  const P* g = static_cast<const P*>(g_t.raw_data());
+  S* m = static_cast<S*>(m_t.raw_data());
+  S* v = static_cast<S*>(v_t.raw_data());
+  const double decay = 1.0 - h.lr * h.weight_decay, step_size = h.lr / h.bias_correction1;
+  parallel_for(p_t.numel(), 8, [&](int64_t i) {
+    double gi = double(g[i]);
+    double mi = h.beta1 * double(m[i]) + (1.0 - h.beta1) * gi;
+    double vi = h.beta2 * double(v[i]) + (1.0 - h.beta2) * gi * gi;
+    m[i] = S(mi);
+    v[i] = S(vi);
+    double denom = std::sqrt(double(v[i])) / h.bias_correction2_sqrt + h.eps;
+    p[i] = P(double(p[i]) * decay - step_size * double(m[i]) / denom);
+  });
+}
+
+}  // namespace
+
+void CpuBackend::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                            const AdamWHyper& h) const {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor &p = params[i], &g = grads[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
+    if (m.dtype() == DType::f64) {
+      KILN_DISPATCH_FLOATING(p.dtype(), "adamw_step", adamw_typed<scalar_t, double>(p, g, m, v, h));
+    } else {
+      KILN_DISPATCH_FLOATING(p.dtype(), "adamw_step", adamw_typed<scalar_t, float>(p, g, m, v, h));
+    }
+  }
+}
+
+void CpuBackend::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const {
+  double inv = double(*static_cast<const float*>(inv_scale.raw_data()));
+  bool bad = false;
+  for (const Tensor& t : tensors) {
+    int64_t n = t.numel();
+    for (int64_t s = 0; s < n; s += kChunk) {
+      int64_t c = std::min(kChunk, n - s);
+      double buf[kChunk];
+      load(t, s, c, buf);
+      for (int64_t i = 0; i < c; ++i) {
+        bad |= !std::isfinite(buf[i]);
+        buf[i] *= inv;
+      }
+      store(t, s, c, buf);
+    }
+  }
+  if (bad) *static_cast<float*>(found_inf.raw_data()) = 1.0f;
+}
+
+}  // namespace kiln::cpu

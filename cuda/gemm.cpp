@@ -1,0 +1,221 @@
+// Batched GEMM through cuBLASLt: out (B, M, N) row-major = a (B, M, K) · b (B, K, N).
+//
+// cuBLASLt is column-major. A row-major matrix is the column-major storage of its transpose, so the
+// row-major product C = A·B is computed as the column-major Cᵀ (N x M, ld N) = Bᵀ · Aᵀ: cuBLASLt's
+// first operand is our b, its second our a. A row-major operand enters untransposed (its storage already
+// is the transpose we need), a column-major one with op T. Batches are strided (batch stride 0 for a
+// broadcast operand: the same matrix for every batch).
+//
+// Work: 2·B·M·N·K FLOPs (f32 accumulation for f16/bf16/f32, f64 for f64); bytes at least
+// (B·M·K + B·K·N + B·M·N) elements. Large bf16 products run near the tensor-core peak.
+//
+// The heuristic query (cublasLtMatmulAlgoGetHeuristic) costs tens of microseconds, so each distinct
+// (shape, layouts, strides, alignment, dtype, tf32) keeps its descriptors and chosen algorithm in a plan
+// cache and later calls go straight to cublasLtMatmul.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/runtime.h>
+
+namespace kiln::cuda {
+
+namespace {
+
+std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+// A matrix operand (R x C slice of a (B, R, C) tensor) in column-major terms: a row-major matrix with
+// row stride ld is the column-major (C x R) matrix with leading dimension ld.
+struct Operand {
+  bool row_major = true;
+  int64_t ld = 1;
+  int64_t batch_stride = 0;  // 0: broadcast (or a single batch)
+};
+
+bool operand_of(const Tensor& t, Operand* op) {
+  int64_t r = t.size(1), c = t.size(2), s1 = t.stride(1), s2 = t.stride(2);
+  bool row = (s2 == 1 || c == 1) && (r == 1 || s1 >= std::max<int64_t>(c, 1));
+  bool col = (s1 == 1 || r == 1) && (c == 1 || s2 >= std::max<int64_t>(r, 1));
+  if (row) *op = {true, r > 1 ? s1 : std::max<int64_t>(c, 1), 0};
+  else if (col) *op = {false, c > 1 ? s2 : std::max<int64_t>(r, 1), 0};
+  else return false;
+  op->batch_stride = t.size(0) > 1 ? t.stride(0) : 0;
+  return true;
+}
+
+// The largest power of two (up to 256) dividing the address: cuBLASLt picks kernels by alignment.
+uint32_t alignment_of(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a >>= 1;
+  return a;
+}
+
+struct TypeInfo {
+  cudaDataType_t data, scale;
+  cublasComputeType_t compute;
+};
+
+TypeInfo type_info(DType t, bool tf32) {
+  switch (t) {
+    case DType::f32: return {CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F};
+    case DType::f64: return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
+    case DType::f16: return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    case DType::bf16: return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+    default: KILN_FAIL("matmul: unsupported dtype ", dtype_name(t), " on CUDA (f32, f64, f16, bf16)");
+  }
+}
+
+struct PlanKey {
+  int device;
+  int dtype;
+  bool tf32;
+  int64_t batch, m, n, k;
+  bool a_row, b_row;
+  int64_t lda, ldb, sa, sb;
+  uint32_t align_a, align_b, align_c;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+// Descriptors plus the algorithm the heuristic chose; lives as long as the process.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  bool found = false;  // false: cuBLASLt has no kernel for this batched layout
+};
+
+std::mutex& plan_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<PlanKey, Plan>& plans() {
+  static auto* p = new std::map<PlanKey, Plan>();  // never destroyed: no teardown after the driver is gone
+  return *p;
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                                   int64_t batch_stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    int32_t count = int32_t(batch);
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+                                                       sizeof(batch_stride)));
+  }
+  return l;
+}
+
+Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes) {
+  TypeInfo ti = type_info(dt, key.tf32);
+  Plan p;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, ti.compute, ti.scale));
+  // cuBLASLt A = our b: row-major (K x N) is column-major (N x K), used as is; column-major needs op T.
+  cublasOperation_t op_a = key.b_row ? CUBLAS_OP_N : CUBLAS_OP_T;
+  cublasOperation_t op_b = key.a_row ? CUBLAS_OP_N : CUBLAS_OP_T;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  p.la = key.b_row ? make_layout(ti.data, key.n, key.k, key.ldb, key.batch, key.sb)
+                   : make_layout(ti.data, key.k, key.n, key.ldb, key.batch, key.sb);
+  p.lb = key.a_row ? make_layout(ti.data, key.k, key.m, key.lda, key.batch, key.sa)
+                   : make_layout(ti.data, key.m, key.k, key.lda, key.batch, key.sa);
+  p.lc = make_layout(ti.data, key.n, key.m, key.n, key.batch, key.m * key.n);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = workspace_bytes;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;  // cuBLASLt's A is our b
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1,
+                                                     &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
+    // Only a batched layout (e.g. batch stride 0) may fall back to one product per batch.
+    KILN_CHECK(key.batch > 1, "matmul: cuBLASLt has no algorithm for (", key.m, " x ", key.k, ") · (", key.k, " x ",
+               key.n, ") in ", dtype_name(dt));
+    return p;
+  }
+  KILN_CUBLAS_CHECK(st);
+  p.algo = result.algo;
+  p.workspace = result.workspaceSize;
+  p.found = true;
+  return p;
+}
+
+void run_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out) {
+  int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  DType dt = out.dtype();
+  bool tf32 = dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
+  size_t ws_bytes = 0;
+  void* ws = cublaslt_workspace(&ws_bytes);
+  PlanKey key{out.device().index, int(dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
+              oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
+              alignment_of(out.raw_data())};
+  const Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(plan_mutex());
+    auto it = plans().find(key);
+    if (it == plans().end()) it = plans().emplace(key, build_plan(key, dt, ws_bytes)).first;
+    plan = &it->second;
+  }
+  if (!plan->found) {  // one product per batch
+    for (int64_t i = 0; i < B; ++i) {
+      Operand a1 = oa, b1 = ob;
+      a1.batch_stride = b1.batch_stride = 0;
+      run_gemm(a.narrow(0, i, 1), a1, b.narrow(0, i, 1), b1, out.narrow(0, i, 1));
+    }
+    return;
+  }
+  float alpha_f = 1.0f, beta_f = 0.0f;
+  double alpha_d = 1.0, beta_d = 0.0;
+  const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
+  const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
+  KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->desc, alpha, b.raw_data(), plan->la, a.raw_data(),
+                                   plan->lb, beta, out.raw_data(), plan->lc, out.raw_data(), plan->lc, &plan->algo, ws,
+                                   plan->workspace, current_stream()));
+}
+
+}  // namespace
+
+void set_allow_tf32(bool on) { tf32_flag().store(on); }
+bool allow_tf32() { return tf32_flag().load(); }
+
+void CudaBackend::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) const {
+  NvtxRange range("bmm");
+  KILN_CHECK(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype(), "bmm: dtypes differ: ", a_in.str(), ", ",
+             b_in.str(), " -> ", out.str());
+  KILN_CHECK(a_in.device() == out.device() && b_in.device() == out.device(), "bmm: tensors on different devices: ",
+             a_in.str(), ", ", b_in.str(), " -> ", out.str());
+  KILN_CHECK(out.is_contiguous(), "bmm: output must be contiguous, got ", out.str());
+  (void)type_info(out.dtype(), false);  // rejects non-floating dtypes with a kiln::Error
+  DeviceGuard guard(out.device().index);
+  if (out.numel() == 0) return;
+  if (a_in.size(2) == 0) {  // empty inner dim: the product is zero (all-zero bits are 0 in every float dtype)
+    KILN_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, size_t(out.numel()) * out.element_size(), current_stream()));
+    return;
+  }
+  Operand oa, ob;
+  Tensor a = a_in, b = b_in;
+  if (!operand_of(a, &oa)) operand_of(a = a.contiguous(), &oa);  // not a matrix layout: the backend promises
+  if (!operand_of(b, &ob)) operand_of(b = b.contiguous(), &ob);  // one, but stay correct if called directly
+  run_gemm(a, oa, b, ob, out);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,188 @@
+// Indexing along one dim, every tensor viewed as (outer, D, inner) around that dim:
+//   index_select: out[o, j, i]  = src[o, index[j], i]          (rows copied as words of up to 16 bytes)
+//   gather:       out[o, j, i]  = src[o, index[o, j, i], i]
+//   index_add:    dst[o, index[j], i]       += src[o, j, i]
+//   scatter_add:  dst[o, index[o, j, i], i] += src[o, j, i]
+// Bytes moved: each output (or source) element once, plus the indices. The adds use atomics (floats:
+// hardware atomicAdd, f16/bf16 included; the order of repeated indices is not fixed, as in PyTorch).
+// An index outside [0, D) sets a device flag; the host checks it after the launch (one stream
+// synchronization) and throws kiln::Error. Such elements are skipped, never read or written.
+#include <cstdint>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+struct Split3 {
+  int64_t outer = 1, d = 1, inner = 1;
+};
+Split3 split_at(const Shape& s, int64_t dim) {
+  Split3 r;
+  for (int64_t i = 0; i < dim; ++i) r.outer *= s[size_t(i)];
+  r.d = s.empty() ? 1 : s[size_t(dim)];
+  for (size_t i = size_t(dim) + 1; i < s.size(); ++i) r.inner *= s[i];
+  return r;
+}
+
+// out (outer, n, inner) words from src (outer, d_src, inner) words. per_element: index has out's shape
+// (gather), else index (n) (index_select; a "word" may then hold several elements of a row).
+template <class W>
+__global__ void copy_indexed_kernel(const W* src, W* out, const int64_t* index, int64_t n, int64_t d_src, int64_t inner,
+                                    int64_t total, bool per_element, int* bad) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    int64_t i = k % inner, t = k / inner, j = t % n, o = t / n;
+    int64_t id = per_element ? index[k] : index[j];
+    if (id < 0 || id >= d_src) {
+      *bad = 1;
+      continue;
+    }
+    out[k] = src[(o * d_src + id) * inner + i];
+  }
+}
+
+template <class D>
+__device__ __forceinline__ void atomic_add(D* p, D v) {
+  if constexpr (std::is_same_v<D, bool>) {
+    if (v) *p = true;  // bool(a + b) = a || b; racing writers all store true
+  } else if constexpr (std::is_same_v<D, int64_t>) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));  // two's complement
+  } else if constexpr (std::is_same_v<D, int32_t>) {
+    atomicAdd(reinterpret_cast<int*>(p), int(v));
+  } else {
+    atomicAdd(p, v);  // float, double, __half (sm_70+), __nv_bfloat16 (sm_80+)
+  }
+}
+
+// dst (outer, d_dst, inner) += src (outer, n, inner); per_element: index has src's shape (scatter_add),
+// else index (n) (index_add).
+template <class S>
+__global__ void add_indexed_kernel(device_t<S>* dst, const device_t<S>* src, const int64_t* index, int64_t n,
+                                   int64_t d_dst, int64_t inner, int64_t total, bool per_element, int* bad) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    int64_t i = k % inner, t = k / inner, j = t % n, o = t / n;
+    int64_t id = per_element ? index[k] : index[j];
+    if (id < 0 || id >= d_dst) {
+      *bad = 1;
+      continue;
+    }
+    atomic_add(dst + (o * d_dst + id) * inner + i, src[k]);
+  }
+}
+
+template <class W>
+void launch_copy(const Tensor& src, const Tensor& out, const Tensor& index, int64_t n, int64_t d_src, int64_t inner_bytes,
+                 bool per_element, int* bad) {
+  int64_t inner = inner_bytes / int64_t(sizeof(W));
+  int64_t total = out.numel() * int64_t(out.element_size()) / int64_t(sizeof(W));
+  copy_indexed_kernel<W><<<blocks_for(total), 256, 0, current_stream()>>>(
+      static_cast<const W*>(src.raw_data()), static_cast<W*>(out.raw_data()),
+      static_cast<const int64_t*>(index.raw_data()), n, d_src, inner, total, per_element, bad);
+  KILN_LAUNCH_CHECK("copy_indexed_kernel", per_element ? "gather" : "index_select");
+}
+
+// Picks the widest word (16, 8, 4, 2, 1 bytes) that divides a row and both pointers' alignment.
+void copy_rows(const Tensor& src, const Tensor& out, const Tensor& index, int64_t n, int64_t d_src, int64_t inner,
+               bool per_element, int* bad) {
+  int64_t bytes = inner * int64_t(src.element_size());
+  auto fits = [&](size_t w) {
+    return bytes % int64_t(w) == 0 && reinterpret_cast<uintptr_t>(src.raw_data()) % w == 0 &&
+           reinterpret_cast<uintptr_t>(out.raw_data()) % w == 0;
+  };
+  if (!per_element && fits(16)) return launch_copy<uint4>(src, out, index, n, d_src, bytes, per_element, bad);
+  size_t es = src.element_size();
+  if (!per_element && fits(8) && es <= 8) es = 8;
+  else if (!per_element && fits(4) && es <= 4) es = 4;
+  else if (!per_element && fits(2) && es <= 2) es = 2;
+  switch (es) {
+    case 1: return launch_copy<uint8_t>(src, out, index, n, d_src, bytes, per_element, bad);
+    case 2: return launch_copy<uint16_t>(src, out, index, n, d_src, bytes, per_element, bad);
+    case 4: return launch_copy<uint32_t>(src, out, index, n, d_src, bytes, per_element, bad);
+    default: return launch_copy<uint64_t>(src, out, index, n, d_src, bytes, per_element, bad);
+  }
+}
+
+void check_index(const Tensor& index, const Tensor& t, const char* op) {
+  KILN_CHECK(index.dtype() == DType::i64 && index.is_contiguous() && index.device() == t.device(), op,
+             ": index must be contiguous i64 on ", t.device().str(), ", got ", index.str());
+}
+
+void check_dense(const Tensor& t, const Tensor& like, const char* op) {
+  KILN_CHECK(t.is_contiguous() && t.dtype() == like.dtype() && t.device() == like.device(), op, ": expected contiguous ",
+             dtype_name(like.dtype()), " on ", like.device().str(), ", got ", t.str());
+}
+
+void add_rows(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src, bool per_element, const char* op) {
+  check_index(index, dst, op);
+  check_dense(dst, dst, op);
+  check_dense(src, dst, op);
+  DeviceGuard guard(dst.device().index);
+  Split3 sd = split_at(dst.sizes(), dim), ss = split_at(src.sizes(), dim);
+  int64_t total = src.numel();
+  if (total == 0) return;
+  KILN_CHECK(ss.outer == sd.outer && ss.inner == sd.inner, op, ": source ", src.str(), " does not match ", dst.str(),
+             " outside dim ", dim);
+  KILN_CHECK(per_element ? index.numel() == total : index.numel() == ss.d, op, ": index ", index.str(),
+             " does not match source ", src.str());
+  KILN_CHECK(sd.d > 0, op, ": dim ", dim, " of ", dst.str(), " is empty");
+  ErrorFlag flag(dst.device());
+  KILN_CUDA_DISPATCH_ALL(dst.dtype(), op, {
+    using D = device_t<scalar_t>;
+    add_indexed_kernel<scalar_t><<<blocks_for(total), 256, 0, current_stream()>>>(
+        static_cast<D*>(dst.raw_data()), static_cast<const D*>(src.raw_data()),
+        static_cast<const int64_t*>(index.raw_data()), ss.d, sd.d, sd.inner, total, per_element, flag.ptr());
+    KILN_LAUNCH_CHECK("add_indexed_kernel", op);
+  });
+  KILN_CHECK(flag.read() == 0, op, ": an index is out of range [0, ", sd.d, ") for ", dst.str());
+}
+
+}  // namespace
+
+void CudaBackend::index_select(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const {
+  NvtxRange range("index_select");
+  check_index(index, src, "index_select");
+  check_dense(src, src, "index_select");
+  check_dense(out, src, "index_select");
+  DeviceGuard guard(src.device().index);
+  Split3 s = split_at(src.sizes(), dim);
+  int64_t n = index.numel();
+  KILN_CHECK(out.numel() == s.outer * n * s.inner, "index_select: output ", out.str(), " does not fit ", n,
+             " rows of ", src.str());
+  if (out.numel() == 0) return;
+  ErrorFlag flag(src.device());
+  copy_rows(src, out, index, n, s.d, s.inner, false, flag.ptr());
+  KILN_CHECK(flag.read() == 0, "index_select: an index is out of range [0, ", s.d, ") for ", src.str());
+}
+
+void CudaBackend::index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {
+  NvtxRange range("index_add");
+  add_rows(dst, dim, index, src, false, "index_add");
+}
+
+void CudaBackend::gather(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const {
+  NvtxRange range("gather");
+  check_index(index, src, "gather");
+  check_dense(src, src, "gather");
+  check_dense(out, src, "gather");
+  DeviceGuard guard(src.device().index);
+  Split3 ss = split_at(src.sizes(), dim), si = split_at(index.sizes(), dim);
+  KILN_CHECK(out.numel() == index.numel() && si.outer == ss.outer && si.inner == ss.inner, "gather: index ",
+             index.str(), " does not match ", src.str(), " outside dim ", dim);
+  if (out.numel() == 0) return;
+  ErrorFlag flag(src.device());
+  copy_rows(src, out, index, si.d, ss.d, ss.inner, true, flag.ptr());
+  KILN_CHECK(flag.read() == 0, "gather: an index is out of range [0, ", ss.d, ") for ", src.str());
+}
+
+void CudaBackend::scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {
+  NvtxRange range("scatter_add");
+  add_rows(dst, dim, index, src, true, "scatter_add");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,465 @@
+// Layer norm over the last dim of contiguous (M, C) tensors, forward and backward.
+//   forward:  μ = Σx / C,  σ² = Σ(x - μ)² / C,  r = 1 / sqrt(σ² + eps),  x̂ = (x - μ) r,  y = x̂ ⊙ w + b
+//             (two-pass variance from registers, as exact as the CPU's); saves μ and r (stat dtype).
+//   backward: g = dy ⊙ w,  dx = r (g - mean(g) - x̂ mean(g ⊙ x̂)),  dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy.
+// Math in f32 (f64 for f64). Bytes moved: forward reads x (+ w, b once per SM from L2) and writes y;
+// backward reads dy and x and writes dx, plus a small partial-sum scratch for dw/db.
+//
+// A group of G threads (32..1024) owns a row. Fast path (C a multiple of the 16-byte vector, aligned
+// pointers, row small enough): the row lives in registers, read once. The backward's fast path is a
+// persistent grid: each thread always owns the same columns, so it keeps running dw/db sums for them in
+// registers across all rows it visits, and writes one partial row per group at the end; a second kernel
+// adds the partials column by column in a fixed order. No atomics: dw and db are deterministic.
+// Other shapes stream over the row several times (re-reads mostly hit L2) and compute dw/db with a
+// column-chunk kernel (partials per chunk of rows, then the same fixed-order sum).
+#include <cmath>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+// Vectors per thread in registers: forward 4 (16 f32 or 32 bf16 elements); backward 8 elements (f64: 4), as the
+// backward also keeps dy, w and the dw/db sums for its columns.
+template <class D>
+inline constexpr int kFwdPacks = 4;  // 64 bytes in flight per thread
+template <class D>
+inline constexpr int kBwdPacks = sizeof(D) == 8 ? 2 : (8 / kVec<D> > 0 ? 8 / kVec<D> : 1);
+
+template <class S, bool kCached>
+__global__ void __launch_bounds__(1024)
+    layer_norm_kernel(const device_t<S>* x, const device_t<S>* w, const device_t<S>* b, compute_t<S> eps, device_t<S>* y,
+                      compute_t<S>* mean, compute_t<S>* rstd, int64_t M, int64_t C, int G, bool vec_ok) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kFwdPacks<D>;
+  using V = Vec<D, N>;
+  __shared__ A smem[32];
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const A inv_c = A(1) / A(C);
+  for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
+    const int64_t row = tile * upb + threadIdx.x / G;
+    const bool valid = row < M;
+    const int64_t base = (valid ? row : 0) * C;
+    A mu, rs;
+    if constexpr (kCached) {
+      const int64_t nP = C / N;
+      V buf[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) buf[k] = reinterpret_cast<const V*>(x + base)[lane + k * G];
+      A s = 0;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j) s += convert<A>(buf[k].v[j]);
+      mu = group_allreduce(s, G, smem, SumOp()) * inv_c;
+      A q = 0;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A d = convert<A>(buf[k].v[j]) - mu;
+            q += d * d;
+          }
+      rs = A(1) / sqrt(group_allreduce(q, G, smem, SumOp()) * inv_c + eps);
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) {
+          int64_t p = lane + k * G;
+          V wv, bv, o;
+          if (w) wv = reinterpret_cast<const V*>(w)[p];
+          if (b) bv = reinterpret_cast<const V*>(b)[p];
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A v = (convert<A>(buf[k].v[j]) - mu) * rs;
+            if (w) v *= convert<A>(wv.v[j]);
+            if (b) v += convert<A>(bv.v[j]);
+            o.v[j] = convert<D>(v);
+          }
+          store_vec(y + base + (p) * N, o);
+        }
+    } else {
+      A s = 0;
+      if (valid)
+        visit_row(x + base, C, lane, G, vec_ok, [&](int64_t, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+#pragma unroll
+          for (int j = 0; j < K; ++j) s += convert<A>(vec.v[j]);
+        });
+      mu = group_allreduce(s, G, smem, SumOp()) * inv_c;
+      A q = 0;
+      if (valid)
+        visit_row(x + base, C, lane, G, vec_ok, [&](int64_t, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A d = convert<A>(vec.v[j]) - mu;
+            q += d * d;
+          }
+        });
+      rs = A(1) / sqrt(group_allreduce(q, G, smem, SumOp()) * inv_c + eps);
+      if (valid)
+        visit_row<2>(x + base, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> wv, bv, o;
+          if (w) wv = *reinterpret_cast<const Vec<D, K>*>(w + i);
+          if (b) bv = *reinterpret_cast<const Vec<D, K>*>(b + i);
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A v = (convert<A>(vec.v[j]) - mu) * rs;
+            if (w) v *= convert<A>(wv.v[j]);
+            if (b) v += convert<A>(bv.v[j]);
+            o.v[j] = convert<D>(v);
+          }
+          store_vec(y + base + i, o);
+        });
+    }
+    if (valid && lane == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// dx for every row; on the cached path also each group's dw/db partial sums over the rows it visited:
+// part_dw/part_db [gridDim.x * groups per block][C] (null when not wanted).
+template <class S, bool kCached>
+__global__ void __launch_bounds__(1024)
+    layer_norm_backward_kernel(const device_t<S>* dy, const device_t<S>* x, const device_t<S>* w,
+                               const compute_t<S>* mean, const compute_t<S>* rstd, device_t<S>* dx, int64_t M,
+                               int64_t C, int G, bool vec_ok, compute_t<S>* part_dw,
+                               compute_t<S>* part_db) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kBwdPacks<D>;
+  using V = Vec<D, N>;
+  __shared__ A smem[32];
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const A inv_c = A(1) / A(C);
+  const int64_t nP = C / N;
+  // Running dw/db sums for this thread's columns (fixed across rows: the group size never changes).
+  A accw[P][N], accb[P][N];
+#pragma unroll
+  for (int k = 0; k < P; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j) accw[k][j] = accb[k][j] = A(0);
+  // 2-byte types: the next row's dy and x are loaded before this row's reductions (software pipelining:
+  // a 16-element-per-thread row alone leaves too few bytes in flight to cover DRAM latency).
+  constexpr bool kPrefetch = kCached && sizeof(D) == 2;
+  V gb[P], xb[P];
+  if constexpr (kPrefetch) {
+    const int64_t r = int64_t(blockIdx.x) * upb + threadIdx.x / G;
+#pragma unroll
+    for (int k = 0; k < P; ++k)
+      if (r < M && lane + k * G < nP) {
+        gb[k] = reinterpret_cast<const V*>(dy + r * C)[lane + k * G];
+        xb[k] = reinterpret_cast<const V*>(x + r * C)[lane + k * G];
+      }
+  }
+  for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
+    const int64_t row = tile * upb + threadIdx.x / G;
+    const bool valid = row < M;
+    const int64_t base = (valid ? row : 0) * C;
+    const A mu = valid ? A(mean[row]) : A(0), rs = valid ? A(rstd[row]) : A(0);
+    if constexpr (kCached) {
+      V gn[P], xn[P], wb[P];
+      const int64_t nrow = kPrefetch ? row + int64_t(gridDim.x) * upb : row;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (nrow < M && lane + k * G < nP) {
+          (kPrefetch ? gn : gb)[k] = reinterpret_cast<const V*>(dy + nrow * C)[lane + k * G];
+          (kPrefetch ? xn : xb)[k] = reinterpret_cast<const V*>(x + nrow * C)[lane + k * G];
+        }
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && w && lane + k * G < nP) wb[k] = reinterpret_cast<const V*>(w)[lane + k * G];  // L1/L2 hits
+      A sg = 0, sgx = 0;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A g = convert<A>(gb[k].v[j]), xh = (convert<A>(xb[k].v[j]) - mu) * rs;
+            A gw = w ? g * convert<A>(wb[k].v[j]) : g;
+            sg += gw;
+            sgx += gw * xh;
+            accw[k][j] += g * xh;
+            accb[k][j] += g;
+          }
+      sg = group_allreduce(sg, G, smem, SumOp()) * inv_c;
+      sgx = group_allreduce(sgx, G, smem, SumOp()) * inv_c;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) {
+          V o;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A g = convert<A>(gb[k].v[j]), xh = (convert<A>(xb[k].v[j]) - mu) * rs;
+            if (w) g *= convert<A>(wb[k].v[j]);
+            o.v[j] = convert<D>(rs * (g - sg - xh * sgx));
+          }
+          store_vec(dx + base + (lane + k * G) * N, o);
+        }
+      if constexpr (kPrefetch) {
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+          gb[k] = gn[k];
+          xb[k] = xn[k];
+        }
+      }
+    } else {
+      A sg = 0, sgx = 0;
+      if (valid)
+        visit_row<2>(x + base, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> gv = *reinterpret_cast<const Vec<D, K>*>(dy + base + i), wv;
+          if (w) wv = *reinterpret_cast<const Vec<D, K>*>(w + i);
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A g = convert<A>(gv.v[j]) * (w ? convert<A>(wv.v[j]) : A(1));
+            sg += g;
+            sgx += g * (convert<A>(vec.v[j]) - mu) * rs;
+          }
+        });
+      sg = group_allreduce(sg, G, smem, SumOp()) * inv_c;
+      sgx = group_allreduce(sgx, G, smem, SumOp()) * inv_c;
+      if (valid)
+        visit_row<2>(x + base, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> gv = *reinterpret_cast<const Vec<D, K>*>(dy + base + i), wv, o;
+          if (w) wv = *reinterpret_cast<const Vec<D, K>*>(w + i);
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A g = convert<A>(gv.v[j]) * (w ? convert<A>(wv.v[j]) : A(1));
+            A xh = (convert<A>(vec.v[j]) - mu) * rs;
+            o.v[j] = convert<D>(rs * (g - sg - xh * sgx));
+          }
+          store_vec(dx + base + i, o);
+        });
+    }
+  }
+  if (kCached && part_dw) {
+    const int64_t part = int64_t(blockIdx.x) * upb + threadIdx.x / G;
+#pragma unroll
+    for (int k = 0; k < P; ++k)
+      if (lane + k * G < nP)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          int64_t c = (lane + k * G) * N + j;
+          part_dw[part * C + c] = accw[k][j];
+          part_db[part * C + c] = accb[k][j];
+        }
+  }
+}
+
+// Streaming path's dw/db: block (32, 8) sums rows [chunk * rows, ...) of 32 columns; partials [chunk][C].
+template <class S>
+__global__ void layer_norm_cols_kernel(const device_t<S>* dy, const device_t<S>* x, const compute_t<S>* mean,
+                                       const compute_t<S>* rstd, int64_t M, int64_t C, int64_t rows,
+                                       compute_t<S>* part_dw, compute_t<S>* part_db) {
+  using A = compute_t<S>;
+  __shared__ A sw[8][33], sb[8][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * 32LL + tx, r0 = blockIdx.y * rows, r1 = r0 + rows < M ? r0 + rows : M;
+  A aw = 0, ab = 0;
+  if (c < C)
+    for (int64_t r = r0 + ty; r < r1; r += 8) {
+      A g = convert<A>(dy[r * C + c]);
+      aw += g * (convert<A>(x[r * C + c]) - A(mean[r])) * A(rstd[r]);
+      ab += g;
+    }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int k = 1; k < 8; ++k) {
+      aw += sw[k][tx];
+      ab += sb[k][tx];
+    }
+    part_dw[blockIdx.y * C + c] = aw;
+    part_db[blockIdx.y * C + c] = ab;
+  }
+}
+
+// out[c] = Σ_p part[p][c] in a fixed order; block (32, 8), blockIdx.y picks dw (0) or db (1).
+template <class S>
+__global__ void column_sum_kernel(const compute_t<S>* part_dw, const compute_t<S>* part_db, int64_t nparts, int64_t C,
+                                  device_t<S>* dw, device_t<S>* db) {
+  using A = compute_t<S>;
+  __shared__ A sm[8][33];
+  const compute_t<S>* part = blockIdx.y == 0 ? part_dw : part_db;
+  device_t<S>* out = blockIdx.y == 0 ? dw : db;
+  if (!out) return;  // uniform over the block
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * 32LL + tx;
+  A s = 0;
+  if (c < C)
+    for (int64_t p = ty; p < nparts; p += 8) s += part[p * C + c];
+  sm[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int k = 1; k < 8; ++k) s += sm[k][tx];
+    out[c] = convert<device_t<S>>(s);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool same_alignment(const void* a, const void* b) {
+  return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15) == 0;
+}
+
+DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+template <class S>
+void launch_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kFwdPacks<D>;
+  int64_t C = x.size(-1), M = x.numel() / C;
+  const D* xp = static_cast<const D*>(x.raw_data());
+  const D* wp = w.defined() ? static_cast<const D*>(w.raw_data()) : nullptr;
+  const D* bp = b.defined() ? static_cast<const D*>(b.raw_data()) : nullptr;
+  D* yp = static_cast<D*>(y.raw_data());
+  bool aligned = aligned16(xp) && aligned16(yp) && (!wp || aligned16(wp)) && (!bp || aligned16(bp));
+  int64_t need = (C / N + P - 1) / P;
+  bool cached = aligned && C % N == 0 && need <= 1024;
+  // The streaming path vectorizes only when all rows and w/b are 16-byte aligned.
+  int G = cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, 1024);
+  // Streaming vectors need every row of x, y and w/b at one offset from a 16-byte boundary.
+  bool vec_ok = C % N == 0 && same_alignment(xp, yp) && (!wp || same_alignment(xp, wp)) && (!bp || same_alignment(xp, bp));
+  int block = G < 256 ? 256 : G;
+  int64_t upb = block / G, tiles = (M + upb - 1) / upb;
+  unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
+  auto kernel = cached ? layer_norm_kernel<S, true> : layer_norm_kernel<S, false>;
+  kernel<<<grid, block, 0, current_stream()>>>(xp, wp, bp, A(eps), yp, static_cast<A*>(mean.raw_data()),
+                                               static_cast<A*>(rstd.raw_data()), M, C, G, vec_ok);
+  KILN_LAUNCH_CHECK("layer_norm_kernel", "layer_norm");
+}
+
+template <class S>
+void launch_layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kBwdPacks<D>;
+  int64_t C = x.size(-1), M = x.numel() / C;
+  const D* dyp = static_cast<const D*>(dy.raw_data());
+  const D* xp = static_cast<const D*>(x.raw_data());
+  const D* wp = w.defined() ? static_cast<const D*>(w.raw_data()) : nullptr;
+  D* dxp = static_cast<D*>(dx.raw_data());
+  const A* mp = static_cast<const A*>(mean.raw_data());
+  const A* rp = static_cast<const A*>(rstd.raw_data());
+  bool want = dw.defined() || db.defined();
+  bool aligned = aligned16(dyp) && aligned16(xp) && aligned16(dxp) && (!wp || aligned16(wp));
+  int64_t need = (C / N + P - 1) / P;
+  bool cached = aligned && C % N == 0 && need <= 1024;
+  int G = cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, 1024);
+  bool vec_ok = C % N == 0 && same_alignment(xp, dyp) && same_alignment(xp, dxp) && (!wp || same_alignment(xp, wp));
+  int block = G < 256 ? 256 : G;
+  int64_t upb = block / G, tiles = (M + upb - 1) / upb;
+  int64_t grid;
+  if (cached) {
+    // Persistent: as many blocks as fit at once (each writes one partial row per group).
+    int occ = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, layer_norm_backward_kernel<S, true>, block, 0));
+    grid = std::min<int64_t>(tiles, int64_t(sm_count()) * std::max(occ, 1));
+  } else {
+    grid = std::min<int64_t>(tiles, int64_t(sm_count()) * 32);
+  }
+  Tensor part_dw, part_db;
+  int64_t nparts = 0, rows = 0;
+  if (want) {
+    if (cached) nparts = grid * upb;
+    else {
+      rows = std::max<int64_t>(256, (M + 65534) / 65535);
+      nparts = (M + rows - 1) / rows;
+    }
+    part_dw = empty({nparts, C}, {.dtype = acc_dtype(x.dtype()), .device = x.device()});
+    part_db = empty({nparts, C}, {.dtype = acc_dtype(x.dtype()), .device = x.device()});
+  }
+  A* pdw = want ? static_cast<A*>(part_dw.raw_data()) : nullptr;
+  A* pdb = want ? static_cast<A*>(part_db.raw_data()) : nullptr;
+  auto kernel = cached ? layer_norm_backward_kernel<S, true> : layer_norm_backward_kernel<S, false>;
+  kernel<<<unsigned(grid), block, 0, current_stream()>>>(dyp, xp, wp, mp, rp, dxp, M, C, G, vec_ok,
+                                                         cached ? pdw : nullptr, cached ? pdb : nullptr);
+  KILN_LAUNCH_CHECK("layer_norm_backward_kernel", "layer_norm_backward");
+  if (!want) return;
+  unsigned col_blocks = unsigned((C + 31) / 32);
+  if (!cached) {
+    layer_norm_cols_kernel<S><<<dim3(col_blocks, unsigned(nparts)), dim3(32, 8), 0, current_stream()>>>(
+        dyp, xp, mp, rp, M, C, rows, pdw, pdb);
+    KILN_LAUNCH_CHECK("layer_norm_cols_kernel", "layer_norm_backward");
+  }
+  column_sum_kernel<S><<<dim3(col_blocks, 2), dim3(32, 8), 0, current_stream()>>>(
+      pdw, pdb, nparts, C, dw.defined() ? static_cast<D*>(dw.raw_data()) : nullptr,
+      db.defined() ? static_cast<D*>(db.raw_data()) : nullptr);
+  KILN_LAUNCH_CHECK("column_sum_kernel", "layer_norm_backward");
+}
+
+void check_param(const Tensor& p, const Tensor& x, int64_t C, const char* op) {
+  if (!p.defined()) return;
+  KILN_CHECK(p.device() == x.device() && p.dtype() == x.dtype() && p.numel() == C && p.is_contiguous(), op,
+             ": parameter ", p.str(), " must be a contiguous ", dtype_name(x.dtype()), " vector of ", C, " on ",
+             x.device().str());
+}
+
+void check_stat(const Tensor& s, const Tensor& x, int64_t M, const char* op) {
+  KILN_CHECK(s.device() == x.device() && s.dtype() == stat_dtype(x.dtype()) && s.numel() == M && s.is_contiguous(), op,
+             ": statistics ", s.str(), " must be ", dtype_name(stat_dtype(x.dtype())), " of ", M, " rows");
+}
+
+}  // namespace
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                             const Tensor& mean, const Tensor& rstd) const {
+  NvtxRange range("layer_norm");
+  KILN_CHECK(x.is_contiguous() && y.is_contiguous() && x.sizes() == y.sizes() && x.dtype() == y.dtype() &&
+                 x.device() == y.device() && x.dim() >= 1,
+             "layer_norm: expected contiguous x and y of one shape, got ", x.str(), " and ", y.str());
+  DeviceGuard guard(x.device().index);
+  int64_t C = x.size(-1), M = C ? x.numel() / C : 0;
+  check_param(weight, x, C, "layer_norm");
+  check_param(bias, x, C, "layer_norm");
+  check_stat(mean, x, M, "layer_norm");
+  check_stat(rstd, x, M, "layer_norm");
+  if (M == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), "layer_norm",
+                              launch_layer_norm<scalar_t>(x, weight, bias, eps, y, mean, rstd));
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+  NvtxRange range("layer_norm_backward");
+  for (const Tensor* t : {&dy, &dx})
+    KILN_CHECK(t->is_contiguous() && t->sizes() == x.sizes() && t->dtype() == x.dtype() && t->device() == x.device() &&
+                   x.is_contiguous() && x.dim() >= 1,
+               "layer_norm_backward: expected contiguous tensors like x ", x.str(), ", got ", t->str());
+  DeviceGuard guard(x.device().index);
+  int64_t C = x.size(-1), M = C ? x.numel() / C : 0;
+  check_param(weight, x, C, "layer_norm_backward");
+  check_param(dw, x, C, "layer_norm_backward");
+  check_param(db, x, C, "layer_norm_backward");
+  check_stat(mean, x, M, "layer_norm_backward");
+  check_stat(rstd, x, M, "layer_norm_backward");
+  if (C == 0) return;
+  if (M == 0) {
+    // no rows: the parameter gradients are zero sums
+    for (const Tensor* t : {&dw, &db})
+      if (t->defined()) KILN_CUDA_CHECK(cudaMemsetAsync(t->raw_data(), 0, size_t(C) * t->element_size(), current_stream()));
+    return;
+  }
+  KILN_CUDA_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward",
+                              launch_layer_norm_backward<scalar_t>(dy, x, weight, mean, rstd, dx, dw, db));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,194 @@
+// Row reductions: out[r] = op(in[r, 0..R)) for a contiguous (M, R) input, op in {sum, max, min, argmax}.
+// Accumulates in f32 (f64 for f64 input, int64 for integers and bool); sum of integers writes i64,
+// argmax writes i64; max/min/argmax: the first extremum, and NaN beats every number (as the CPU).
+// Bytes moved: M*R*sizeof(T) read once, M outputs written.
+//
+// Geometry: a group of G threads (32..512) per row segment; short rows pack several groups into a block.
+// A few very long rows are cut into `splits` segments: pass 1 writes one partial per segment, pass 2
+// (a warp per row) combines them in segment order. Extremum partials are combined with a total order
+// (NaN first, then value, then lower index), so every reduction tree gives the same answer, and sums are
+// combined along fixed trees: results never change from run to run and need no atomics.
+#include <cmath>
+#include <type_traits>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+template <class A>
+__device__ __forceinline__ bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>) return isnan(v);
+  else return false;
+}
+
+// Whether candidate (x, xi) replaces the current (v, vi) for max (is_min false) or min; index -1 = empty.
+template <class A>
+__device__ __forceinline__ bool takes(bool is_min, A x, int64_t xi, A v, int64_t vi) {
+  if (xi < 0) return false;
+  if (vi < 0) return true;
+  bool xn = is_nan(x), vn = is_nan(v);
+  if (xn || vn) return xn && (!vn || xi < vi);
+  if (x != v) return is_min ? x < v : x > v;
+  return xi < vi;
+}
+
+template <class A>
+struct Partial {
+  A v;
+  int64_t i;
+};
+
+template <class A>
+__device__ __forceinline__ Partial<A> combine(ReduceOp op, Partial<A> a, Partial<A> b) {
+  if (op == ReduceOp::sum) return {A(a.v + b.v), 0};
+  return takes(op == ReduceOp::min, b.v, b.i, a.v, a.i) ? b : a;
+}
+
+template <class A>
+__device__ __forceinline__ Partial<A> warp_combine(ReduceOp op, Partial<A> p) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Partial<A> q{__shfl_xor_sync(0xffffffffu, p.v, o), __shfl_xor_sync(0xffffffffu, p.i, o)};
+    p = combine(op, p, q);
+  }
+  return p;
+}
+
+// Combines over the group of G threads; the result is valid in every thread of the group.
+template <class A>
+__device__ __forceinline__ Partial<A> group_combine(ReduceOp op, Partial<A> p, int G, Partial<A>* smem) {
+  p = warp_combine(op, p);
+  if (G <= 32) return p;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = p;
+  __syncthreads();
+  int first = (int(threadIdx.x) / G) * (G >> 5);
+  Partial<A> r = smem[first];
+  for (int w = 1; w < (G >> 5); ++w) r = combine(op, r, smem[first + w]);
+  return r;
+}
+
+template <class S>
+__device__ __forceinline__ void write_out(void* out, int64_t r, ReduceOp op, compute_t<S> v, int64_t i) {
+  using D = device_t<S>;
+  if (op == ReduceOp::argmax) static_cast<int64_t*>(out)[r] = i;
+  else if (op == ReduceOp::sum && !std::is_floating_point_v<compute_t<S>>) static_cast<int64_t*>(out)[r] = int64_t(v);
+  else static_cast<D*>(out)[r] = convert<D>(v);
+}
+
+// Pass 1: unit u = row * splits + segment, one group per unit. With splits == 1 the result goes
+// straight to out; otherwise to the partial arrays.
+template <class S>
+__global__ void reduce_rows_kernel(const device_t<S>* in, int64_t M, int64_t R, int G, int64_t splits, int64_t seg,
+                                   ReduceOp op, void* out, compute_t<S>* part_v, int64_t* part_i) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  __shared__ Partial<A> smem[32];
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const int64_t units = M * splits;
+  for (int64_t tile = blockIdx.x; tile * upb < units; tile += gridDim.x) {
+    int64_t u = tile * upb + threadIdx.x / G;
+    Partial<A> p{A(0), op == ReduceOp::sum ? 0 : -1};
+    if (u < units) {
+      int64_t r = u / splits, s = u % splits;
+      int64_t beg = s * seg, len = R - beg < seg ? R - beg : seg;
+      const D* row = in + r * R + beg;
+      visit_row(row, len, lane, G, true, [&](int64_t i, const auto& vec) {
+        constexpr int K = sizeof(vec.v) / sizeof(D);
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          A x = convert<A>(vec.v[k]);
+          if (op == ReduceOp::sum) p.v += x;
+          else if (takes(op == ReduceOp::min, x, beg + i + k, p.v, p.i)) p = {x, beg + i + k};
+        }
+      });
+    }
+    p = group_combine(op, p, G, smem);
+    if (u < units && lane == 0) {
+      if (splits == 1) write_out<S>(out, u, op, p.v, p.i);
+      else {
+        part_v[u] = p.v;
+        part_i[u] = p.i;
+      }
+    }
+  }
+}
+
+// Pass 2: a warp per row folds its `splits` partials (lane-strided, then the warp tree).
+template <class S>
+__global__ void reduce_finish_kernel(const compute_t<S>* part_v, const int64_t* part_i, int64_t M, int64_t splits,
+                                     ReduceOp op, void* out) {
+  using A = compute_t<S>;
+  int lane = threadIdx.x & 31;
+  int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (r >= M) return;  // whole warps leave together
+  Partial<A> p{A(0), op == ReduceOp::sum ? 0 : -1};
+  for (int64_t s = lane; s < splits; s += 32) p = combine(op, p, Partial<A>{part_v[r * splits + s], part_i[r * splits + s]});
+  p = warp_combine(op, p);
+  if (lane == 0) write_out<S>(out, r, op, p.v, p.i);
+}
+
+template <class S>
+void launch_reduce(ReduceOp op, const Tensor& in, const Tensor& out, int64_t M, int64_t R) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  // ~4 vectors per thread (all loaded before use) before widening the group; short rows get a warp each.
+  int G = pow2_clamp((R + 4 * kVec<D> - 1) / (4 * kVec<D>), 32, 512);
+  int block = G < 256 ? 256 : G;
+  // Few long rows: cut each into segments of at least 16K elements, ~1024 units in all.
+  int64_t splits = 1;
+  if (R >= 32768 && M < 512) {
+    splits = std::min<int64_t>((R + 16383) / 16384, std::max<int64_t>(1, 1024 / M));
+  }
+  int64_t seg = (R + splits - 1) / splits;
+  seg = (seg + 15) / 16 * 16;  // keeps segment starts 16-byte aligned relative to the row
+  splits = (R + seg - 1) / seg;
+  Tensor part_v, part_i;
+  if (splits > 1) {
+    part_v = empty({M * splits}, {.dtype = std::is_same_v<A, float> ? DType::f32 : (std::is_same_v<A, double> ? DType::f64 : DType::i64),
+                                  .device = in.device()});
+    part_i = empty({M * splits}, {.dtype = DType::i64, .device = in.device()});
+  }
+  int64_t units = M * splits, upb = block / G;
+  int64_t tiles = (units + upb - 1) / upb;
+  unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 64));
+  reduce_rows_kernel<S><<<grid, block, 0, current_stream()>>>(
+      static_cast<const D*>(in.raw_data()), M, R, G, splits, seg, op, out.raw_data(),
+      splits > 1 ? static_cast<A*>(part_v.raw_data()) : nullptr,
+      splits > 1 ? static_cast<int64_t*>(part_i.raw_data()) : nullptr);
+  KILN_LAUNCH_CHECK("reduce_rows_kernel", "reduce");
+  if (splits > 1) {
+    reduce_finish_kernel<S><<<blocks_for(M * 32, 256), 256, 0, current_stream()>>>(
+        static_cast<const A*>(part_v.raw_data()), static_cast<const int64_t*>(part_i.raw_data()), M, splits, op,
+        out.raw_data());
+    KILN_LAUNCH_CHECK("reduce_finish_kernel", "reduce");
+  }
+}
+
+}  // namespace
+
+void CudaBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) const {
+  NvtxRange range("reduce");
+  KILN_CHECK(in.device().is_cuda() && out.device() == in.device(), "reduce: tensors on different devices: ", in.str(),
+             " and ", out.str());
+  KILN_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce: expected contiguous tensors, got ", in.str(), " and ",
+             out.str());
+  DeviceGuard guard(in.device().index);
+  int64_t M = out.numel();
+  if (M == 0) return;
+  int64_t R = in.numel() / M;
+  KILN_CHECK(R > 0 && R * M == in.numel(), "reduce: cannot reduce ", in.str(), " into ", out.str());
+  bool int_sum = op == ReduceOp::sum && !is_floating(in.dtype());
+  DType want = (op == ReduceOp::argmax || int_sum) ? DType::i64 : in.dtype();
+  KILN_CHECK(out.dtype() == want, "reduce: output of ", in.str(), " must be ", dtype_name(want), ", got ", out.str());
+  KILN_CUDA_DISPATCH_ALL(in.dtype(), "reduce", launch_reduce<scalar_t>(op, in, out, M, R));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,259 @@
+// Softmax and log-softmax over the last dim of contiguous (M, C) tensors, forward and backward.
+//   forward:   m = max_c x, s = Σ_c exp(x - m);  y = exp(x - m) / s   or   y = x - m - log s
+//   backward:  softmax:     dx = y ⊙ (dy - Σ_c dy·y)
+//              log_softmax: dx = dy - exp(y) Σ_c dy
+// Math in f32 (f64 for f64). Bytes moved: forward M*C*sizeof(T) read + the same written; backward two
+// reads and one write.
+//
+// A group of G threads (32..1024, a power of two) owns a row. Where C is a multiple of the 16-byte
+// vector and the row fits (forward: 4 vectors per thread, C <= 16384 f32 / 32768 f16, bf16; backward:
+// 16 elements of dy and y per thread, C <= 16384), the row is read once into registers (all loads
+// issued before the first use) and written from there. Larger or
+// misaligned rows stream: an online max/sum pass (rescaling the running sum when the max grows), then a
+// second pass that re-reads the row (mostly from L2) and writes.
+#include <cmath>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+// 16-byte vectors a thread keeps in registers on the cached path: forward 4 (64 bytes in flight per
+// thread), backward 16 elements of each input (8 for f64).
+template <class D>
+inline constexpr int kSoftmaxPacks = 4;
+template <class D>
+inline constexpr int kSoftmaxBwdPacks = sizeof(D) == 8 ? 4 : 16 / kVec<D>;
+
+template <class S, bool kCached>
+__global__ void __launch_bounds__(1024)
+    softmax_kernel(const device_t<S>* x, device_t<S>* y, int64_t M, int64_t C, int G, bool log, bool vec_ok) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kSoftmaxPacks<D>;
+  using V = Vec<D, N>;
+  __shared__ A smem[32];
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
+    const int64_t row = tile * upb + threadIdx.x / G;
+    const bool valid = row < M;
+    const D* xr = x + (valid ? row : 0) * C;
+    D* yr = y + (valid ? row : 0) * C;
+    if constexpr (kCached) {
+      const int64_t nP = C / N;
+      V buf[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) buf[k] = reinterpret_cast<const V*>(xr)[lane + k * G];
+      A m = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j) m = MaxOp()(m, convert<A>(buf[k].v[j]));
+      m = group_allreduce(m, G, smem, MaxOp());
+      A s = 0;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j) s += acc_exp(convert<A>(buf[k].v[j]) - m);
+      s = group_allreduce(s, G, smem, SumOp());
+      const A sub = m + acc_log(s), inv = A(1) / s;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) {
+          V o;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A v = convert<A>(buf[k].v[j]);
+            o.v[j] = convert<D>(log ? v - sub : acc_exp(v - m) * inv);
+          }
+          store_vec(yr + (lane + k * G) * N, o);
+        }
+    } else {
+      A m = -INFINITY, s = 0;
+      if (valid)
+        visit_row(xr, C, lane, G, true, [&](int64_t, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          A pm = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < K; ++j) pm = MaxOp()(pm, convert<A>(vec.v[j]));
+          if (pm > m) {
+            s *= acc_exp(m - pm);
+            m = pm;
+          }
+#pragma unroll
+          for (int j = 0; j < K; ++j) s += acc_exp(convert<A>(vec.v[j]) - m);
+        });
+      A gm = group_allreduce(m, G, smem, MaxOp());
+      s = s == A(0) ? A(0) : s * acc_exp(m - gm);  // threads that saw nothing add nothing
+      s = group_allreduce(s, G, smem, SumOp());
+      const A sub = gm + acc_log(s), inv = A(1) / s;
+      if (valid)
+        visit_row(xr, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> o;
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A v = convert<A>(vec.v[j]);
+            o.v[j] = convert<D>(log ? v - sub : acc_exp(v - gm) * inv);
+          }
+          store_vec(yr + i, o);
+        });
+    }
+  }
+}
+
+template <class S, bool kCached>
+__global__ void __launch_bounds__(1024) softmax_backward_kernel(const device_t<S>* dy, const device_t<S>* y, device_t<S>* dx,
+                                                                int64_t M, int64_t C, int G, bool log, bool vec_ok) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int N = kVec<D>, P = kSoftmaxBwdPacks<D>;
+  using V = Vec<D, N>;
+  __shared__ A smem[32];
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
+    const int64_t row = tile * upb + threadIdx.x / G;
+    const bool valid = row < M;
+    const int64_t base = (valid ? row : 0) * C;
+    if constexpr (kCached) {
+      const int64_t nP = C / N;
+      V gb[P], yb[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) {
+          gb[k] = reinterpret_cast<const V*>(dy + base)[lane + k * G];
+          yb[k] = reinterpret_cast<const V*>(y + base)[lane + k * G];
+        }
+      A s = 0;
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP)
+#pragma unroll
+          for (int j = 0; j < N; ++j)
+            s += log ? convert<A>(gb[k].v[j]) : convert<A>(gb[k].v[j]) * convert<A>(yb[k].v[j]);
+      s = group_allreduce(s, G, smem, SumOp());
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) {
+          V o;
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            A g = convert<A>(gb[k].v[j]), o_ = convert<A>(yb[k].v[j]);
+            o.v[j] = convert<D>(log ? g - acc_exp(o_) * s : o_ * (g - s));
+          }
+          store_vec(dx + base + (lane + k * G) * N, o);
+        }
+    } else {
+      A s = 0;
+      if (valid)
+        visit_row(y + base, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> g = *reinterpret_cast<const Vec<D, K>*>(dy + base + i);
+#pragma unroll
+          for (int j = 0; j < K; ++j) s += log ? convert<A>(g.v[j]) : convert<A>(g.v[j]) * convert<A>(vec.v[j]);
+        });
+      s = group_allreduce(s, G, smem, SumOp());
+      if (valid)
+        visit_row(y + base, C, lane, G, vec_ok, [&](int64_t i, const auto& vec) {
+          constexpr int K = sizeof(vec.v) / sizeof(D);
+          Vec<D, K> g = *reinterpret_cast<const Vec<D, K>*>(dy + base + i), o;
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A gj = convert<A>(g.v[j]), yj = convert<A>(vec.v[j]);
+            o.v[j] = convert<D>(log ? gj - acc_exp(yj) * s : yj * (gj - s));
+          }
+          store_vec(dx + base + i, o);
+        });
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool same_alignment(const void* a, const void* b) {
+  return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15) == 0;
+}
+
+// Group size, block size, grid and whether the row is cached in registers.
+struct RowPlan {
+  int G, block;
+  unsigned grid;
+  bool cached;
+};
+
+template <class D, int P>
+RowPlan plan_rows(int64_t M, int64_t C, bool aligned) {
+  constexpr int N = kVec<D>;
+  RowPlan p{};
+  int64_t need = (C / N + P - 1) / P;  // threads needed to hold the row
+  p.cached = aligned && C % N == 0 && need <= 1024;
+  p.G = p.cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, 1024);
+  p.block = p.G < 256 ? 256 : p.G;
+  int64_t upb = p.block / p.G, tiles = (M + upb - 1) / upb;
+  p.grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
+  return p;
+}
+
+template <class S>
+void launch_softmax(const Tensor& in, const Tensor& out, bool log) {
+  using D = device_t<S>;
+  int64_t C = in.size(-1), M = in.numel() / C;
+  const D* x = static_cast<const D*>(in.raw_data());
+  D* y = static_cast<D*>(out.raw_data());
+  RowPlan p = plan_rows<D, kSoftmaxPacks<D>>(M, C, aligned16(x) && aligned16(y));
+  auto kernel = p.cached ? softmax_kernel<S, true> : softmax_kernel<S, false>;
+  kernel<<<p.grid, p.block, 0, current_stream()>>>(x, y, M, C, p.G, log, same_alignment(x, y));
+  KILN_LAUNCH_CHECK("softmax_kernel", log ? "log_softmax" : "softmax");
+}
+
+template <class S>
+void launch_softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) {
+  using D = device_t<S>;
+  int64_t C = out.size(-1), M = out.numel() / C;
+  const D* dy = static_cast<const D*>(grad_out.raw_data());
+  const D* y = static_cast<const D*>(out.raw_data());
+  D* dx = static_cast<D*>(grad_in.raw_data());
+  RowPlan p = plan_rows<D, kSoftmaxBwdPacks<D>>(M, C, aligned16(dy) && aligned16(y) && aligned16(dx));
+  auto kernel = p.cached ? softmax_backward_kernel<S, true> : softmax_backward_kernel<S, false>;
+  kernel<<<p.grid, p.block, 0, current_stream()>>>(dy, y, dx, M, C, p.G, log,
+                                                   same_alignment(dy, y) && same_alignment(y, dx));
+  KILN_LAUNCH_CHECK("softmax_backward_kernel", log ? "log_softmax_backward" : "softmax_backward");
+}
+
+void check_rows(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts)
+    KILN_CHECK(t->device() == first.device() && t->dtype() == first.dtype() && t->sizes() == first.sizes() &&
+                   t->is_contiguous(),
+               op, ": expected contiguous tensors of one shape, dtype and device, got ", t->str(), " and ",
+               first.str());
+}
+
+}  // namespace
+
+void CudaBackend::softmax(const Tensor& in, const Tensor& out, bool log) const {
+  NvtxRange range(log ? "log_softmax" : "softmax");
+  check_rows("softmax", {&in, &out});
+  DeviceGuard guard(in.device().index);
+  if (in.numel() == 0 || in.size(-1) == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(in.dtype(), "softmax", launch_softmax<scalar_t>(in, out, log));
+}
+
+void CudaBackend::softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const {
+  NvtxRange range(log ? "log_softmax_backward" : "softmax_backward");
+  check_rows("softmax_backward", {&grad_out, &out, &grad_in});
+  DeviceGuard guard(out.device().index);
+  if (out.numel() == 0 || out.size(-1) == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(out.dtype(), "softmax_backward",
+                              launch_softmax_backward<scalar_t>(grad_out, out, grad_in, log));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,96 @@
+#include <kiln/optim/grad_scaler.h>
+
+#include <cmath>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::optim {
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
+  KILN_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale), "GradScaler: init_scale must be positive, got ",
+             options.init_scale);
+  KILN_CHECK(options.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
+  KILN_CHECK(options.backoff_factor > 0.0 && options.backoff_factor < 1.0, "GradScaler: backoff_factor must be in (0, 1), got ",
+             options.backoff_factor);
+  KILN_CHECK(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ", options.growth_interval);
+  state_.scale = options.init_scale;
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!options_.enabled) return loss;
+  KILN_CHECK(is_floating(loss.dtype()), "GradScaler::scale: expected a floating-point loss, got ", loss.str());
+  return mul(loss, state_.scale);
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  PerOptimizer& st = per_optimizer_[&optimizer];
+  KILN_CHECK(!st.unscaled, "GradScaler::unscale_: already called for this optimizer since the last update()");
+  KILN_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); call update() first");
+  NoGradGuard no_grad;
+  // Group gradients by device: one fused pass per device.
+  std::map<std::pair<int, int>, std::vector<Tensor>> by_device;
+  for (auto& g : optimizer.param_groups())
+    for (auto& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      KILN_CHECK(grad.is_contiguous(), "GradScaler::unscale_: gradient ", grad.str(), " is not contiguous");
+      by_device[{int(grad.device().type), grad.device().index}].push_back(grad);
+    }
+  Tensor found;
+  for (auto& [dev, grads] : by_device) {
+    Device d{DeviceType(dev.first), dev.second};
+    Tensor inv = full({}, 1.0 / state_.scale, {.dtype = DType::f32, .device = d});
+    Tensor flag = zeros({}, {.dtype = DType::f32, .device = d});
+    backend(d).amp_unscale(grads, inv, flag);
+    for (auto& g : grads) g.bump_version();
+    // Combine the device flags into one on the first device (a cross-device copy only with several GPUs).
+    found = found.defined() ? maximum(found, flag.to(found.device())) : flag;
+  }
+  st.found_inf = found.defined() ? found : zeros({}, {.dtype = DType::f32});
+  st.unscaled = true;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  PerOptimizer& st = per_optimizer_[&optimizer];
+  KILN_CHECK(!st.stepped, "GradScaler::step: already called for this optimizer since the last update()");
+  if (!st.unscaled) unscale_(optimizer);
+  st.found = st.found_inf.item<float>() != 0.0f;
+  st.stepped = true;
+  if (st.found) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  bool found = false;
+  for (auto& [opt, st] : per_optimizer_) {
+    if (st.unscaled && !st.stepped) st.found = st.found_inf.item<float>() != 0.0f;
+    found |= st.found;
+  }
+  KILN_CHECK(!per_optimizer_.empty(), "GradScaler::update: no unscale_() or step() since the last update()");
+  if (found) {
+    state_.scale *= options_.backoff_factor;
+    state_.growth_tracker = 0;
+  } else if (++state_.growth_tracker == options_.growth_interval) {
+    state_.scale *= options_.growth_factor;
+    state_.growth_tracker = 0;
+  }
+  per_optimizer_.clear();
+}
+
+void GradScaler::load_state_dict(const GradScalerState& state) {
+  KILN_CHECK(state.scale > 0 && std::isfinite(state.scale) && state.growth_tracker >= 0,
+             "GradScaler::load_state_dict: invalid state (scale ", state.scale, ", growth_tracker ", state.growth_tracker, ")");
+  state_ = state;
+  per_optimizer_.clear();
+}
+
+}  // namespace kiln::optim

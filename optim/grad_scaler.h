@@ -1,0 +1,66 @@
+#pragma once
+// Dynamic loss scaling for f16 training (as torch.amp.GradScaler). The loss is multiplied by a scale
+// before backward so small f16 gradients do not flush to zero; before the optimizer step the gradients
+// are divided by it again in one fused pass per device that also records whether any gradient is inf or
+// NaN (no host synchronization). A step with non-finite gradients is skipped and the scale halves; after
+// growth_interval clean steps it doubles.
+//
+//   GradScaler scaler;
+//   scaler.scale(loss).backward();
+//   scaler.unscale_(opt);              // optional: only to clip between unscale and step
+//   clip_grad_norm(params, 1.0);
+//   scaler.step(opt);                   // skipped if an inf/NaN was found
+//   scaler.update();
+#include <cstdint>
+#include <map>
+
+#include <kiln/core/tensor.h>
+#include <kiln/optim/optimizer.h>
+
+namespace kiln::optim {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  bool enabled = true;  // disabled: scale() returns the loss, step() just steps (bf16 needs no scaling)
+};
+
+struct GradScalerState {
+  double scale = 65536.0;
+  int64_t growth_tracker = 0;  // clean steps since the last change of scale
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(const GradScalerOptions& options = {});
+
+  Tensor scale(const Tensor& loss) const;
+  // Divides the optimizer's gradients by the scale and records inf/NaN; once per optimizer per step.
+  void unscale_(Optimizer& optimizer);
+  // Unscales if not done yet, then runs optimizer.step() unless inf/NaN was found. Returns whether it
+  // stepped. Reads the found-inf flag: the one host synchronization per step.
+  bool step(Optimizer& optimizer);
+  // Backs off after a skipped step, grows after growth_interval clean ones; ends the step.
+  void update();
+
+  double get_scale() const { return state_.scale; }
+  bool is_enabled() const { return options_.enabled; }
+  const GradScalerOptions& options() const { return options_; }
+  GradScalerState state_dict() const { return state_; }
+  void load_state_dict(const GradScalerState& state);
+
+ private:
+  struct PerOptimizer {
+    bool unscaled = false;
+    bool stepped = false;
+    Tensor found_inf;  // f32 scalar on the gradients' device, 1 if any gradient was not finite
+    bool found = false;
+  };
+  GradScalerOptions options_;
+  GradScalerState state_;
+  std::map<const Optimizer*, PerOptimizer> per_optimizer_;
+};
+
+}  // namespace kiln::optim
