@@ -232,8 +232,8 @@ Tensor clamp(const Tensor& a, double lo, double hi) {
     record("clamp", {a}, {out}, [sa = SavedTensor(a), lo, hi](const Grads& g) {
       Tensor x = sa.unpack("clamp");
       // gradient flows where lo <= x <= hi
-      Tensor inside = cast(mul(cast(ge(x, scalar_tensor(lo, {.dtype = x.dtype()})), x.dtype()),
-                               cast(le(x, scalar_tensor(hi, {.dtype = x.dtype()})), x.dtype())), g[0].dtype());
+      Tensor inside = cast(mul(cast(ge(x, scalar_tensor(lo, {.dtype = x.dtype(), .device = x.device()})), x.dtype()),
+                               cast(le(x, scalar_tensor(hi, {.dtype = x.dtype(), .device = x.device()})), x.dtype())), g[0].dtype());
       return Grads{mul(g[0], inside)};
     });
   return out;
