@@ -2,6 +2,7 @@
 // cross_entropy, conv2d (the device's convolution kernels) and 2-D pooling.
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/backend.h>
 #include <kiln/core/shape.h>
 #include <kiln/nn/functional.h>
@@ -13,7 +14,12 @@ using autograd::record;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
+                  double eps) {
+  // Under autocast the normalization computes in f32 (its mean and variance would lose the small
+  // differences bf16/f16 cannot hold); the casts are differentiable, so gradients return in the inputs' dtypes.
+  const Tensor x = amp::to_full_precision(x_in), weight = amp::to_full_precision(weight_in),
+               bias = amp::to_full_precision(bias_in);
   int64_t nd = int64_t(normalized_shape.size());
   KILN_CHECK(is_floating(x.dtype()), "layer_norm: expected a floating-point input, got ", x.str());
   KILN_CHECK(nd >= 1 && x.dim() >= nd &&
@@ -135,7 +141,11 @@ Window2d window(const Tensor& x, int64_t kh, int64_t kw, std::array<int64_t, 2> 
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opt) {
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dOptions& opt) {
+  // Under autocast the convolution runs in the autocast dtype (tensor cores, half the bytes); the casts are
+  // differentiable, so f32 weights get f32 gradients.
+  const Tensor x = amp::to_lower_precision(x_in), weight = amp::to_lower_precision(weight_in),
+               bias = amp::to_lower_precision(bias_in);
   KILN_CHECK(weight.dim() == 4, "conv2d: weight must be (C_out, C_in, kH, kW), got ", weight.str());
   KILN_CHECK(x.dim() == 4 && x.size(1) == weight.size(1), "conv2d: input ", x.str(), " does not have C_in = ",
              weight.size(1), " channels of weight ", weight.str());
