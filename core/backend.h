@@ -37,6 +37,12 @@ inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::
 
 enum class ReduceOp : uint8_t { sum, max, min, argmax };
 
+// What a fused linear applies after the product z = x · wᵀ: nothing, + bias, GELU (tanh approximation,
+// GPT-2's; the exact-erf GELU is no cuBLASLt epilogue), or both (GELU of z + bias).
+enum class Epilogue : uint8_t { none, bias, gelu_tanh, bias_gelu_tanh };
+inline bool epilogue_has_bias(Epilogue e) { return e == Epilogue::bias || e == Epilogue::bias_gelu_tanh; }
+inline bool epilogue_has_gelu(Epilogue e) { return e == Epilogue::gelu_tanh || e == Epilogue::bias_gelu_tanh; }
+
 // Geometry of a 2-D window op (convolution via im2col, pooling).
 struct Window2d {
   int64_t n, c, h, w;        // input
@@ -71,6 +77,19 @@ class Backend {
   // out (B, M, N) contiguous = a (B, M, K) · b (B, K, N). a and b have unit stride in one of their two
   // matrix dims (row- or column-major matrices); their batch stride may be 0 (broadcast).
   virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
+  // Fused linear layer, one floating dtype throughout: z = x · wᵀ (+ bias), accumulated in f32 (f64 for
+  // f64) and rounded once; out (M, N) = z, or gelu_tanh(z) for the GELU epilogues. x (M, K) and w (N, K)
+  // have unit stride in one of their two dims (row- or column-major); bias (N) contiguous, defined
+  // exactly when the epilogue has a bias; out contiguous. pre_activation (M, N) contiguous or undefined:
+  // for the GELU epilogues, where defined, it receives z rounded to the dtype (saved for backward).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
+                      const Tensor& pre_activation) const = 0;
+  // Backward of linear. dy (M, N) contiguous; dz = dy, or dy · gelu_tanh'(pre_activation) rounded to the
+  // dtype for the GELU epilogues; then dx (M, K) = dz · w, dw (N, K) = dzᵀ · x, db (N) = Σ_rows dz.
+  // dx, dw, db are contiguous outputs, overwritten, each undefined when not wanted; x may be undefined
+  // when dw is, w when dx is. x, w as in linear.
+  virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation,
+                               Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const = 0;
   // Over the last dim of contiguous (M, C) tensors.
   virtual void softmax(const Tensor& in, const Tensor& out, bool log) const = 0;
   virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const = 0;

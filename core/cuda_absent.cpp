@@ -23,6 +23,8 @@ MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
 void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
 std::string memory_summary(int) { no_cuda("memory_summary"); }
 void empty_cache(int) { no_cuda("empty_cache"); }
+Tensor empty_pinned(const Shape&, DType) { no_cuda("empty_pinned"); }
+Tensor pin_memory(const Tensor&) { no_cuda("pin_memory"); }
 void set_sync_check(bool) {}
 bool sync_check() { return false; }
 void set_allow_tf32(bool) {}

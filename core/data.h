@@ -101,6 +101,9 @@ struct LoaderOptions {
   // makes runs reproducible and a loader made per epoch still gets a new order each time.
   std::optional<uint64_t> seed = std::nullopt;
   int64_t prefetch = 2;  // batches a background thread prepares ahead; 0 builds them on the caller's thread
+  // Batches in page-locked memory (cuda::pin_memory), so moving them to a GPU does not wait for the copy.
+  // Needs a CUDA device.
+  bool pin_memory = false;
 };
 
 // Iterates over a dataset in batches. Every begin() starts the next epoch (see epoch(), set_epoch()). With

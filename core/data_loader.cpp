@@ -16,6 +16,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
 
 namespace kiln::data {
 
@@ -25,9 +26,10 @@ struct Loader::Run {
     std::exception_ptr error;
   };
 
-  Run(const Dataset& dataset, std::vector<int64_t> order, int64_t batch_size, int64_t num_batches, int64_t prefetch)
+  Run(const Dataset& dataset, std::vector<int64_t> order, int64_t batch_size, int64_t num_batches, int64_t prefetch,
+      bool pin)
       : dataset_(dataset), order_(std::move(order)), batch_size_(batch_size), num_batches_(num_batches),
-        prefetch_(prefetch) {
+        prefetch_(prefetch), pin_(pin) {
     if (prefetch_ > 0 && num_batches_ > 0) worker_ = std::thread([this] { work(); });
   }
 
@@ -61,7 +63,12 @@ struct Loader::Run {
   Batch make(int64_t b) const {
     auto first = order_.begin() + b * batch_size_;
     auto last = order_.begin() + std::min<int64_t>((b + 1) * batch_size_, int64_t(order_.size()));
-    return dataset_.get_batch(std::vector<int64_t>(first, last));
+    Batch batch = dataset_.get_batch(std::vector<int64_t>(first, last));
+    if (pin_) {
+      batch.x = cuda::pin_memory(batch.x);
+      batch.y = cuda::pin_memory(batch.y);
+    }
+    return batch;
   }
 
   void work() {
@@ -91,6 +98,7 @@ struct Loader::Run {
   const Dataset& dataset_;
   const std::vector<int64_t> order_;
   const int64_t batch_size_, num_batches_, prefetch_;
+  const bool pin_;
   std::mutex mutex_;
   std::condition_variable space_, ready_;
   std::deque<Item> queue_;
@@ -101,6 +109,7 @@ struct Loader::Run {
 Loader::Loader(const Dataset& dataset, LoaderOptions options) : dataset_(&dataset), options_(options) {
   KILN_CHECK(options_.batch_size > 0, "Loader: batch_size must be positive, got ", options_.batch_size);
   KILN_CHECK(options_.prefetch >= 0, "Loader: prefetch must be >= 0, got ", options_.prefetch);
+  KILN_CHECK(!options_.pin_memory || cuda::is_available(), "Loader: pin_memory needs a CUDA device");
   if (options_.seed) {
     seed_ = *options_.seed;
   } else {
@@ -133,7 +142,8 @@ std::vector<int64_t> Loader::order(int64_t epoch) const {
 
 Loader::Iterator Loader::begin() {
   int64_t epoch = epoch_++;
-  auto run = std::make_unique<Run>(*dataset_, order(epoch), options_.batch_size, size(), options_.prefetch);
+  auto run = std::make_unique<Run>(*dataset_, order(epoch), options_.batch_size, size(), options_.prefetch,
+                                    options_.pin_memory);
   return Iterator(std::move(run));
 }
 

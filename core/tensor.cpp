@@ -27,8 +27,13 @@ std::string shape_str(const Shape& s) {
 Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
   data = n ? backend(d).allocate(n, d) : nullptr;
 }
+Storage::Storage(void* p, size_t n, Device d, std::function<void(void*)> free_fn, bool page_locked)
+    : data(p), nbytes(n), device(d), pinned(page_locked), release(std::move(free_fn)) {}
+
 Storage::~Storage() {
-  if (data) backend(device).deallocate(data, nbytes, device);
+  if (!data) return;
+  if (release) release(data);
+  else backend(device).deallocate(data, nbytes, device);
 }
 
 namespace {
@@ -352,12 +357,16 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (s.device() == device()) {
     backend(device()).copy(s, *this);
   } else {
-    // Host <-> device: stage through a contiguous buffer of the destination dtype on the source device.
-    Tensor staged = empty(sizes(), {.dtype = dtype(), .device = s.device()});
-    backend(s.device()).copy(s, staged);
-    Device gpu = device().is_cuda() ? device() : s.device();
+    // Host <-> device: the transfer needs a contiguous source of the destination dtype; a source that is
+    // one already goes as it is (so pinned host memory stays pinned and the copy can be asynchronous).
     KILN_CHECK(has_backend(DeviceType::cuda), "copy_: copying ", src.str(), " to ", str(),
                " needs the CUDA backend, which this build does not have");
+    Tensor staged = s;
+    if (s.dtype() != dtype() || !s.is_contiguous()) {
+      staged = empty(sizes(), {.dtype = dtype(), .device = s.device()});
+      backend(s.device()).copy(s, staged);
+    }
+    Device gpu = device().is_cuda() ? device() : s.device();
     backend(gpu).copy(staged, *this);
   }
   bump_version();

@@ -26,6 +26,8 @@ struct Node;
 // in-place writes made through any other view (autograd uses it to reject stale saved tensors).
 struct Storage {
   Storage(size_t nbytes, Device device);
+  // Adopts memory allocated elsewhere (e.g. page-locked host memory); `release` frees it.
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release, bool pinned);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -33,6 +35,8 @@ struct Storage {
   size_t nbytes = 0;
   Device device;
   uint64_t version = 0;
+  bool pinned = false;  // page-locked host memory: a host-to-device copy from it need not wait
+  std::function<void(void*)> release;  // empty: the device backend's deallocate
 };
 
 class Tensor;
@@ -80,6 +84,7 @@ class Tensor {
   size_t element_size() const { return kiln::element_size(dtype()); }
   bool is_contiguous() const;
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  bool is_pinned() const { return impl().storage->pinned; }
   bool shares_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
   std::string str() const;  // "f32[2, 3] cpu" for messages
   uint64_t version() const { return impl().storage->version; }

@@ -17,6 +17,31 @@ cudnnHandle_t cudnn_handle();        // current device, bound to current_stream(
 // A device workspace for cuBLASLt (32 MiB), reused across calls on the current stream.
 void* cublaslt_workspace(size_t* bytes);
 
+// The deferred device error: kernels that meet bad input (a target or index out of range) record the
+// first such problem here instead of forcing a host synchronization after every launch. The host reads it
+// only where it already synchronizes (device-to-host copies, cuda::synchronize(), and after every launch
+// under KILN_SYNC_CHECK=1) and turns it into a kiln::Error naming the op, then clears it.
+enum class DeviceErrorCode : int {
+  none = 0,
+  cross_entropy_target = 1,  // value: the target, bound: the number of classes
+  index_select = 2,          // value: the index, bound: the size of the indexed dim
+  gather = 3,
+  index_add = 4,
+  scatter_add = 5,
+};
+struct DeviceError {
+  int code;  // DeviceErrorCode; set once (atomicCAS from 0: the first problem wins)
+  int pad;
+  long long value, bound;
+};
+// The current device's error word in device memory (zeroed at creation and after each report).
+DeviceError* device_error_word();
+// Under sync-check and at synchronization points: enqueue a copy of the word to pinned host memory on the
+// current stream (before the synchronization), then, once synchronized, check_device_error() throws
+// kiln::Error when a kernel set it (and clears it on the device).
+void stage_device_error();
+void check_device_error();
+
 // Launch geometry for a grid-stride loop over n items.
 inline unsigned blocks_for(int64_t n, int threads = 256, int64_t max_blocks = 65535LL * 8) {
   int64_t b = (n + threads - 1) / threads;

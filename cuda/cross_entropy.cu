@@ -5,9 +5,14 @@
 // Math in f32 (f64 for f64). The softmax is never written: the forward reads the logits once (N*C*sizeof(T))
 // and writes 2N stats; the backward reads the logits once and writes the gradient once, recomputing the
 // probabilities from the saved lse.
-// A group of G threads (32..512) owns a row; 16-byte loads, four in flight per thread. A target that is
-// neither ignore_index nor in [0, C) sets a device flag (and a NaN loss); the host checks the flag after
-// the forward kernel and throws kiln::Error.
+// Long aligned rows (C a multiple of the 16-byte vector, >= kPipeMinVectors vectors: vocabularies) take the
+// ring path: a persistent block of 256 threads owns a row at a time and streams it in chunks of 2 vectors
+// per thread through a per-thread cp.async ring kCeStages chunks deep (64 KiB of shared memory a block),
+// so loads stay in flight across chunk and row boundaries; exp is one FFMA + ex2.approx on the log2e-
+// prescaled value, the running max rescales once per chunk, x[n, t_n] is picked up on the way. Other
+// shapes: a group of G threads (32..512) owns a row; 16-byte loads, four in flight per thread.
+// A target that is neither ignore_index nor in [0, C) gets a NaN loss and is recorded in the device's
+// deferred error word: kiln::Error at the next synchronization (no synchronization per call).
 #include <cmath>
 
 #include <kiln/cuda/check.h>
@@ -24,7 +29,7 @@ namespace {
 template <class S>
 __global__ void __launch_bounds__(512)
     cross_entropy_kernel(const device_t<S>* x, const int64_t* target, int64_t N, int64_t C, int G, int64_t ignore_index,
-                         compute_t<S> eps, compute_t<S>* loss, compute_t<S>* lse_out, int* bad_target) {
+                         compute_t<S> eps, compute_t<S>* loss, compute_t<S>* lse_out, DeviceError* err) {
   using D = device_t<S>;
   using A = compute_t<S>;
   __shared__ A smem[32];
@@ -67,7 +72,7 @@ __global__ void __launch_bounds__(512)
       if (t == ignore_index) {
         loss[row] = A(0);
       } else if (t < 0 || t >= C) {
-        *bad_target = 1;
+        report_device_error(err, DeviceErrorCode::cross_entropy_target, t, C);
         loss[row] = A(NAN);
       } else {
         loss[row] = lse - (A(1) - eps) * convert<A>(xr[t]) - eps / A(C) * sx;
@@ -109,6 +114,186 @@ __global__ void __launch_bounds__(512)
   }
 }
 
+constexpr int kCeThreads = 256, kCeU = 2, kCeStages = 8;
+constexpr int64_t kPipeMinVectors = 1024;
+
+// Chunk q of row `row` (kCeU pieces per thread, piece u at vector q * kCeU * 256 + u * 256 + tid) into
+// ring stage st; one commit per chunk (empty past the last row).
+template <class D>
+__device__ __forceinline__ void ce_issue(uint4* ring, int st, const D* x, int64_t row, int64_t q, int64_t N,
+                                         int64_t C) {
+  constexpr int K = kVec<D>;
+  const int64_t nvec = C / K;
+  if (row < N)
+#pragma unroll
+    for (int u = 0; u < kCeU; ++u) {
+      const int64_t v = (q * kCeU + u) * kCeThreads + threadIdx.x;
+      if (v < nvec) cp_async16(&ring[(st * kCeU + u) * kCeThreads + threadIdx.x], x + row * C + v * K);
+    }
+  cp_async_commit();
+}
+
+// The producer's position: chunk q of row `row`, rows stepping by gridDim.x.
+struct CeCursor {
+  int64_t row, q;
+  __device__ void next(int64_t nch) {
+    if (++q == nch) {
+      q = 0;
+      row += gridDim.x;
+    }
+  }
+};
+
+template <class S>
+__global__ void __launch_bounds__(kCeThreads)
+    cross_entropy_pipe_kernel(const device_t<S>* x, const int64_t* target, int64_t N, int64_t C, int64_t ignore_index,
+                              compute_t<S> eps, compute_t<S>* loss, compute_t<S>* lse_out, DeviceError* err) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int K = kVec<D>;
+  using V = Vec<D, K>;
+  extern __shared__ uint4 ring[];
+  __shared__ A smem[3 * kCeThreads / 32];
+  const int64_t nvec = C / K, nch = (nvec + kCeU * kCeThreads - 1) / (kCeU * kCeThreads);
+  const bool smooth = eps != A(0);
+  CeCursor pc{blockIdx.x, 0};
+  for (int s = 0; s + 1 < kCeStages; ++s, pc.next(nch)) ce_issue(ring, s, x, pc.row, pc.q, N, C);
+  int st = 0;
+  int64_t t_next = blockIdx.x < N ? target[blockIdx.x] : 0;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t t = t_next;
+    if (row + gridDim.x < N) t_next = target[row + gridDim.x];  // consumed a row later: latency hidden
+    A m = -INFINITY, s = 0, sx = 0, xt = 0;
+    for (int64_t q = 0; q < nch; ++q) {
+      ce_issue(ring, st == 0 ? kCeStages - 1 : st - 1, x, pc.row, pc.q, N, C);
+      pc.next(nch);
+      cp_async_wait(kCeStages - 1);
+      A v[kCeU][K];
+      A pm = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kCeU; ++u) {
+        const int64_t vi = (q * kCeU + u) * kCeThreads + threadIdx.x;
+        const bool have = vi < nvec;
+        V piece;
+        if (have) piece = *reinterpret_cast<const V*>(&ring[(st * kCeU + u) * kCeThreads + threadIdx.x]);
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          v[u][j] = have ? convert<A>(piece.v[j]) : A(-INFINITY);
+          pm = MaxOp()(pm, v[u][j]);
+        }
+        if (have && uint64_t(t - vi * K) < uint64_t(K)) {  // this piece holds x[n, t]: rare, so branch
+#pragma unroll
+          for (int j = 0; j < K; ++j)
+            if (vi * K + j == t) xt = v[u][j];
+        }
+      }
+      st = st + 1 == kCeStages ? 0 : st + 1;
+      if (pm > m) {
+        s = s == A(0) ? A(0) : s * fast_exp(m - pm);
+        m = pm;
+      }
+      const A c = shift_of(m);
+#pragma unroll
+      for (int u = 0; u < kCeU; ++u)
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          A e = exp_shifted(v[u][j], c);
+          s += v[u][j] == A(-INFINITY) ? A(0) : e;
+          if (smooth && v[u][j] != A(-INFINITY)) sx += v[u][j];
+        }
+    }
+    const A gm = group_allreduce(m, kCeThreads, smem, MaxOp());
+    A red[3] = {s == A(0) ? A(0) : s * fast_exp(m - gm), sx, xt};
+    group_allreduce_sums<3>(red, kCeThreads, smem);
+    if (threadIdx.x == 0) {
+      const A lse = gm + acc_log(red[0]);
+      lse_out[row] = lse;
+      if (t == ignore_index) {
+        loss[row] = A(0);
+      } else if (t < 0 || t >= C) {
+        report_device_error(err, DeviceErrorCode::cross_entropy_target, t, C);
+        loss[row] = A(NAN);
+      } else {
+        loss[row] = lse - (A(1) - eps) * red[2] - eps / A(C) * red[1];
+      }
+    }
+  }
+  cp_async_wait(0);  // only empty groups can remain
+}
+
+template <class S>
+__global__ void __launch_bounds__(kCeThreads)
+    cross_entropy_backward_pipe_kernel(const device_t<S>* x, const int64_t* target, const compute_t<S>* lse,
+                                       const compute_t<S>* grad_loss, int64_t N, int64_t C, int64_t ignore_index,
+                                       compute_t<S> eps, device_t<S>* grad) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int K = kVec<D>;
+  using V = Vec<D, K>;
+  extern __shared__ uint4 ring[];
+  const int64_t nvec = C / K, nch = (nvec + kCeU * kCeThreads - 1) / (kCeU * kCeThreads);
+  const A off = eps / A(C), hit = A(1) - eps;
+  CeCursor pc{blockIdx.x, 0};
+  for (int s = 0; s + 1 < kCeStages; ++s, pc.next(nch)) ce_issue(ring, s, x, pc.row, pc.q, N, C);
+  int st = 0;
+  // the next row's target, lse and upstream gradient, loaded a row ahead
+  int64_t t_next = 0;
+  A c_next = 0, g_next = 0;
+  if (blockIdx.x < N) {
+    t_next = target[blockIdx.x];
+    c_next = shift_of(lse[blockIdx.x]);
+    g_next = grad_loss[blockIdx.x];
+  }
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t t = t_next;
+    const bool ign = t == ignore_index;  // ignored rows: exact zeros
+    const A c = c_next, g = g_next;
+    const int64_t nr = row + gridDim.x;
+    if (nr < N) {
+      t_next = target[nr];
+      c_next = shift_of(lse[nr]);
+      g_next = grad_loss[nr];
+    }
+    D* gr = grad + row * C;
+    for (int64_t q = 0; q < nch; ++q) {
+      ce_issue(ring, st == 0 ? kCeStages - 1 : st - 1, x, pc.row, pc.q, N, C);
+      pc.next(nch);
+      cp_async_wait(kCeStages - 1);
+#pragma unroll
+      for (int u = 0; u < kCeU; ++u) {
+        const int64_t vi = (q * kCeU + u) * kCeThreads + threadIdx.x;
+        if (vi < nvec) {
+          const V piece = *reinterpret_cast<const V*>(&ring[(st * kCeU + u) * kCeThreads + threadIdx.x]);
+          const int tj = int(uint64_t(t - vi * K) < uint64_t(K) ? t - vi * K : -1);
+          V o;
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            A d = exp_shifted(convert<A>(piece.v[j]), c) - off;
+            if (j == tj) d -= hit;
+            o.v[j] = convert<D>(ign ? A(0) : g * d);
+          }
+          store_vec(gr + vi * K, o);
+        }
+      }
+      st = st + 1 == kCeStages ? 0 : st + 1;
+    }
+  }
+  cp_async_wait(0);  // only empty groups can remain
+}
+
+// Ring-path launch geometry: persistent blocks, as many as fit (64 KiB of shared memory each).
+bool ce_pipe_plan(const void* kernel, int64_t N, int64_t C, int vec, const void* a, const void* b, unsigned* grid,
+                  size_t* smem) {
+  if (C % vec != 0 || C / vec < kPipeMinVectors || (reinterpret_cast<uintptr_t>(a) & 15) ||
+      (b && (reinterpret_cast<uintptr_t>(b) & 15)))
+    return false;
+  *smem = size_t(kCeStages) * kCeU * kCeThreads * 16;
+  int occ = blocks_per_sm(kernel, kCeThreads, *smem);
+  if (occ < 1) return false;
+  *grid = unsigned(std::min<int64_t>(N, int64_t(sm_count()) * occ));
+  return true;
+}
+
 int group_size(int64_t C, int vec) { return pow2_clamp((C + 4 * vec - 1) / (4 * vec), 32, 512); }
 
 void check_ce_args(const Tensor& logits, const Tensor& target, const char* op) {
@@ -138,21 +323,30 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int6
   int64_t N = logits.size(0), C = logits.size(1);
   if (N == 0) return;
   KILN_CHECK(C > 0, "cross_entropy: logits ", logits.str(), " have no classes");
-  ErrorFlag flag(logits.device());
   KILN_CUDA_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", {
     using D = device_t<scalar_t>;
     using A = compute_t<scalar_t>;
-    int G = group_size(C, kVec<D>), block = G < 256 ? 256 : G;
-    int64_t upb = block / G, tiles = (N + upb - 1) / upb;
-    unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
-    cross_entropy_kernel<scalar_t><<<grid, block, 0, current_stream()>>>(
-        static_cast<const D*>(logits.raw_data()), static_cast<const int64_t*>(target.raw_data()), N, C, G, ignore_index,
-        A(label_smoothing), static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()), flag.ptr());
-    KILN_LAUNCH_CHECK("cross_entropy_kernel", "cross_entropy");
+    const D* xp = static_cast<const D*>(logits.raw_data());
+    const int64_t* tp = static_cast<const int64_t*>(target.raw_data());
+    A* lossp = static_cast<A*>(loss.raw_data());
+    A* lsep = static_cast<A*>(lse.raw_data());
+    unsigned grid = 0;
+    size_t smem = 0;
+    if (ce_pipe_plan(reinterpret_cast<const void*>(cross_entropy_pipe_kernel<scalar_t>), N, C, kVec<D>, xp, nullptr,
+                     &grid, &smem)) {
+      cross_entropy_pipe_kernel<scalar_t><<<grid, kCeThreads, smem, current_stream()>>>(
+          xp, tp, N, C, ignore_index, A(label_smoothing), lossp, lsep, device_error_word());
+      KILN_LAUNCH_CHECK("cross_entropy_pipe_kernel", "cross_entropy");
+    } else {
+      int G = group_size(C, kVec<D>), block = G < 256 ? 256 : G;
+      int64_t upb = block / G, tiles = (N + upb - 1) / upb;
+      grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
+      cross_entropy_kernel<scalar_t><<<grid, block, 0, current_stream()>>>(
+          xp, tp, N, C, G, ignore_index, A(label_smoothing), lossp, lsep, device_error_word());
+      KILN_LAUNCH_CHECK("cross_entropy_kernel", "cross_entropy");
+    }
   });
-  // One synchronization per call: a bad target must be an exception, not a silent NaN.
-  KILN_CHECK(flag.read() == 0, "cross_entropy: a target is out of range for ", C, " classes (and is not ignore_index ",
-             ignore_index, ")");
+  // A bad target is reported at the next synchronization (deferred device error), not here.
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
@@ -173,14 +367,26 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   KILN_CUDA_DISPATCH_FLOATING(logits.dtype(), "cross_entropy_backward", {
     using D = device_t<scalar_t>;
     using A = compute_t<scalar_t>;
-    int G = group_size(C, kVec<D>), block = G < 256 ? 256 : G;
-    int64_t upb = block / G, tiles = (N + upb - 1) / upb;
-    unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
-    cross_entropy_backward_kernel<scalar_t><<<grid, block, 0, current_stream()>>>(
-        static_cast<const D*>(logits.raw_data()), static_cast<const int64_t*>(target.raw_data()),
-        static_cast<const A*>(lse.raw_data()), static_cast<const A*>(grad_loss.raw_data()), N, C, G, ignore_index,
-        A(label_smoothing), vec_ok, static_cast<D*>(grad_logits.raw_data()));
-    KILN_LAUNCH_CHECK("cross_entropy_backward_kernel", "cross_entropy_backward");
+    const D* xp = static_cast<const D*>(logits.raw_data());
+    D* gp = static_cast<D*>(grad_logits.raw_data());
+    const int64_t* tp = static_cast<const int64_t*>(target.raw_data());
+    const A* lsep = static_cast<const A*>(lse.raw_data());
+    const A* glp = static_cast<const A*>(grad_loss.raw_data());
+    unsigned grid = 0;
+    size_t smem = 0;
+    if (ce_pipe_plan(reinterpret_cast<const void*>(cross_entropy_backward_pipe_kernel<scalar_t>), N, C, kVec<D>, xp, gp,
+                     &grid, &smem)) {
+      cross_entropy_backward_pipe_kernel<scalar_t><<<grid, kCeThreads, smem, current_stream()>>>(
+          xp, tp, lsep, glp, N, C, ignore_index, A(label_smoothing), gp);
+      KILN_LAUNCH_CHECK("cross_entropy_backward_pipe_kernel", "cross_entropy_backward");
+    } else {
+      int G = group_size(C, kVec<D>), block = G < 256 ? 256 : G;
+      int64_t upb = block / G, tiles = (N + upb - 1) / upb;
+      grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
+      cross_entropy_backward_kernel<scalar_t><<<grid, block, 0, current_stream()>>>(
+          xp, tp, lsep, glp, N, C, G, ignore_index, A(label_smoothing), vec_ok, gp);
+      KILN_LAUNCH_CHECK("cross_entropy_backward_kernel", "cross_entropy_backward");
+    }
   });
 }
 

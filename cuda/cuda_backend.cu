@@ -99,7 +99,11 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) const {
     if (!dev.is_same(src)) device_copy(src, dev);
     Tensor host = dst.is_contiguous() ? dst : empty(dst.sizes(), {.dtype = dst.dtype()});
     KILN_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), dev.raw_data(), bytes, cudaMemcpyDeviceToHost, current_stream()));
+    // The synchronization also brings back the deferred device error word (bad targets or indices of
+    // earlier kernels): reported here, without a synchronization of their own.
+    stage_device_error();
     KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    check_device_error();
     if (!host.is_same(dst)) backend(Device::cpu()).copy(host, dst);
   }
 }

@@ -10,14 +10,25 @@
 // (B·M·K + B·K·N + B·M·N) elements. Large bf16 products run near the tensor-core peak.
 //
 // The heuristic query (cublasLtMatmulAlgoGetHeuristic) costs tens of microseconds, so each distinct
-// (shape, layouts, strides, alignment, dtype, tf32) keeps its descriptors and chosen algorithm in a plan
-// cache and later calls go straight to cublasLtMatmul.
+// (shape, layouts, strides, alignment, dtype, tf32, epilogue) keeps its descriptors and chosen algorithm
+// in a plan cache and later calls go straight to cublasLtMatmul.
+//
+// The fused linear layer runs through the same plans with a cuBLASLt epilogue:
+//   forward   out (M, N) = ep(x (M, K) · wᵀ + b): BIAS, GELU_BIAS (tanh GELU), or GELU_AUX_BIAS, which
+//             also writes the pre-activation z (the "aux" matrix, leading dim N, which must be a multiple
+//             of 8) for backward. One kernel: reads M·K + N·K + N, writes M·N (2·M·N with aux) elements.
+//   backward  dz = dy · gelu_tanh'(z) (the elementwise kernel: DGELU is an epilogue of the GEMM that
+//             *produces* dy, which belongs to the next layer's node), dx = dz · w, and dw = dzᵀ · x with
+//             the BGRADB epilogue reducing dz over the GEMM's k = M dim into db in the same kernel.
+// f64 (no epilogue kernels) and shapes cuBLASLt has no epilogue algorithm for take the unfused path:
+// GEMM, then the elementwise bias add / GELU kernels, and db as a ones-vector product.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
 
+#include <kiln/core/ops.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/cuda_backend.h>
@@ -75,6 +86,15 @@ TypeInfo type_info(DType t, bool tf32) {
   }
 }
 
+// A cuBLASLt epilogue and its pointers. bias: BIAS* input of length rows(D) = n, or the BGRADB output of
+// length columns(D) = m; aux: the GELU input matrix (column-major n x m, leading dim aux_ld).
+struct EpilogueSpec {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+};
+
 struct PlanKey {
   int device;
   int dtype;
@@ -83,6 +103,9 @@ struct PlanKey {
   bool a_row, b_row;
   int64_t lda, ldb, sa, sb;
   uint32_t align_a, align_b, align_c;
+  uint32_t epilogue;
+  int64_t aux_ld;
+  uint32_t align_bias, align_aux;  // the heuristic reads the epilogue pointers' alignment
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -92,7 +115,7 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
-  bool found = false;  // false: cuBLASLt has no kernel for this batched layout
+  bool found = false;  // false: cuBLASLt has no kernel for this layout (and epilogue)
 };
 
 std::mutex& plan_mutex() {
@@ -117,7 +140,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes) {
+Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes, const EpilogueSpec& ep) {
   TypeInfo ti = type_info(dt, key.tf32);
   Plan p;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, ti.compute, ti.scale));
@@ -126,6 +149,20 @@ Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes) {
   cublasOperation_t op_b = key.a_row ? CUBLAS_OP_N : CUBLAS_OP_T;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    // The pointers set here only tell the heuristic their alignment; each call sets its own.
+    uint32_t kind = ep.kind;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+    if (ep.bias)
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
+    if (ep.aux) {
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep.aux_ld,
+                                                       sizeof(ep.aux_ld)));
+    }
+  }
   p.la = key.b_row ? make_layout(ti.data, key.n, key.k, key.ldb, key.batch, key.sb)
                    : make_layout(ti.data, key.k, key.n, key.ldb, key.batch, key.sb);
   p.lb = key.a_row ? make_layout(ti.data, key.k, key.m, key.lda, key.batch, key.sa)
@@ -146,12 +183,11 @@ Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes) {
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1,
                                                      &result, &returned);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0)) {
-    // Only a batched layout (e.g. batch stride 0) may fall back to one product per batch.
-    KILN_CHECK(key.batch > 1, "matmul: cuBLASLt has no algorithm for (", key.m, " x ", key.k, ") · (", key.k, " x ",
-               key.n, ") in ", dtype_name(dt));
-    return p;
-  }
+  // No algorithm: the caller falls back (one product per batch, or the unfused epilogue). An epilogue
+  // cuBLASLt cannot combine with these types or layouts may also answer INVALID_VALUE.
+  bool unsupported = st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0) ||
+                     (ep.kind != CUBLASLT_EPILOGUE_DEFAULT && st == CUBLAS_STATUS_INVALID_VALUE);
+  if (unsupported) return p;
   KILN_CUBLAS_CHECK(st);
   p.algo = result.algo;
   p.workspace = result.workspaceSize;
@@ -159,7 +195,10 @@ Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes) {
   return p;
 }
 
-void run_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out) {
+// out (B, M, N) = a · b with the epilogue ep, launched on the current stream. Returns false, launching
+// nothing, when cuBLASLt has no algorithm for it.
+bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
+              const EpilogueSpec& ep) {
   int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
   DType dt = out.dtype();
   bool tf32 = dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
@@ -167,29 +206,54 @@ void run_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   void* ws = cublaslt_workspace(&ws_bytes);
   PlanKey key{out.device().index, int(dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
               oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
-              alignment_of(out.raw_data())};
-  const Plan* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(plan_mutex());
-    auto it = plans().find(key);
-    if (it == plans().end()) it = plans().emplace(key, build_plan(key, dt, ws_bytes)).first;
-    plan = &it->second;
-  }
-  if (!plan->found) {  // one product per batch
-    for (int64_t i = 0; i < B; ++i) {
-      Operand a1 = oa, b1 = ob;
-      a1.batch_stride = b1.batch_stride = 0;
-      run_gemm(a.narrow(0, i, 1), a1, b.narrow(0, i, 1), b1, out.narrow(0, i, 1));
-    }
-    return;
-  }
+              alignment_of(out.raw_data()), uint32_t(ep.kind), ep.aux ? ep.aux_ld : 0,
+              ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0};
   float alpha_f = 1.0f, beta_f = 0.0f;
   double alpha_d = 1.0, beta_d = 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
-  KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan->desc, alpha, b.raw_data(), plan->la, a.raw_data(),
-                                   plan->lb, beta, out.raw_data(), plan->lc, out.raw_data(), plan->lc, &plan->algo, ws,
-                                   plan->workspace, current_stream()));
+  // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
+  // cublasLtMatmul only enqueues (microseconds) and reads the descriptor before returning.
+  std::unique_lock<std::mutex> lock(plan_mutex());
+  auto it = plans().find(key);
+  if (it == plans().end()) it = plans().emplace(key, build_plan(key, dt, ws_bytes, ep)).first;
+  const Plan& plan = it->second;
+  if (!plan.found) return false;
+  if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    if (ep.bias)
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
+    if (ep.aux)
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+  } else {
+    lock.unlock();  // plain plans are never modified after creation
+  }
+  KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb,
+                                   beta, out.raw_data(), plan.lc, out.raw_data(), plan.lc, &plan.algo, ws,
+                                   plan.workspace, current_stream()));
+  return true;
+}
+
+void run_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out) {
+  if (try_gemm(a, oa, b, ob, out, EpilogueSpec{})) return;
+  int64_t B = out.size(0);
+  // Only a batched layout (e.g. batch stride 0) may fall back to one product per batch.
+  KILN_CHECK(B > 1, "matmul: cuBLASLt has no algorithm for (", out.size(1), " x ", a.size(2), ") · (", a.size(2),
+             " x ", out.size(2), ") in ", dtype_name(out.dtype()));
+  for (int64_t i = 0; i < B; ++i) {
+    Operand a1 = oa, b1 = ob;
+    a1.batch_stride = b1.batch_stride = 0;
+    run_gemm(a.narrow(0, i, 1), a1, b.narrow(0, i, 1), b1, out.narrow(0, i, 1));
+  }
+}
+
+// A (B, R, C) operand in a layout cuBLASLt takes: t itself, or a contiguous copy.
+Tensor as_operand(const Tensor& t, Operand* op) {
+  if (operand_of(t, op)) return t;
+  Tensor c = t.contiguous();
+  operand_of(c, op);
+  return c;
 }
 
 }  // namespace
@@ -211,11 +275,118 @@ void CudaBackend::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out)
     KILN_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, size_t(out.numel()) * out.element_size(), current_stream()));
     return;
   }
+  // not a matrix layout: the backend promises one, but stay correct if called directly
   Operand oa, ob;
-  Tensor a = a_in, b = b_in;
-  if (!operand_of(a, &oa)) operand_of(a = a.contiguous(), &oa);  // not a matrix layout: the backend promises
-  if (!operand_of(b, &ob)) operand_of(b = b.contiguous(), &ob);  // one, but stay correct if called directly
+  Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
   run_gemm(a, oa, b, ob, out);
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
+                         const Tensor& pre) const {
+  NvtxRange range("linear");
+  DType dt = out.dtype();
+  KILN_CHECK(x.dtype() == dt && w.dtype() == dt && (!bias.defined() || bias.dtype() == dt) &&
+                 (!pre.defined() || pre.dtype() == dt),
+             "linear: dtypes differ: ", x.str(), ", ", w.str(), ", ", bias.str(), " -> ", out.str());
+  KILN_CHECK(x.device() == out.device() && w.device() == out.device() &&
+                 (!bias.defined() || bias.device() == out.device()) && (!pre.defined() || pre.device() == out.device()),
+             "linear: tensors on different devices: ", x.str(), ", ", w.str(), ", ", bias.str(), " -> ", out.str());
+  const bool has_bias = epilogue_has_bias(ep), gelu = epilogue_has_gelu(ep);
+  KILN_CHECK(bias.defined() == has_bias, "linear: the bias must be given exactly when the epilogue adds one");
+  KILN_CHECK(x.dim() == 2 && w.dim() == 2, "linear: expected x (M, K) and w (N, K), got ", x.str(), ", ", w.str());
+  int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  KILN_CHECK(w.size(1) == K && out.sizes() == (Shape{M, N}) && out.is_contiguous() &&
+                 (!has_bias || (bias.dim() == 1 && bias.size(0) == N && bias.is_contiguous())) &&
+                 (!pre.defined() || (pre.sizes() == out.sizes() && pre.is_contiguous())),
+             "linear: expected x (M, K), w (N, K), contiguous bias (N) and out (M, N), got ", x.str(), ", ", w.str(),
+             ", ", bias.str(), " -> ", out.str());
+  (void)type_info(dt, false);  // rejects non-floating dtypes with a kiln::Error
+  DeviceGuard guard(out.device().index);
+  if (out.numel() == 0) return;
+  // out = x · wᵀ as the batch-of-one product (1, M, K) · (1, K, N); wᵀ of a row-major w is column-major.
+  Operand oa, ob;
+  Tensor a = as_operand(x.unsqueeze(0), &oa), b = as_operand(w.t().unsqueeze(0), &ob);
+  if (dt != DType::f64 && K > 0) {
+    EpilogueSpec e;
+    e.bias = has_bias ? bias.raw_data() : nullptr;
+    if (!gelu) {
+      e.kind = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      if (try_gemm(a, oa, b, ob, out.unsqueeze(0), e)) return;
+    } else if (!pre.defined()) {
+      e.kind = has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+      if (try_gemm(a, oa, b, ob, out.unsqueeze(0), e)) return;
+    } else if (N % 8 == 0) {  // the aux matrix's leading dim must be a multiple of 8
+      e.kind = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      e.aux = pre.raw_data();
+      e.aux_ld = N;
+      if (try_gemm(a, oa, b, ob, out.unsqueeze(0), e)) return;
+    }
+    if (gelu && pre.defined()) {  // GEMM + bias into pre, then the elementwise GELU: two kernels
+      EpilogueSpec eb;
+      eb.kind = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      eb.bias = e.bias;
+      if (try_gemm(a, oa, b, ob, pre.unsqueeze(0), eb)) {
+        unary(UnaryOp::gelu_tanh, pre, out, 0.0, 0.0);
+        return;
+      }
+    }
+  }
+  // Unfused (f64, K == 0, or no epilogue algorithm): GEMM, bias add, GELU as separate kernels.
+  if (!has_bias && !gelu) return bmm(a, b, out.unsqueeze(0));
+  Tensor z = empty({M, N}, {.dtype = dt, .device = out.device()});
+  bmm(a, b, z.unsqueeze(0));
+  if (has_bias) {
+    Tensor zb = !gelu ? out : (pre.defined() ? pre : empty({M, N}, {.dtype = dt, .device = out.device()}));
+    binary(BinaryOp::add, z, bias.unsqueeze(0).expand({M, N}), zb);
+    z = zb;
+  } else if (pre.defined()) {
+    copy(z, pre);
+  }
+  if (gelu) unary(UnaryOp::gelu_tanh, z, out, 0.0, 0.0);
+}
+
+void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+  NvtxRange range("linear_backward");
+  DType dt = dy.dtype();
+  const bool gelu = epilogue_has_gelu(ep);
+  KILN_CHECK(dy.dim() == 2 && dy.is_contiguous(), "linear_backward: dy must be a contiguous (M, N), got ", dy.str());
+  KILN_CHECK(!gelu || (pre.defined() && pre.sizes() == dy.sizes() && pre.dtype() == dt),
+             "linear_backward: the GELU epilogue needs the saved pre-activation of dy's shape, got ", pre.str());
+  KILN_CHECK(!dx.defined() || w.defined(), "linear_backward: dx needs w");
+  KILN_CHECK(!dw.defined() || x.defined(), "linear_backward: dw needs x");
+  for (const Tensor* t : {&x, &w, &pre, &dx, &dw, &db})
+    KILN_CHECK(!t->defined() || (t->dtype() == dt && t->device() == dy.device()), "linear_backward: ", t->str(),
+               " does not match dy ", dy.str(), " in dtype and device");
+  (void)type_info(dt, false);
+  DeviceGuard guard(dy.device().index);
+  int64_t M = dy.size(0), N = dy.size(1);
+  TensorOptions to{.dtype = dt, .device = dy.device()};
+  Tensor dz = dy;
+  if (gelu) {  // dz = dy · gelu_tanh'(z), rounded to the dtype: it feeds both GEMMs
+    dz = empty({M, N}, to);
+    binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
+  }
+  if (dx.defined()) bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
+  bool db_done = !db.defined();
+  if (dw.defined()) {  // (N, M) · (M, K), the bias gradient reduced over the same k = M in the epilogue
+    Operand oa, ob;
+    Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
+    bool fused = false;
+    if (!db_done && dt != DType::f64 && M > 0 && dw.numel() > 0) {
+      EpilogueSpec e;
+      e.kind = CUBLASLT_EPILOGUE_BGRADB;
+      e.bias = db.raw_data();
+      fused = try_gemm(a, oa, b, ob, dw.unsqueeze(0), e);
+      db_done = fused;
+    }
+    if (!fused) bmm(a, b, dw.unsqueeze(0));
+  }
+  if (!db_done) {  // db (1, N) = ones (1, M) · dz (M, N)
+    Tensor ones = empty({1, 1, M}, to);
+    fill(ones, 1.0);
+    bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
+  }
 }
 
 }  // namespace kiln::cuda

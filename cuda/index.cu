@@ -5,8 +5,10 @@
 //   scatter_add:  dst[o, index[o, j, i], i] += src[o, j, i]
 // Bytes moved: each output (or source) element once, plus the indices. The adds use atomics (floats:
 // hardware atomicAdd, f16/bf16 included; the order of repeated indices is not fixed, as in PyTorch).
-// An index outside [0, D) sets a device flag; the host checks it after the launch (one stream
-// synchronization) and throws kiln::Error. Such elements are skipped, never read or written.
+// An index outside [0, D) is recorded in the device's deferred error word (first one wins) and its
+// element skipped, never read or written; the host raises kiln::Error at its next synchronization
+// (a device-to-host copy, cuda::synchronize(), or right after the launch under KILN_SYNC_CHECK=1), so a
+// training step pays no synchronization per call.
 #include <cstdint>
 
 #include <kiln/cuda/check.h>
@@ -35,12 +37,12 @@ Split3 split_at(const Shape& s, int64_t dim) {
 // (gather), else index (n) (index_select; a "word" may then hold several elements of a row).
 template <class W>
 __global__ void copy_indexed_kernel(const W* src, W* out, const int64_t* index, int64_t n, int64_t d_src, int64_t inner,
-                                    int64_t total, bool per_element, int* bad) {
+                                    int64_t total, bool per_element, DeviceErrorCode code, DeviceError* err) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t i = k % inner, t = k / inner, j = t % n, o = t / n;
     int64_t id = per_element ? index[k] : index[j];
     if (id < 0 || id >= d_src) {
-      *bad = 1;
+      report_device_error(err, code, id, d_src);
       continue;
     }
     out[k] = src[(o * d_src + id) * inner + i];
@@ -64,12 +66,13 @@ __device__ __forceinline__ void atomic_add(D* p, D v) {
 // else index (n) (index_add).
 template <class S>
 __global__ void add_indexed_kernel(device_t<S>* dst, const device_t<S>* src, const int64_t* index, int64_t n,
-                                   int64_t d_dst, int64_t inner, int64_t total, bool per_element, int* bad) {
+                                   int64_t d_dst, int64_t inner, int64_t total, bool per_element, DeviceErrorCode code,
+                                   DeviceError* err) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t i = k % inner, t = k / inner, j = t % n, o = t / n;
     int64_t id = per_element ? index[k] : index[j];
     if (id < 0 || id >= d_dst) {
-      *bad = 1;
+      report_device_error(err, code, id, d_dst);
       continue;
     }
     atomic_add(dst + (o * d_dst + id) * inner + i, src[k]);
@@ -78,33 +81,34 @@ __global__ void add_indexed_kernel(device_t<S>* dst, const device_t<S>* src, con
 
 template <class W>
 void launch_copy(const Tensor& src, const Tensor& out, const Tensor& index, int64_t n, int64_t d_src, int64_t inner_bytes,
-                 bool per_element, int* bad) {
+                 bool per_element) {
   int64_t inner = inner_bytes / int64_t(sizeof(W));
   int64_t total = out.numel() * int64_t(out.element_size()) / int64_t(sizeof(W));
   copy_indexed_kernel<W><<<blocks_for(total), 256, 0, current_stream()>>>(
       static_cast<const W*>(src.raw_data()), static_cast<W*>(out.raw_data()),
-      static_cast<const int64_t*>(index.raw_data()), n, d_src, inner, total, per_element, bad);
+      static_cast<const int64_t*>(index.raw_data()), n, d_src, inner, total, per_element,
+      per_element ? DeviceErrorCode::gather : DeviceErrorCode::index_select, device_error_word());
   KILN_LAUNCH_CHECK("copy_indexed_kernel", per_element ? "gather" : "index_select");
 }
 
 // Picks the widest word (16, 8, 4, 2, 1 bytes) that divides a row and both pointers' alignment.
 void copy_rows(const Tensor& src, const Tensor& out, const Tensor& index, int64_t n, int64_t d_src, int64_t inner,
-               bool per_element, int* bad) {
+               bool per_element) {
   int64_t bytes = inner * int64_t(src.element_size());
   auto fits = [&](size_t w) {
     return bytes % int64_t(w) == 0 && reinterpret_cast<uintptr_t>(src.raw_data()) % w == 0 &&
            reinterpret_cast<uintptr_t>(out.raw_data()) % w == 0;
   };
-  if (!per_element && fits(16)) return launch_copy<uint4>(src, out, index, n, d_src, bytes, per_element, bad);
+  if (!per_element && fits(16)) return launch_copy<uint4>(src, out, index, n, d_src, bytes, per_element);
   size_t es = src.element_size();
   if (!per_element && fits(8) && es <= 8) es = 8;
   else if (!per_element && fits(4) && es <= 4) es = 4;
   else if (!per_element && fits(2) && es <= 2) es = 2;
   switch (es) {
-    case 1: return launch_copy<uint8_t>(src, out, index, n, d_src, bytes, per_element, bad);
-    case 2: return launch_copy<uint16_t>(src, out, index, n, d_src, bytes, per_element, bad);
-    case 4: return launch_copy<uint32_t>(src, out, index, n, d_src, bytes, per_element, bad);
-    default: return launch_copy<uint64_t>(src, out, index, n, d_src, bytes, per_element, bad);
+    case 1: return launch_copy<uint8_t>(src, out, index, n, d_src, bytes, per_element);
+    case 2: return launch_copy<uint16_t>(src, out, index, n, d_src, bytes, per_element);
+    case 4: return launch_copy<uint32_t>(src, out, index, n, d_src, bytes, per_element);
+    default: return launch_copy<uint64_t>(src, out, index, n, d_src, bytes, per_element);
   }
 }
 
@@ -131,15 +135,14 @@ void add_rows(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor&
   KILN_CHECK(per_element ? index.numel() == total : index.numel() == ss.d, op, ": index ", index.str(),
              " does not match source ", src.str());
   KILN_CHECK(sd.d > 0, op, ": dim ", dim, " of ", dst.str(), " is empty");
-  ErrorFlag flag(dst.device());
   KILN_CUDA_DISPATCH_ALL(dst.dtype(), op, {
     using D = device_t<scalar_t>;
     add_indexed_kernel<scalar_t><<<blocks_for(total), 256, 0, current_stream()>>>(
         static_cast<D*>(dst.raw_data()), static_cast<const D*>(src.raw_data()),
-        static_cast<const int64_t*>(index.raw_data()), ss.d, sd.d, sd.inner, total, per_element, flag.ptr());
+        static_cast<const int64_t*>(index.raw_data()), ss.d, sd.d, sd.inner, total, per_element,
+        per_element ? DeviceErrorCode::scatter_add : DeviceErrorCode::index_add, device_error_word());
     KILN_LAUNCH_CHECK("add_indexed_kernel", op);
   });
-  KILN_CHECK(flag.read() == 0, op, ": an index is out of range [0, ", sd.d, ") for ", dst.str());
 }
 
 }  // namespace
@@ -155,9 +158,7 @@ void CudaBackend::index_select(const Tensor& src, int64_t dim, const Tensor& ind
   KILN_CHECK(out.numel() == s.outer * n * s.inner, "index_select: output ", out.str(), " does not fit ", n,
              " rows of ", src.str());
   if (out.numel() == 0) return;
-  ErrorFlag flag(src.device());
-  copy_rows(src, out, index, n, s.d, s.inner, false, flag.ptr());
-  KILN_CHECK(flag.read() == 0, "index_select: an index is out of range [0, ", s.d, ") for ", src.str());
+  copy_rows(src, out, index, n, s.d, s.inner, false);
 }
 
 void CudaBackend::index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {
@@ -175,9 +176,7 @@ void CudaBackend::gather(const Tensor& src, int64_t dim, const Tensor& index, co
   KILN_CHECK(out.numel() == index.numel() && si.outer == ss.outer && si.inner == ss.inner, "gather: index ",
              index.str(), " does not match ", src.str(), " outside dim ", dim);
   if (out.numel() == 0) return;
-  ErrorFlag flag(src.device());
-  copy_rows(src, out, index, si.d, ss.d, ss.inner, true, flag.ptr());
-  KILN_CHECK(flag.read() == 0, "gather: an index is out of range [0, ", ss.d, ") for ", src.str());
+  copy_rows(src, out, index, si.d, ss.d, ss.inner, true);
 }
 
 void CudaBackend::scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {

@@ -29,8 +29,9 @@ struct TensorList {
 };
 static_assert(sizeof(TensorList) < 4000, "kernel parameters are limited to 4 KiB");
 
+// In double so f64 parameters get f64 hyper-parameters; f32 kernels round them once.
 struct AdamWArgs {
-  float beta1, beta2, eps, decay, step_size, bc2_sqrt;
+  double beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
 
 template <class P, class S>
@@ -119,8 +120,8 @@ void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vecto
   if (params.empty()) return;
   for (const auto* l : {&params, &grads, &exp_avgs, &exp_avg_sqs}) check_list(*l, "adamw_step");
   DeviceGuard guard(params[0].device().index);
-  AdamWArgs a{float(h.beta1), float(h.beta2), float(h.eps), float(1.0 - h.lr * h.weight_decay),
-              float(h.lr / h.bias_correction1), float(h.bias_correction2_sqrt)};
+  AdamWArgs a{h.beta1, h.beta2, h.eps, 1.0 - h.lr * h.weight_decay, h.lr / h.bias_correction1,
+              h.bias_correction2_sqrt};
   // One launch sequence per (param dtype, state dtype) pair present.
   for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     std::vector<std::vector<Tensor>> lists(4);

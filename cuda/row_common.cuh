@@ -6,8 +6,11 @@
 //    than a warp go through shared memory in warp order, so every result is deterministic;
 //  - visit_row: walks one row lane-strided over its group, scalar up to the first 16-byte boundary, then
 //    whole 16-byte vectors (four in flight per thread), then a scalar tail;
-//  - ErrorFlag: a device word that kernels set on bad input (an index out of range); checked on the host
-//    after the launch (one stream synchronization) and turned into a kiln::Error.
+//  - report_device_error: kernels that meet bad input (an index out of range) record it in the device's
+//    deferred error word (cuda/context.h); the host reports it at its next synchronization, no sync per call;
+//  - a per-thread cp.async ring: each thread stages the 16-byte pieces it will itself consume in shared
+//    memory, several rows (or chunks) ahead, so DRAM always has loads in flight while rows are reduced.
+//    A thread reads back only what it copied, so the ring needs cp.async.wait_group and no barrier.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <type_traits>
 
 #include <kiln/core/tensor.h>
+#include <kiln/cuda/context.h>
 #include <kiln/cuda/dtype.cuh>
 
 namespace kiln::cuda {
@@ -152,17 +156,99 @@ inline int pow2_clamp(int64_t n, int lo, int hi) {
 // Multiprocessors of the current device.
 int sm_count();
 
-// A device int32 set to nonzero by kernels that meet bad input. raise_if_set() synchronizes the stream
-// and throws kiln::Error with the message when the flag was set.
-class ErrorFlag {
- public:
-  explicit ErrorFlag(Device device);
-  int* ptr() const { return static_cast<int*>(buf_.raw_data()); }
-  // Returns the flag's value (after waiting for the stream).
-  int read() const;
+// Records the first bad input of any kernel on this device (first writer wins; later ones are dropped).
+__device__ __forceinline__ void report_device_error(DeviceError* w, DeviceErrorCode code, int64_t value, int64_t bound) {
+  if (atomicCAS(&w->code, 0, int(code)) == 0) {
+    w->value = value;
+    w->bound = bound;
+  }
+}
 
- private:
-  Tensor buf_;
+// Asynchronous 16-byte global -> shared copy (cached in L2 only), and its group commit / wait.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most n (0..7) of this thread's committed groups are still pending.
+__device__ __forceinline__ void cp_async_wait(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// Issues this thread's cp.async copies of tile `tile` (T tensors, P 16-byte pieces each) into ring stage
+// `st` and commits them as one group (empty past the last row). Slot of piece k of tensor q:
+// ring[((st * T + q) * P + k) * blockDim.x + threadIdx.x] (a thread reads back only its own slots).
+template <int T, int P, class D>
+__device__ __forceinline__ void ring_issue(uint4* ring, int st, int64_t tile, const D* const (&src)[T], int64_t M,
+                                           int64_t C, int G) {
+  constexpr int N = kVec<D>;
+  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const int64_t row = tile * upb + threadIdx.x / G, nP = C / N;
+  if (row < M)
+#pragma unroll
+    for (int q = 0; q < T; ++q)
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (lane + k * G < nP)
+          cp_async16(&ring[((st * T + q) * P + k) * int(blockDim.x) + threadIdx.x], src[q] + row * C + (lane + k * G) * N);
+  cp_async_commit();
+}
+
+template <class V>
+__device__ __forceinline__ V ring_read(const uint4* ring, int st, int T, int q, int P, int k) {
+  return *reinterpret_cast<const V*>(&ring[((st * T + q) * P + k) * int(blockDim.x) + threadIdx.x]);
+}
+
+// Reduces K sums at once over the group of G threads (one pair of barriers for all K when G > 32).
+// smem: at least K * blockDim.x / 32 elements.
+template <int K, class A>
+__device__ __forceinline__ void group_allreduce_sums(A (&v)[K], int G, A* smem) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = warp_allreduce(v[k], SumOp());
+  if (G <= 32) return;
+  const int warp = int(threadIdx.x) >> 5, nw = int(blockDim.x) >> 5;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) smem[k * nw + warp] = v[k];
+  __syncthreads();
+  const int first = (int(threadIdx.x) / G) * (G >> 5);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    A r = smem[k * nw + first];
+    for (int w = 1; w < (G >> 5); ++w) r += smem[k * nw + first + w];
+    v[k] = r;
+  }
+}
+
+// Host: launch plan of a ring-fed row kernel (one row per group of G threads, P 16-byte pieces of each of
+// `tensors` inputs per thread, `stages` tiles of shared memory, a persistent grid of what fits at once).
+// ok is false where the row does not fit (or `eligible` is false: misaligned rows); then use a fallback.
+struct RowPipePlan {
+  bool ok = false;
+  int G = 0, block = 0, stages = 0;
+  unsigned grid = 0;
+  size_t smem = 0;
 };
+RowPipePlan plan_row_pipe(const void* kernel, int64_t M, int64_t C, int vec, int P, int tensors, int max_threads,
+                          bool eligible);
+// Row kernels are built for blocks of at most 512 threads (the compiler may then use up to 128 registers
+// a thread: no spills with a row in registers); longer rows stream or take more pieces per thread.
+inline constexpr int kMaxRowThreads = 512;
+
+// Host: blocks of `kernel` (block threads, smem dynamic bytes) that fit on one multiprocessor, after
+// raising the kernel's dynamic shared-memory limit as far as the device allows (once per kernel).
+int blocks_per_sm(const void* kernel, int block, size_t smem);
+// Host: the most dynamic shared memory one block may have on the current device.
+size_t max_smem_per_block();
 
 }  // namespace kiln::cuda

@@ -13,15 +13,21 @@ namespace kiln::cuda {
 namespace detail {
 
 void fail(const char* library, const char* error, const char* call, const char* file, int line) {
+  cudaGetLastError();  // the call returned its error: keep it from being blamed on the next launch
   ::kiln::detail::throw_error(file, line, ::kiln::detail::concat(library, " error '", error, "' from ", call));
 }
 
 void after_launch(const char* kernel, const char* op, const char* file, int line) {
   cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && sync_check()) e = cudaStreamSynchronize(current_stream());
+  bool checked = e == cudaSuccess && sync_check();
+  if (checked) {
+    stage_device_error();
+    e = cudaStreamSynchronize(current_stream());
+  }
   if (e != cudaSuccess)
     ::kiln::detail::throw_error(file, line, ::kiln::detail::concat("CUDA error '", cudaGetErrorString(e), "' in kernel ", kernel,
                                                    " of op ", op, sync_check() ? " (found by KILN_SYNC_CHECK)" : ""));
+  if (checked) check_device_error();
 }
 
 }  // namespace detail
@@ -36,6 +42,9 @@ struct DeviceContext {
   cudnnHandle_t cudnn = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 32 << 20;
+  DeviceError* error_dev = nullptr;   // the deferred error word (device memory)
+  DeviceError* error_host = nullptr;  // its pinned mirror, filled by stage_device_error()
+  bool error_staged = false;
 };
 
 std::mutex& context_mutex() {
@@ -58,6 +67,11 @@ DeviceContext& context(int device) {
     KILN_CUDA_CHECK(cudaGetDevice(&prev));
     KILN_CUDA_CHECK(cudaSetDevice(device));
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    // The deferred error word and its host mirror: plain allocations that live as long as the context.
+    KILN_CUDA_CHECK(cudaMalloc(&ctx->error_dev, sizeof(DeviceError)));
+    KILN_CUDA_CHECK(cudaMemset(ctx->error_dev, 0, sizeof(DeviceError)));
+    KILN_CUDA_CHECK(cudaMallocHost(&ctx->error_host, sizeof(DeviceError)));
+    *ctx->error_host = DeviceError{};
     std::string name = "cuda:" + std::to_string(device);
     ctx->allocator = std::make_unique<CachingAllocator>(
         name, SegmentSource{[device](size_t n) -> void* {
@@ -114,7 +128,11 @@ void set_device(int index) {
   KILN_CUDA_CHECK(cudaSetDevice(index));
 }
 
-void synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+void synchronize() {
+  stage_device_error();
+  KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  check_device_error();
+}
 void* current_stream_handle() { return static_cast<void*>(current_stream()); }
 
 DeviceProperties properties(int index) {
@@ -141,6 +159,41 @@ void set_sync_check(bool on) { sync_check_flag() = on; }
 bool sync_check() { return sync_check_flag(); }
 
 cudaStream_t current_stream() { return context(current_device()).stream; }
+
+DeviceError* device_error_word() { return context(current_device()).error_dev; }
+
+// 24 bytes enqueued on the stream ahead of a synchronization the caller does anyway: no extra round trip.
+void stage_device_error() {
+  DeviceContext& ctx = context(current_device());
+  KILN_CUDA_CHECK(cudaMemcpyAsync(ctx.error_host, ctx.error_dev, sizeof(DeviceError), cudaMemcpyDeviceToHost, ctx.stream));
+  ctx.error_staged = true;
+}
+
+void check_device_error() {
+  DeviceContext& ctx = context(current_device());
+  if (!ctx.error_staged) return;
+  ctx.error_staged = false;
+  DeviceError e = *ctx.error_host;
+  if (e.code == 0) return;
+  *ctx.error_host = DeviceError{};
+  // Clear before throwing, so the device stays usable; ordered before any later kernel on the stream.
+  KILN_CUDA_CHECK(cudaMemsetAsync(ctx.error_dev, 0, sizeof(DeviceError), ctx.stream));
+  const char* where = " (reported at the next synchronization after the launch; KILN_SYNC_CHECK=1 reports it at the launch)";
+  switch (DeviceErrorCode(e.code)) {
+    case DeviceErrorCode::cross_entropy_target:
+      KILN_FAIL("cross_entropy: target ", e.value, " is out of range for ", e.bound, " classes (and is not ignore_index)",
+                where);
+    case DeviceErrorCode::index_select:
+    case DeviceErrorCode::gather:
+    case DeviceErrorCode::index_add:
+    case DeviceErrorCode::scatter_add: {
+      static const char* names[] = {"", "", "index_select", "gather", "index_add", "scatter_add"};
+      KILN_FAIL(names[e.code], ": index ", e.value, " is out of range [0, ", e.bound, ")", where);
+    }
+    default:
+      KILN_FAIL("cuda: a kernel reported error code ", e.code, " (value ", e.value, ", bound ", e.bound, ")", where);
+  }
+}
 CachingAllocator& allocator(int device) { return *context(device).allocator; }
 
 cublasLtHandle_t cublaslt_handle() {

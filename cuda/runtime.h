@@ -5,6 +5,7 @@
 #include <string>
 
 #include <kiln/core/caching_allocator.h>
+#include <kiln/core/tensor.h>
 
 namespace kiln::cuda {
 
@@ -32,6 +33,12 @@ MemoryStats memory_stats(int index = 0);
 void reset_peak_memory_stats(int index = 0);
 std::string memory_summary(int index = 0);
 void empty_cache(int index = 0);
+
+// Page-locked host memory: a copy from a pinned CPU tensor to a GPU is queued without waiting for it to
+// finish (so do not write to the source until the GPU has consumed it, e.g. after cuda::synchronize()).
+// Freed pinned memory is cached and reused once the copies queued from it have run.
+Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
+Tensor pin_memory(const Tensor& t);  // a pinned copy of a CPU tensor (t itself if already pinned)
 
 // KILN_SYNC_CHECK=1 in the environment (or set_sync_check(true)) synchronizes after every kernel launch
 // and names the kernel and op whose launch failed: slow, for debugging.

@@ -5,12 +5,13 @@
 // Math in f32 (f64 for f64). Bytes moved: forward M*C*sizeof(T) read + the same written; backward two
 // reads and one write.
 //
-// A group of G threads (32..1024, a power of two) owns a row. Where C is a multiple of the 16-byte
-// vector and the row fits (forward: 4 vectors per thread, C <= 16384 f32 / 32768 f16, bf16; backward:
-// 16 elements of dy and y per thread, C <= 16384), the row is read once into registers (all loads
-// issued before the first use) and written from there. Larger or
-// misaligned rows stream: an online max/sum pass (rescaling the running sum when the max grows), then a
-// second pass that re-reads the row (mostly from L2) and writes.
+// A group of G threads (a power of two, at most 512 forward, 1024 backward) owns a row. Forward fast path
+// (C a multiple of the 16-byte vector, aligned, at most 4 vectors per thread): a persistent grid feeds
+// each thread's pieces of the next 1-3 tiles through a cp.async shared-memory ring, the row is reduced in
+// registers and exp is evaluated once per element. Backward fast path (16 elements of dy and y per
+// thread, C <= 16384): the row is read once into registers (all loads issued before the first use).
+// Larger or misaligned rows stream: an online max/sum pass (rescaling the running sum when the max
+// grows), then a second pass that re-reads the row (mostly from L2) and writes.
 #include <cmath>
 
 #include <kiln/cuda/check.h>
@@ -31,39 +32,60 @@ inline constexpr int kSoftmaxPacks = 4;
 template <class D>
 inline constexpr int kSoftmaxBwdPacks = sizeof(D) == 8 ? 4 : 16 / kVec<D>;
 
+// kCached: the row sits in registers, fed by the cp.async ring (`stages` rows ahead, dynamic shared
+// memory), and exp is evaluated once per element (2-byte types: one FFMA + ex2.approx); otherwise the
+// row streams twice from global memory (online max/sum, then output).
 template <class S, bool kCached>
-__global__ void __launch_bounds__(1024)
-    softmax_kernel(const device_t<S>* x, device_t<S>* y, int64_t M, int64_t C, int G, bool log, bool vec_ok) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    softmax_kernel(const device_t<S>* x, device_t<S>* y, int64_t M, int64_t C, int G, bool log, bool vec_ok,
+                   int stages) {
   using D = device_t<S>;
   using A = compute_t<S>;
   constexpr int N = kVec<D>, P = kSoftmaxPacks<D>;
   using V = Vec<D, N>;
+  extern __shared__ uint4 ring[];
   __shared__ A smem[32];
   const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const D* const src[1] = {x};
+  if constexpr (kCached)
+    for (int s = 0; s + 1 < stages; ++s) ring_issue<1, P>(ring, s, blockIdx.x + int64_t(s) * gridDim.x, src, M, C, G);
+  int st = 0;
   for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
     const int64_t row = tile * upb + threadIdx.x / G;
     const bool valid = row < M;
     const D* xr = x + (valid ? row : 0) * C;
     D* yr = y + (valid ? row : 0) * C;
     if constexpr (kCached) {
+      ring_issue<1, P>(ring, st == 0 ? stages - 1 : st - 1, tile + int64_t(stages - 1) * gridDim.x, src, M, C, G);
+      cp_async_wait(stages - 1);
       const int64_t nP = C / N;
-      V buf[P];
-#pragma unroll
-      for (int k = 0; k < P; ++k)
-        if (valid && lane + k * G < nP) buf[k] = reinterpret_cast<const V*>(xr)[lane + k * G];
+      A v[P][N];
       A m = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < P; ++k)
-        if (valid && lane + k * G < nP)
+      for (int k = 0; k < P; ++k) {
+        const bool have = valid && lane + k * G < nP;
+        V piece;
+        if (have) piece = ring_read<V>(ring, st, 1, 0, P, k);
 #pragma unroll
-          for (int j = 0; j < N; ++j) m = MaxOp()(m, convert<A>(buf[k].v[j]));
+        for (int j = 0; j < N; ++j) {
+          v[k][j] = have ? convert<A>(piece.v[j]) : A(-INFINITY);
+          m = MaxOp()(m, v[k][j]);
+        }
+      }
+      st = st + 1 == stages ? 0 : st + 1;
       m = group_allreduce(m, G, smem, MaxOp());
+      const A c = shift_of(m);
       A s = 0;
 #pragma unroll
       for (int k = 0; k < P; ++k)
-        if (valid && lane + k * G < nP)
 #pragma unroll
-          for (int j = 0; j < N; ++j) s += acc_exp(convert<A>(buf[k].v[j]) - m);
+        for (int j = 0; j < N; ++j) {
+          // f32 and f64 keep the accurate exp; 2-byte outputs cannot see ex2.approx's ~1e-6 error
+          A e = sizeof(D) == 2 ? exp_shifted(v[k][j], c) : acc_exp(v[k][j] - m);
+          if (v[k][j] == A(-INFINITY)) e = A(0);  // absent elements (and -inf inputs) add nothing
+          s += e;
+          if (!log) v[k][j] = e;
+        }
       s = group_allreduce(s, G, smem, SumOp());
       const A sub = m + acc_log(s), inv = A(1) / s;
 #pragma unroll
@@ -71,10 +93,7 @@ __global__ void __launch_bounds__(1024)
         if (valid && lane + k * G < nP) {
           V o;
 #pragma unroll
-          for (int j = 0; j < N; ++j) {
-            A v = convert<A>(buf[k].v[j]);
-            o.v[j] = convert<D>(log ? v - sub : acc_exp(v - m) * inv);
-          }
+          for (int j = 0; j < N; ++j) o.v[j] = convert<D>(log ? v[k][j] - sub : v[k][j] * inv);
           store_vec(yr + (lane + k * G) * N, o);
         }
     } else {
@@ -109,6 +128,7 @@ __global__ void __launch_bounds__(1024)
         });
     }
   }
+  if constexpr (kCached) cp_async_wait(0);  // only empty groups can remain
 }
 
 template <class S, bool kCached>
@@ -195,7 +215,7 @@ RowPlan plan_rows(int64_t M, int64_t C, bool aligned) {
   RowPlan p{};
   int64_t need = (C / N + P - 1) / P;  // threads needed to hold the row
   p.cached = aligned && C % N == 0 && need <= 1024;
-  p.G = p.cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, 1024);
+  p.G = p.cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, kMaxRowThreads);
   p.block = p.G < 256 ? 256 : p.G;
   int64_t upb = p.block / p.G, tiles = (M + upb - 1) / upb;
   p.grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
@@ -205,12 +225,23 @@ RowPlan plan_rows(int64_t M, int64_t C, bool aligned) {
 template <class S>
 void launch_softmax(const Tensor& in, const Tensor& out, bool log) {
   using D = device_t<S>;
+  constexpr int N = kVec<D>, P = kSoftmaxPacks<D>;
   int64_t C = in.size(-1), M = in.numel() / C;
   const D* x = static_cast<const D*>(in.raw_data());
   D* y = static_cast<D*>(out.raw_data());
-  RowPlan p = plan_rows<D, kSoftmaxPacks<D>>(M, C, aligned16(x) && aligned16(y));
-  auto kernel = p.cached ? softmax_kernel<S, true> : softmax_kernel<S, false>;
-  kernel<<<p.grid, p.block, 0, current_stream()>>>(x, y, M, C, p.G, log, same_alignment(x, y));
+  RowPipePlan plan = plan_row_pipe(reinterpret_cast<const void*>(softmax_kernel<S, true>), M, C, N, P, 1, kMaxRowThreads,
+                                   aligned16(x) && aligned16(y) && C % N == 0);
+  if (!plan.ok) {
+    RowPlan p = plan_rows<D, P>(M, C, false);
+    plan.G = p.G;
+    plan.block = p.block;
+    plan.grid = p.grid;
+    plan.smem = 0;
+    plan.stages = 0;
+  }
+  auto kernel = plan.ok ? softmax_kernel<S, true> : softmax_kernel<S, false>;
+  kernel<<<plan.grid, plan.block, plan.smem, current_stream()>>>(x, y, M, C, plan.G, log, same_alignment(x, y),
+                                                               plan.stages);
   KILN_LAUNCH_CHECK("softmax_kernel", log ? "log_softmax" : "softmax");
 }
 

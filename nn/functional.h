@@ -10,7 +10,12 @@
 namespace kiln::nn::functional {
 
 // y = x · wᵀ + b, with w of shape (out_features, in_features) as in PyTorch.
+// One autograd node, one device call: on the GPU a cuBLASLt GEMM with the bias in its epilogue.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// gelu(x · wᵀ + b, tanh approximation) fused into the same call (cuBLASLt's GELU epilogue): GPT-2's MLP
+// up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
+// for backward only when a gradient is needed.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
 inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }

@@ -1,8 +1,10 @@
-// linear, dropout, embedding, mse_loss and the reference attention.
+// linear (and linear_gelu), dropout, embedding, mse_loss and the reference attention.
+#include <algorithm>
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/backend.h>
 #include <kiln/core/shape.h>
 #include <kiln/nn/functional.h>
@@ -11,16 +13,83 @@ namespace kiln::nn::functional {
 
 using autograd::any_requires_grad;
 using autograd::record;
+using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;
 
+namespace {
+
+// The backend's linear wants each matrix with unit stride along one dim and a spanning stride along the
+// other (row- or column-major); anything else (a broadcast row, a doubly strided slice) is copied.
+Tensor matrix_ready(const Tensor& t) {
+  int64_t r = t.size(0), c = t.size(1);
+  bool row_major = (t.stride(1) == 1 || c == 1) && (r == 1 || t.stride(0) >= std::max<int64_t>(c, 1));
+  bool col_major = (t.stride(0) == 1 || r == 1) && (c == 1 || t.stride(1) >= std::max<int64_t>(r, 1));
+  return row_major || col_major ? t : t.contiguous();
+}
+
+// y = ep(x · wᵀ + b) as one autograd node: one backend call forward (a cuBLASLt epilogue on the GPU) and
+// one backward (dgelu, then dx and dw GEMMs with the bias gradient fused into the dw GEMM on the GPU).
+Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, bool gelu) {
+  KILN_CHECK(x_in.defined() && w_in.defined(), op, ": input and weight must be defined");
+  KILN_CHECK(w_in.dim() == 2, op, ": weight must be (out_features, in_features), got ", w_in.str());
+  KILN_CHECK(x_in.dim() >= 1 && x_in.size(-1) == w_in.size(1), op, ": input ", x_in.str(),
+             " does not end in in_features = ", w_in.size(1), " of weight ", w_in.str());
+  KILN_CHECK(!b_in.defined() || (b_in.dim() == 1 && b_in.size(0) == w_in.size(0)), op, ": bias ", b_in.str(),
+             " does not match weight ", w_in.str());
+  KILN_CHECK(x_in.device() == w_in.device() && (!b_in.defined() || b_in.device() == x_in.device()), op,
+             ": tensors on different devices: ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
+  KILN_CHECK(is_floating(x_in.dtype()) && is_floating(w_in.dtype()) && (!b_in.defined() || is_floating(b_in.dtype())),
+             op, ": expected floating-point tensors, got ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
+  // Under autocast every operand goes to its dtype (as matmul); otherwise the widest of them. The casts
+  // are differentiable, so gradients return to f32 master weights in f32.
+  Tensor xl = amp::to_lower_precision(x_in), wl = amp::to_lower_precision(w_in), bl = amp::to_lower_precision(b_in);
+  DType t = promote_types(xl.dtype(), wl.dtype());
+  if (bl.defined()) t = promote_types(t, bl.dtype());
+  const Tensor x = cast(xl, t), w = cast(wl, t), b = bl.defined() ? cast(bl, t) : Tensor();
+  Epilogue ep = gelu ? (b.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh)
+                     : (b.defined() ? Epilogue::bias : Epilogue::none);
+  int64_t N = w.size(0), K = w.size(1);
+  Shape lead(x.sizes().begin(), x.sizes().end() - 1), result = lead;
+  result.push_back(N);
+  int64_t M = shape_numel(lead);
+  bool needs_grad = any_requires_grad({x, w, b});
+  Tensor x2, w2, b2, out, pre;
+  {
+    NoGradGuard ng;
+    x2 = matrix_ready(x.reshape({M, K}));
+    w2 = matrix_ready(w);
+    b2 = b.defined() ? b.contiguous() : Tensor();
+    out = empty({M, N}, {.dtype = t, .device = x.device()});
+    if (gelu && needs_grad) pre = empty({M, N}, {.dtype = t, .device = x.device()});
+    if (out.numel() > 0) backend(x.device()).linear(x2, w2, b2, ep, out, pre);
+  }
+  if (needs_grad) {
+    bool rx = x.requires_grad(), rw = w.requires_grad(), rb = b.defined() && b.requires_grad();
+    // x is needed only for dw, w only for dx; pre is this node's own buffer (nobody can write it).
+    record(op, {x, w, b}, {out},
+           [sx = rw ? SavedTensor(x2) : SavedTensor(), sw = rx ? SavedTensor(w2) : SavedTensor(), pre, ep, rx, rw,
+            rb, M, N, K, xs = x.sizes(), op](const Grads& g) {
+             Tensor xx = rw ? sx.unpack(op) : Tensor(), ww = rx ? sw.unpack(op) : Tensor();
+             Device dev = g[0].device();
+             TensorOptions to{.dtype = g[0].dtype(), .device = dev};
+             Tensor dy = g[0].contiguous().reshape({M, N});
+             Tensor dx = rx ? empty({M, K}, to) : Tensor(), dw = rw ? empty({N, K}, to) : Tensor();
+             Tensor db = rb ? empty({N}, to) : Tensor();
+             backend(dev).linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
+             return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
+           });
+  }
+  return out.reshape(result);
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  KILN_CHECK(weight.dim() == 2, "linear: weight must be (out_features, in_features), got ", weight.str());
-  KILN_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ", x.str(), " does not end in in_features = ",
-             weight.size(1), " of weight ", weight.str());
-  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), "linear: bias ", bias.str(),
-             " does not match weight ", weight.str());
-  Tensor y = matmul(x, weight.t());
-  return bias.defined() ? add(y, bias) : y;
+  return fused_linear("linear", x, weight, bias, false);
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return fused_linear("linear_gelu", x, weight, bias, true);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {

@@ -187,7 +187,7 @@ double evaluate(nn::Module& net, const data::Dataset& test, Device dev, std::opt
   NoGradGuard no_grad;
   amp::Autocast autocast(dev, amp_dtype.value_or(DType::bf16), amp_dtype.has_value());
   net.eval();
-  data::Loader loader(test, {.batch_size = 1000, .seed = 0});
+  data::Loader loader(test, {.batch_size = 1000, .seed = 0, .pin_memory = dev.is_cuda()});
   int64_t correct = 0;
   for (auto [x, y] : loader) {
     Tensor pred = net(x.to(dev)).argmax(1).cpu();
@@ -223,7 +223,9 @@ int run(const Args& args) {
   data::FashionMNIST test(args.data, data::Split::Test, {.normalize = true});
   // An explicit seed: each epoch's order depends on (seed, epoch) only, so a resumed run sees the batches
   // the uninterrupted run would have seen.
-  data::Loader loader(train, {.batch_size = args.batch_size, .shuffle = true, .seed = args.seed});
+  // On a GPU the batches come in page-locked memory, so their copies to the device are asynchronous.
+  data::Loader loader(train, {.batch_size = args.batch_size, .shuffle = true, .seed = args.seed,
+                              .pin_memory = dev.is_cuda()});
 
   std::vector<Tensor> params = net->parameters();
   optim::AdamW opt(params, {.lr = args.lr, .weight_decay = args.weight_decay});

@@ -3,6 +3,8 @@
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
 
+#include <kiln/cuda/runtime.h>
+
 #include "cuda_compare.h"
 #include "cuda_test_util.h"
 
@@ -81,10 +83,28 @@ TEST(CudaCrossEntropy, OutOfRangeTargetIsAnError) {
   for (int64_t bad : {11, -1, 1000}) {
     Tensor target = from_vector<int64_t>({0, 1, 2, bad, 4, -100}, {6}).to(gpu());
     F::CrossEntropyOptions opt{.reduction = F::Reduction::none};
-    EXPECT_THROW(F::cross_entropy(logits, target, opt), Error) << bad;
+    // reported at the next synchronization (here the copy to the host), not at the launch
+    EXPECT_THROW(F::cross_entropy(logits, target, opt).cpu(), Error) << bad;
   }
   // the device is still usable afterwards
   Tensor ok = F::cross_entropy(logits, from_vector<int64_t>({0, 1, 2, 3, 4, -100}, {6}).to(gpu()),
                                {.reduction = F::Reduction::none});
   EXPECT_EQ(ok.cpu().to_vector<float>().size(), 6u);
+}
+
+TEST(CudaCrossEntropy, OutOfRangeTargetOnTheVocabularyPath) {
+  KILN_REQUIRE_GPU();
+  // C = 16384: the ring-fed kernel; the bad target is reported by cuda::synchronize() and then cleared
+  Tensor logits = randn({4, 16384}).to(gpu());
+  Tensor target = from_vector<int64_t>({0, 16384, 2, 3}, {4}).to(gpu());
+  Tensor loss = F::cross_entropy(logits, target, {.reduction = F::Reduction::none});
+  try {
+    cuda::synchronize();
+    ADD_FAILURE() << "expected a deferred error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("cross_entropy"), std::string::npos) << what;
+    EXPECT_NE(what.find("16384"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(cuda::synchronize());
 }

@@ -2,6 +2,8 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 
+#include <kiln/cuda/runtime.h>
+
 #include "cuda_compare.h"
 #include "cuda_test_util.h"
 
@@ -130,15 +132,58 @@ TEST(CudaIndex, OutOfRangeIndicesAreErrors) {
   Tensor x = randn({10, 4}).to(gpu());
   Tensor bad = from_vector<int64_t>({0, 3, 10}, {3}).to(gpu());
   Tensor neg = from_vector<int64_t>({0, -1, 2}, {3}).to(gpu());
-  EXPECT_THROW(index_select(x, 0, bad), Error);
-  EXPECT_THROW(index_select(x, 0, neg), Error);
-  EXPECT_THROW(index_add(x, 0, bad, randn({3, 4}).to(gpu())), Error);
+  // bad indices are reported at the next synchronization: force one inside each EXPECT_THROW
+  EXPECT_THROW(index_select(x, 0, bad).cpu(), Error);
+  EXPECT_THROW(index_select(x, 0, neg).cpu(), Error);
+  EXPECT_THROW({ index_add(x, 0, bad, randn({3, 4}).to(gpu())); cuda::synchronize(); }, Error);
   Tensor gbad = from_vector<int64_t>({0, 1, 2, 4, 0, 1, 2, 3}, {2, 4}).to(gpu());
   Tensor x2 = randn({2, 4}).to(gpu());
-  EXPECT_THROW(gather(x2, 1, gbad), Error);
-  EXPECT_THROW(scatter_add(x2, 1, gbad, randn({2, 4}).to(gpu())), Error);
+  EXPECT_THROW(gather(x2, 1, gbad).cpu(), Error);
+  EXPECT_THROW({ scatter_add(x2, 1, gbad, randn({2, 4}).to(gpu())); cuda::synchronize(); }, Error);
   EXPECT_THROW(index_add(x, 0, from_vector<int64_t>({1}, {1}), randn({1, 4}).to(gpu())), Error);  // index on the CPU
   // still usable
   Tensor ok = index_select(x, 0, from_vector<int64_t>({9, 0}, {2}).to(gpu()));
   EXPECT_EQ(ok.cpu().to_vector<float>().size(), 8u);
+}
+
+TEST(CudaIndex, BadIndexIsReportedAtTheNextSynchronizationThenCleared) {
+  KILN_REQUIRE_GPU();
+  Tensor x = randn({10, 4}).to(gpu());
+  Tensor bad = from_vector<int64_t>({0, 3, 10}, {3}).to(gpu());
+  Tensor y;
+  EXPECT_NO_THROW(y = index_select(x, 0, bad));  // no synchronization per call
+  Tensor other = add(x, x);                     // unrelated work queued after it
+  try {
+    cuda::synchronize();
+    ADD_FAILURE() << "expected the deferred index error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("index_select"), std::string::npos) << what;
+    EXPECT_NE(what.find("index 10"), std::string::npos) << what;
+    EXPECT_NE(what.find("[0, 10)"), std::string::npos) << what;
+  }
+  // cleared: the next synchronization and copies are clean
+  EXPECT_NO_THROW(cuda::synchronize());
+  EXPECT_EQ(other.cpu().to_vector<float>().size(), 40u);
+  // the first error wins until it is reported
+  gather(randn({2, 4}).to(gpu()), 1, from_vector<int64_t>({0, 1, 2, 5, 0, 1, 2, 3}, {2, 4}).to(gpu()));
+  index_select(x, 0, bad);
+  try {
+    cuda::synchronize();
+    ADD_FAILURE() << "expected the deferred gather error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gather: index 5"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(cuda::synchronize());
+}
+
+TEST(CudaIndex, SyncCheckReportsABadIndexAtTheLaunch) {
+  KILN_REQUIRE_GPU();
+  Tensor x = randn({10, 4}).to(gpu());
+  Tensor bad = from_vector<int64_t>({0, -3}, {2}).to(gpu());
+  bool was = cuda::sync_check();
+  cuda::set_sync_check(true);
+  EXPECT_THROW(index_select(x, 0, bad), Error);
+  cuda::set_sync_check(was);
+  EXPECT_NO_THROW(cuda::synchronize());
 }

@@ -1,3 +1,4 @@
+#include <kiln/core/data.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 
@@ -72,4 +73,37 @@ TEST(CudaRuntime, OutOfMemoryIsAnErrorWithByteCounts) {
   // the device is still usable afterwards
   Tensor ok = ones({4}).to(Device::cuda(0));
   EXPECT_EQ(ok.cpu().to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+TEST(CudaPinned, PinnedCopiesRoundTripAndMemoryIsReused) {
+  KILN_REQUIRE_GPU();
+  Tensor host = randn({257, 129});
+  Tensor pinned = cuda::pin_memory(host);
+  EXPECT_TRUE(pinned.is_pinned());
+  EXPECT_FALSE(host.is_pinned());
+  EXPECT_TRUE(cuda::pin_memory(pinned).is_same(pinned));
+  EXPECT_EQ(pinned.to_vector<float>(), host.to_vector<float>());
+  Tensor dev = pinned.to(Device::cuda(0));  // queued without waiting
+  EXPECT_EQ(dev.cpu().to_vector<float>(), host.to_vector<float>());
+  // Many pinned batches in flight, freed and reallocated: every copy sees its own data.
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 50; ++i) {
+    Tensor p = cuda::empty_pinned({1000});
+    p.fill_(double(i));
+    outs.push_back(p.to(Device::cuda(0)));
+  }
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(outs[size_t(i)].cpu().to_vector<float>(), std::vector<float>(1000, float(i)));
+}
+
+TEST(CudaPinned, LoaderPinsBatches) {
+  KILN_REQUIRE_GPU();
+  data::TensorDataset ds(randn({100, 3}), arange(100));
+  data::Loader loader(ds, {.batch_size = 32, .pin_memory = true});
+  int64_t seen = 0;
+  for (auto [x, y] : loader) {
+    EXPECT_TRUE(x.is_pinned());
+    EXPECT_TRUE(y.is_pinned());
+    seen += x.size(0);
+  }
+  EXPECT_EQ(seen, 100);
 }

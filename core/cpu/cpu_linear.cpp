@@ -1,0 +1,96 @@
+// The fused linear layer on the CPU, the reference for every device: built from the CPU's own bmm,
+// binary, unary and reduce kernels, with the CUDA (cuBLASLt epilogue) semantics spelled out:
+//   forward   z = x · wᵀ + b accumulated in f32 (f64 for f64) and rounded once; out = z or gelu_tanh(z)
+//             computed from the unrounded z; pre_activation = z rounded to the dtype.
+//   backward  dz = dy, or dy · gelu_tanh'(pre_activation) rounded to the dtype (the GPU materializes it);
+//             dx = dz · w, dw = dzᵀ · x, db = Σ_rows dz, each accumulated in f32 (f64) and rounded once.
+#include <kiln/core/cpu/cpu_backend.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::cpu {
+
+namespace {
+
+// The compute dtype of a storage dtype: f64 stays, everything else widens to f32.
+DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// t in dtype ct (a contiguous copy where the dtype differs; t itself otherwise).
+Tensor widen(const Backend& be, const Tensor& t, DType ct) {
+  if (t.dtype() == ct) return t;
+  Tensor r = empty(t.sizes(), {.dtype = ct});
+  be.copy(t, r);
+  return r;
+}
+
+// dst ← src, skipping the copy where dst already is src.
+void store(const Backend& be, const Tensor& src, const Tensor& dst) {
+  if (src.raw_data() != dst.raw_data()) be.copy(src, dst);
+}
+
+// A buffer of dst's shape in dtype ct: dst itself when the dtypes agree.
+Tensor accumulator_for(const Tensor& dst, DType ct) {
+  return dst.dtype() == ct ? dst : empty(dst.sizes(), {.dtype = ct});
+}
+
+}  // namespace
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
+                        const Tensor& pre_activation) const {
+  KILN_CHECK(is_floating(out.dtype()) && x.dtype() == out.dtype() && w.dtype() == out.dtype() &&
+                 (!bias.defined() || bias.dtype() == out.dtype()),
+             "linear: expected one floating dtype, got ", x.str(), ", ", w.str(), " -> ", out.str());
+  KILN_CHECK(bias.defined() == epilogue_has_bias(ep), "linear: the bias must be given exactly when the epilogue adds one");
+  int64_t M = out.size(0), N = out.size(1);
+  if (out.numel() == 0) return;
+  DType ct = compute_dtype(out.dtype());
+  Tensor xc = widen(*this, x, ct), wc = widen(*this, w, ct);
+  Tensor z = empty({M, N}, {.dtype = ct});
+  bmm(xc.unsqueeze(0), wc.t().unsqueeze(0), z.unsqueeze(0));
+  if (bias.defined()) {
+    Tensor zb = empty({M, N}, {.dtype = ct});
+    binary(BinaryOp::add, z, widen(*this, bias, ct).unsqueeze(0).expand({M, N}), zb);
+    z = zb;
+  }
+  if (!epilogue_has_gelu(ep)) return store(*this, z, out);
+  if (pre_activation.defined()) copy(z, pre_activation);
+  Tensor y = accumulator_for(out, ct);
+  unary(UnaryOp::gelu_tanh, z, y, 0.0, 0.0);
+  store(*this, y, out);
+}
+
+void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation,
+                                 Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+  KILN_CHECK(is_floating(dy.dtype()), "linear_backward: expected a floating gradient, got ", dy.str());
+  KILN_CHECK(!epilogue_has_gelu(ep) || pre_activation.defined(),
+             "linear_backward: the GELU epilogue needs the saved pre-activation");
+  int64_t M = dy.size(0), N = dy.size(1);
+  DType ct = compute_dtype(dy.dtype());
+  Tensor dz = dy;
+  if (epilogue_has_gelu(ep)) {
+    dz = empty({M, N}, {.dtype = dy.dtype()});
+    binary(BinaryOp::gelu_tanh_backward, dy, pre_activation, dz);
+  }
+  dz = widen(*this, dz, ct);
+  if (dx.defined()) {
+    Tensor acc = accumulator_for(dx, ct);
+    bmm(dz.unsqueeze(0), widen(*this, w, ct).unsqueeze(0), acc.unsqueeze(0));
+    store(*this, acc, dx);
+  }
+  if (dw.defined()) {
+    Tensor acc = accumulator_for(dw, ct);
+    bmm(dz.t().unsqueeze(0), widen(*this, x, ct).unsqueeze(0), acc.unsqueeze(0));
+    store(*this, acc, dw);
+  }
+  if (db.defined()) {
+    Tensor acc = accumulator_for(db, ct);
+    if (M == 0) fill(acc, 0.0);
+    else {
+      Tensor rows = empty({N, M}, {.dtype = ct});  // reduce sums the rows of a contiguous matrix
+      copy(dz.t(), rows);
+      reduce(ReduceOp::sum, rows, acc);
+    }
+    store(*this, acc, db);
+  }
+}
+
+}  // namespace kiln::cpu
