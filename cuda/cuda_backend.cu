@@ -90,8 +90,9 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) const {
     Tensor host = src.contiguous();
     Tensor staging = dst.is_contiguous() ? dst : empty(dst.sizes(), {.dtype = dst.dtype(), .device = dst.device()});
     KILN_CUDA_CHECK(cudaMemcpyAsync(staging.raw_data(), host.raw_data(), bytes, cudaMemcpyHostToDevice, current_stream()));
-    // Pageable host memory may be reused as soon as we return: wait for the transfer.
-    KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    // Pageable host memory may be reused as soon as we return: wait for the transfer. Pinned memory is
+    // only returned to its pool once the stream has passed this copy (cuda/pinned.cpp), so no wait.
+    if (!host.is_pinned()) KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     if (!staging.is_same(dst)) device_copy(staging, dst);
   } else {
     DeviceGuard guard(src.device().index);
