@@ -108,8 +108,11 @@ __global__ void __launch_bounds__(kMaxRowThreads)
             s *= acc_exp(m - pm);
             m = pm;
           }
+          // While the running max is -inf every element seen is -inf and adds nothing ((-inf) - (-inf) is NaN).
+          if (m != A(-INFINITY)) {
 #pragma unroll
-          for (int j = 0; j < K; ++j) s += acc_exp(convert<A>(vec.v[j]) - m);
+            for (int j = 0; j < K; ++j) s += acc_exp(convert<A>(vec.v[j]) - m);
+          }
         });
       A gm = group_allreduce(m, G, smem, MaxOp());
       s = s == A(0) ? A(0) : s * acc_exp(m - gm);  // threads that saw nothing add nothing

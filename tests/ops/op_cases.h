@@ -1,0 +1,147 @@
+#pragma once
+// The op table shared by the op harness (tests/ops/op_harness_test.cpp: gradcheck in f64 on the CPU) and
+// its CUDA column (tests/cuda/op_harness_cuda_test.cpp: every row on the GPU against the CPU). One row
+// per differentiable op; broadcasting shows up as rows whose inputs have different shapes.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/checkpoint.h>
+#include <kiln/autograd/gradcheck.h>
+#include <kiln/nn/functional.h>
+
+namespace kiln::test_ops {
+
+namespace F = kiln::nn::functional;
+using Inputs = std::vector<Tensor>;
+
+enum class Domain { any, positive };
+
+struct OpCase {
+  std::string op;
+  std::vector<Shape> shapes;
+  std::function<Tensor(const Inputs&)> fn;
+  Domain domain = Domain::any;
+  std::vector<bool> differentiable = {};  // per input; empty means all
+  autograd::GradcheckOptions tolerance = {};
+};
+
+// The device index tensors of the rows are made on: the CPU for the gradcheck harness, the GPU for the
+// CUDA column (tests/cuda/op_harness_cuda_test.cpp).
+inline Device& case_device() {
+  static Device d = Device::cpu();
+  return d;
+}
+inline Tensor idx(std::vector<int64_t> v, Shape s) { return from_vector(v, s, {.dtype = DType::i64, .device = case_device()}); }
+
+inline std::vector<OpCase> cases() {
+  using D = Domain;
+  return {
+      {"add", {{3, 4}, {3, 4}}, [](const Inputs& x) { return add(x[0], x[1]); }},
+      {"add", {{3, 4}, {4}}, [](const Inputs& x) { return x[0] + x[1]; }},
+      {"sub", {{2, 1, 4}, {3, 1}}, [](const Inputs& x) { return x[0] - x[1]; }},
+      {"mul", {{3, 4}, {3, 1}}, [](const Inputs& x) { return x[0] * x[1]; }},
+      {"div", {{4, 3}, {3}}, [](const Inputs& x) { return x[0] / x[1]; }, D::positive},
+      {"pow", {{3, 4}, {3, 4}}, [](const Inputs& x) { return pow(x[0], x[1]); }, D::positive},
+      {"pow_scalar", {{3, 4}}, [](const Inputs& x) { return pow(x[0], 2.5); }, D::positive},
+      {"add_scalar", {{3, 4}}, [](const Inputs& x) { return x[0] + 2.0; }},
+      {"mul_scalar", {{3, 4}}, [](const Inputs& x) { return x[0] * -3.0; }},
+      {"div_scalar", {{3, 4}}, [](const Inputs& x) { return x[0] / 4.0; }},
+      {"rsub_scalar", {{3, 4}}, [](const Inputs& x) { return 1.0 - x[0]; }},
+      {"rdiv_scalar", {{3, 4}}, [](const Inputs& x) { return 2.0 / x[0]; }, D::positive},
+      {"maximum", {{3, 4}, {4}}, [](const Inputs& x) { return maximum(x[0], x[1]); }},
+      {"minimum", {{3, 4}, {3, 4}}, [](const Inputs& x) { return minimum(x[0], x[1]); }},
+      {"neg", {{3, 4}}, [](const Inputs& x) { return -x[0]; }},
+      {"exp", {{3, 4}}, [](const Inputs& x) { return exp(x[0]); }},
+      {"log", {{3, 4}}, [](const Inputs& x) { return log(x[0]); }, D::positive},
+      {"sqrt", {{3, 4}}, [](const Inputs& x) { return sqrt(x[0]); }, D::positive},
+      {"rsqrt", {{3, 4}}, [](const Inputs& x) { return rsqrt(x[0]); }, D::positive},
+      {"tanh", {{3, 4}}, [](const Inputs& x) { return tanh(x[0]); }},
+      {"sigmoid", {{3, 4}}, [](const Inputs& x) { return sigmoid(x[0]); }},
+      {"relu", {{3, 4}}, [](const Inputs& x) { return relu(x[0]); }},
+      {"gelu", {{3, 4}}, [](const Inputs& x) { return gelu(x[0]); }},
+      {"gelu_tanh", {{3, 4}}, [](const Inputs& x) { return gelu(x[0], true); }},
+      {"abs", {{3, 4}}, [](const Inputs& x) { return abs(x[0]); }},
+      {"clamp", {{3, 4}}, [](const Inputs& x) { return clamp(x[0], -0.5, 0.5); }},
+      {"where", {{3, 4}, {4}}, [](const Inputs& x) { return where(gt(x[0], x[1]), x[0], x[1] * 2.0); }},
+      {"sum", {{3, 4}}, [](const Inputs& x) { return sum(x[0]); }},
+      {"sum", {{2, 3, 4}}, [](const Inputs& x) { return sum(x[0], {0, 2}, true); }},
+      {"mean", {{2, 3, 4}}, [](const Inputs& x) { return mean(x[0], {1}); }},
+      {"amax", {{3, 4}}, [](const Inputs& x) { return amax(x[0], {1}); }},
+      {"amax", {{3, 4}}, [](const Inputs& x) { return x[0].max(); }},
+      {"amin", {{3, 4}}, [](const Inputs& x) { return amin(x[0], {0}, true); }},
+      {"var", {{3, 4}}, [](const Inputs& x) { return var(x[0], {1}); }},
+      {"var", {{3, 4}}, [](const Inputs& x) { return var(x[0], {}, 0); }},
+      {"matmul", {{3, 4}, {4, 5}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"matmul", {{2, 3, 4}, {4, 5}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"matmul", {{2, 1, 3, 4}, {3, 4, 2}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"matmul", {{4}, {4, 3}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"matmul", {{2, 3, 4}, {4}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"softmax", {{3, 5}}, [](const Inputs& x) { return softmax(x[0], -1); }},
+      {"softmax", {{3, 5}}, [](const Inputs& x) { return softmax(x[0], 0); }},
+      {"log_softmax", {{2, 3, 4}}, [](const Inputs& x) { return log_softmax(x[0], 1); }},
+      {"layer_norm", {{3, 6}, {6}, {6}}, [](const Inputs& x) { return F::layer_norm(x[0], {6}, x[1], x[2]); }},
+      {"layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::layer_norm(x[0], {2, 6}); }},
+      {"embedding", {{5, 3}}, [](const Inputs& x) { return F::embedding(idx({4, 0, 4, 2}, {2, 2}), x[0]); }},
+      {"dropout", {{4, 5}}, [](const Inputs& x) {
+         Generator g(7);  // the same mask on every evaluation
+         return F::dropout(x[0], 0.4, true, &g);
+       }},
+      {"cross_entropy", {{4, 5}}, [](const Inputs& x) { return F::cross_entropy(x[0], idx({1, 0, 4, 2}, {4})); }},
+      {"cross_entropy", {{4, 5}}, [](const Inputs& x) {
+         return F::cross_entropy(x[0], idx({1, -100, 4, 2}, {4}), {.label_smoothing = 0.1});
+       }},
+      {"cross_entropy", {{2, 3, 4}}, [](const Inputs& x) {
+         return F::cross_entropy(x[0], idx({0, 2, 1, 1, 2, 0, 0, 1}, {2, 4}), {.reduction = F::Reduction::sum});
+       }},
+      {"mse_loss", {{3, 4}, {3, 4}}, [](const Inputs& x) { return F::mse_loss(x[0], x[1]); }},
+      {"linear", {{3, 4}, {5, 4}, {5}}, [](const Inputs& x) { return F::linear(x[0], x[1], x[2]); }},
+      {"linear", {{2, 3, 4}, {5, 4}}, [](const Inputs& x) { return F::linear(x[0], x[1]); }},
+      {"linear", {{4}, {3, 4}, {3}}, [](const Inputs& x) { return F::linear(x[0], x[1], x[2]); }},
+      {"linear_gelu", {{3, 4}, {5, 4}, {5}}, [](const Inputs& x) { return F::linear_gelu(x[0], x[1], x[2]); }},
+      {"linear_gelu", {{2, 3, 4}, {5, 4}, {5}}, [](const Inputs& x) { return F::linear_gelu(x[0], x[1], x[2]); }},
+      {"linear_gelu", {{3, 4}, {2, 4}}, [](const Inputs& x) { return F::linear_gelu(x[0], x[1]); }},
+      {"cat", {{2, 3}, {4, 3}}, [](const Inputs& x) { return cat({x[0], x[1]}, 0); }},
+      {"stack", {{2, 3}, {2, 3}}, [](const Inputs& x) { return stack({x[0], x[1]}, 1); }},
+      {"split", {{5, 3}}, [](const Inputs& x) {
+         auto p = split(x[0], 2, 0);
+         return cat({p[2] * 3.0, p[0], p[1] * p[1]}, 0);
+       }},
+      {"index_select", {{5, 3}}, [](const Inputs& x) { return index_select(x[0], 0, idx({3, 1, 3}, {3})); }},
+      {"gather", {{3, 4}}, [](const Inputs& x) { return gather(x[0], 1, idx({0, 3, 3, 1, 2, 2}, {3, 2})); }},
+      {"index_add", {{4, 3}, {2, 3}}, [](const Inputs& x) { return index_add(x[0], 0, idx({1, 1}, {2}), x[1]); }},
+      {"scatter_add", {{3, 4}, {3, 2}}, [](const Inputs& x) {
+         return scatter_add(x[0], 1, idx({0, 3, 3, 3, 1, 2}, {3, 2}), x[1]);
+       }},
+      {"conv2d", {{2, 2, 5, 5}, {3, 2, 3, 3}, {3}}, [](const Inputs& x) {
+         return F::conv2d(x[0], x[1], x[2], {.stride = {2, 1}, .padding = {1, 1}});
+       }},
+      {"max_pool2d", {{1, 2, 4, 4}}, [](const Inputs& x) { return F::max_pool2d(x[0], {.kernel_size = {2, 2}}); }},
+      {"avg_pool2d", {{1, 2, 5, 5}}, [](const Inputs& x) {
+         return F::avg_pool2d(x[0], {.kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+       }},
+      {"scaled_dot_product_attention", {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention(x[0], x[1], x[2], true);
+       }},
+      {"view", {{3, 4}}, [](const Inputs& x) { return x[0].reshape({2, 6}) * x[0].reshape({2, 6}); }},
+      {"permute", {{2, 3, 4}}, [](const Inputs& x) { return x[0].permute({2, 0, 1}) * 2.0; }},
+      {"transpose", {{3, 4}}, [](const Inputs& x) { return matmul(x[0].t(), x[0]); }},
+      {"narrow", {{5, 3}}, [](const Inputs& x) { return x[0].narrow(0, 1, 3) * 2.0; }},
+      {"slice", {{6, 3}}, [](const Inputs& x) { return x[0].slice(0, 1, 6, 2) * x[0].slice(0, 0, 3); }},
+      {"select", {{3, 4}}, [](const Inputs& x) { return x[0].select(1, 2) * 3.0; }},
+      {"expand", {{3, 1}}, [](const Inputs& x) { return x[0].expand({2, 3, 4}) * 1.5; }},
+      {"squeeze", {{3, 1, 4}}, [](const Inputs& x) { return x[0].squeeze(1) * 2.0; }},
+      {"unsqueeze", {{3, 4}}, [](const Inputs& x) { return x[0].unsqueeze(1) * 2.0; }},
+      {"flatten", {{2, 3, 4}}, [](const Inputs& x) { return x[0].flatten(1) * 2.0; }},
+      {"contiguous", {{3, 4}}, [](const Inputs& x) { return x[0].t().contiguous() * 2.0; }},
+      {"clone", {{3, 4}}, [](const Inputs& x) { return x[0].clone() * x[0]; }},
+      // Through f32 the function is only f32-accurate: a wider step and tolerance fit it.
+      {"cast", {{3, 4}}, [](const Inputs& x) { return cast(cast(x[0], DType::f32), DType::f64) * 3.0; }, D::any, {},
+       {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-3}},
+      {"checkpoint", {{3, 4}, {4, 4}}, [](const Inputs& x) {
+         return autograd::checkpoint([](const Inputs& y) { return tanh(matmul(y[0], y[1])); }, {x[0], x[1]});
+       }},
+  };
+}
+
+}  // namespace kiln::test_ops
