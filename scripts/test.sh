@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds Kiln without CUDA and runs the whole test suite; then, when nvcc is
-# installed, builds again with the CUDA backend (sm_90) and runs the tests labelled `gpu`, which skip
-# themselves where there is no GPU (and run for real on the GPU machine: scripts/gpu_check.sh).
+# Installs what is missing and tests Kiln. When nvcc is installed, first builds with the CUDA backend
+# (sm_90), including tests, examples and benchmarks, and runs the tests labelled `gpu` (they skip
+# themselves where there is no GPU and run for real on the GPU machine: scripts/gpu_check.sh). Then builds
+# without CUDA (-DKILN_CUDA=OFF) and runs the whole test suite, whose summary ends the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=OFF
-cmake --build build -j"$jobs"
-(cd build && ctest -j"$jobs" --output-on-failure --timeout 600)
 
 nvcc=$(command -v nvcc || true)
 [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
@@ -20,5 +18,10 @@ if [ -n "$nvcc" ]; then
   (cd build-cuda && ctest -L gpu -j"$jobs" --output-on-failure --timeout 600)
   echo "== CUDA build compiled; gpu tests ran (skipped without a GPU)"
 else
-  echo "== nvcc not found: CUDA compile check skipped"
+  echo "== nvcc not found: CUDA build skipped"
 fi
+
+echo "== CPU-only build and the whole test suite"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=OFF
+cmake --build build -j"$jobs"
+(cd build && ctest -j"$jobs" --output-on-failure --timeout 600)
