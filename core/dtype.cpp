@@ -1,4 +1,6 @@
 #include <kiln/core/dtype.h>
+
+#include <cmath>
 #include <kiln/core/error.h>
 
 namespace kiln {
@@ -47,6 +49,32 @@ DType promote_types(DType a, DType b) {
   };
   if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16)) return DType::f32;
   return rank(a) >= rank(b) ? a : b;
+}
+
+namespace {
+// The largest finite value of the 16-bit type H strictly below b.
+template <class H>
+double half_below(double b) {
+  H h = H(float(b));
+  if (double(float(h)) < b) return double(float(h));
+  float f = float(h);
+  if (f > 0) --h.bits;
+  else if (f == 0) h.bits = 0x8001;  // the smallest negative subnormal
+  else ++h.bits;
+  return double(float(h));
+}
+}  // namespace
+
+double largest_below(DType t, double b) {
+  switch (t) {
+    case DType::f32: {
+      float f = float(b);
+      return double(f) < b ? double(f) : double(std::nextafter(f, -INFINITY));
+    }
+    case DType::f16: return half_below<Half>(b);
+    case DType::bf16: return half_below<BFloat16>(b);
+    default: return std::nextafter(b, -INFINITY);
+  }
 }
 
 }  // namespace kiln

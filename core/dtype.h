@@ -18,6 +18,9 @@ inline bool is_integral(DType t) { return !is_floating(t); }
 // Result dtype of a binary op between tensors of these dtypes (float beats int; wider beats narrower;
 // f16 with bf16 gives f32).
 DType promote_types(DType a, DType b);
+// The largest value of floating dtype t strictly below b: where a uniform draw in [a, b) goes when
+// rounding it into t would give b (every device uses it, so their draws stay identical).
+double largest_below(DType t, double b);
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };

@@ -83,31 +83,6 @@ __global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uin
   }
 }
 
-// The largest value of the 16-bit type H strictly below b (the CPU's half_below).
-template <class H>
-double half_below(double b) {
-  H h = H(float(b));
-  if (double(float(h)) < b) return double(float(h));
-  float f = float(h);
-  if (f > 0) --h.bits;
-  else if (f == 0) h.bits = 0x8001;  // the smallest negative subnormal
-  else ++h.bits;
-  return double(float(h));
-}
-
-// The largest value of dtype t strictly below b (the CPU's `below`).
-double below(DType t, double b) {
-  switch (t) {
-    case DType::f32: {
-      float f = float(b);
-      return double(f) < b ? double(f) : double(std::nextafter(f, -INFINITY));
-    }
-    case DType::f16: return half_below<Half>(b);
-    case DType::bf16: return half_below<BFloat16>(b);
-    default: return std::nextafter(b, -INFINITY);
-  }
-}
-
 }  // namespace
 
 void CudaBackend::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed,
@@ -119,7 +94,7 @@ void CudaBackend::random(const Tensor& out, Distribution dist, double a, double 
   if (n == 0) return;
   DeviceGuard guard(out.device().index);
   const bool clamp_top = dist == Distribution::uniform && b > a;
-  const double top = clamp_top ? below(out.dtype(), b) : b;
+  const double top = clamp_top ? largest_below(out.dtype(), b) : b;
   KILN_CUDA_DISPATCH_FLOATING(out.dtype(), "random", {
     using D = device_t<scalar_t>;
     D* p = static_cast<D*>(out.raw_data());

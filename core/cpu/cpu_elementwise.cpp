@@ -116,32 +116,6 @@ double rounded(DType t, double v) {
   }
 }
 
-// The largest finite value of the 16-bit type H strictly below b.
-template <class H>
-double half_below(double b) {
-  H h = H(float(b));
-  if (double(float(h)) < b) return double(float(h));
-  float f = float(h);
-  if (f > 0) --h.bits;
-  else if (f == 0) h.bits = 0x8001;  // the smallest negative subnormal
-  else ++h.bits;
-  return double(float(h));
-}
-
-// The largest value of dtype t strictly below b: where a uniform draw lands when rounding it into t
-// would give b, so that draws stay in [a, b).
-double below(DType t, double b) {
-  switch (t) {
-    case DType::f32: {
-      float f = float(b);
-      return double(f) < b ? double(f) : double(std::nextafter(f, -INFINITY));
-    }
-    case DType::f16: return half_below<Half>(b);
-    case DType::bf16: return half_below<BFloat16>(b);
-    default: return std::nextafter(b, -INFINITY);
-  }
-}
-
 }  // namespace
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) const {
@@ -205,7 +179,7 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
 
 void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const {
   const DType dt = out.dtype();
-  const double top = dist == Distribution::uniform && b > a ? below(dt, b) : b;
+  const double top = dist == Distribution::uniform && b > a ? largest_below(dt, b) : b;
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
     double buf[kChunk];
     for (int64_t i = 0; i < n; ++i) {
