@@ -26,21 +26,24 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-double median_ms(const std::function<void()>& fn, int warmup = 5, int iters = 20) {
+// Median over `samples` of the time per call of `reps` back-to-back calls between two events: the host
+// enqueues the next call while the GPU runs the last, as in a training loop, so the figure is the GPU's
+// time per call, not the host's per-call overhead (torch_bench.py times PyTorch the same way).
+double median_ms(const std::function<void()>& fn, int warmup = 5, int samples = 15, int reps = 10) {
   auto stream = static_cast<cudaStream_t>(cuda::current_stream_handle());
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> times;
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (int i = 0; i < iters; ++i) {
+  for (int i = 0; i < samples; ++i) {
     cudaEventRecord(start, stream);
-    fn();
+    for (int r = 0; r < reps; ++r) fn();
     cudaEventRecord(stop, stream);
     cudaEventSynchronize(stop);
     float ms = 0;
     cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms);
+    times.push_back(ms / reps);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -75,7 +78,7 @@ int main() {
 
   run("gemm_bf16_8192", [] {
     Tensor a = gpu_randn({8192, 8192}, DType::bf16), b = gpu_randn({8192, 8192}, DType::bf16);
-    double ms = median_ms([&] { matmul(a, b); }, 3, 10);
+    double ms = median_ms([&] { matmul(a, b); }, 3, 10, 2);
     report("gemm_bf16_8192", ms, 3.0 * 8192 * 8192 * 2, 2.0 * 8192.0 * 8192 * 8192);
   });
   run("linear_gelu_bf16_8192x768x3072", [] {
@@ -89,6 +92,12 @@ int main() {
   for (DType t : {DType::f32, DType::bf16}) {
     std::string sfx = std::string("_") + dtype_name(t);
     double n = 16384.0 * 4096, es = double(element_size(t));
+    // What a plain device-to-device copy of these tensors reaches: the practical bandwidth ceiling.
+    run("copy" + sfx, [&] {
+      Tensor x = gpu_randn({16384, 4096}, t);
+      double ms = median_ms([&] { x.clone(); });
+      report("copy" + sfx, ms, 2 * n * es, 0);
+    });
     run("layernorm_fwd" + sfx, [&] {
       Tensor x = gpu_randn({16384, 4096}, t), w = gpu_randn({4096}, t), b = gpu_randn({4096}, t);
       double ms = median_ms([&] { F::layer_norm(x, {4096}, w, b); });

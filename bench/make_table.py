@@ -37,5 +37,12 @@ for name, (ms, nbytes, flops) in kiln.items():
     ratio = f"{t / ms:8.2f}x" if t else "      n/a"
     tms = f"{t:9.3f}" if t else "      n/a"
     print(f"{name:40s} {ms:9.3f} {tms} {achieved:>14s} {frac:8.0%} {ratio}")
+# Second references ("name@label" lines): Kiln's time of `name` against another PyTorch formulation.
+for key, t in torch.items():
+    if "@" not in key or key.split("@")[0] not in kiln:
+        continue
+    name, label = key.split("@", 1)
+    ms = kiln[name][0]
+    print(f"{'  ' + name[:24] + ' vs ' + label:40s} {ms:9.3f} {t:9.3f} {'':>14s} {'':>9s} {t / ms:8.2f}x")
 for e in errors:
     print(e)

@@ -1,109 +1,183 @@
 // Multi-tensor kernels: the fused AdamW step and the loss-scaler unscale, each covering many tensors
-// per launch. The host packs (tensor, chunk) work items into the kernel's argument block; every CUDA
-// block handles one chunk of kChunk elements of one tensor.
+// per launch. The host packs (tensor, chunk) work items into the kernel's argument block; a persistent
+// grid walks them, a block at a time on one chunk of kChunk elements of one tensor, with 4-element vector
+// accesses where every pointer of the tensor allows them.
 //
 // AdamW moves per element: read p, g (param dtype), m, v (f32); write p, m, v: 2·|p| + 2·|p| + 16 bytes
 // (28 bytes for f32 params). Unscale reads and writes each gradient once.
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
 
 namespace kiln::cuda {
 
 namespace {
 
-constexpr int kMaxTensors = 40;
-constexpr int kMaxBlocks = 320;
+// A launch's argument block (CUDA 12.1+ allows 32 KiB of kernel parameters on sm_70 and later): up to
+// kMaxTensors tensors and kMaxChunks (tensor, chunk) work items. A persistent grid of what fits on the
+// device at once walks the items, so one launch covers GPT-2 small's 124M parameters.
+constexpr int kMaxTensors = 110;
+constexpr int kMaxChunks = 2600;
 constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 
 struct TensorList {
   void* ptr[4][kMaxTensors];
   int64_t size[kMaxTensors];
-  unsigned char block_tensor[kMaxBlocks];
-  int block_chunk[kMaxBlocks];
+  bool vec[kMaxTensors];  // every pointer of the tensor aligned for 4-element vectors
+  unsigned char chunk_tensor[kMaxChunks];
+  int chunk_index[kMaxChunks];
+  int chunks;
 };
-static_assert(sizeof(TensorList) < 4000, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(TensorList) < 32000, "kernel parameters are limited to 32 KiB");
+
+// Four consecutive elements as one aligned access (16 bytes for f32, 8 for 2-byte types, 2 x 16 for f64).
+template <class T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
 
 // In double so f64 parameters get f64 hyper-parameters; f32 kernels round them once.
 struct AdamWArgs {
   double beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
 
+//   m = β1 m + (1 - β1) g,  v = β2 v + (1 - β2) g²,  p = p (1 - lr λ) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
+template <class C>
+__device__ __forceinline__ C adamw_update(C p, C g, C& m, C& v, const AdamWArgs& a) {
+  m = C(a.beta1) * m + (C(1) - C(a.beta1)) * g;
+  v = C(a.beta2) * v + (C(1) - C(a.beta2)) * g * g;
+  C denom = sqrt(v) / C(a.bc2_sqrt) + C(a.eps);
+  return p * C(a.decay) - C(a.step_size) * m / denom;
+}
+
+// P: parameter (and gradient) type, S: state type (f32, or f64 for f64 parameters); arithmetic in S.
 template <class P, class S>
-__global__ void adamw_kernel(TensorList tl, AdamWArgs a) {
-  int t = tl.block_tensor[blockIdx.x];
-  int64_t base = int64_t(tl.block_chunk[blockIdx.x]) * kChunk;
-  int64_t n = min(kChunk, tl.size[t] - base);
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ TensorList tl, AdamWArgs a) {
   using DP = device_t<P>;
-  DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
-  const DP* g = static_cast<const DP*>(tl.ptr[1][t]) + base;
-  S* m = static_cast<S*>(tl.ptr[2][t]) + base;
-  S* v = static_cast<S*>(tl.ptr[3][t]) + base;
-  using C = S;  // arithmetic in the state dtype
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    C gi = convert<C>(g[i]);
-    C mi = C(a.beta1) * m[i] + (C(1) - C(a.beta1)) * gi;
-    C vi = C(a.beta2) * v[i] + (C(1) - C(a.beta2)) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    C denom = sqrt(vi) / C(a.bc2_sqrt) + C(a.eps);
-    p[i] = convert<DP>(convert<C>(p[i]) * C(a.decay) - C(a.step_size) * mi / denom);
+  for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
+    const int t = tl.chunk_tensor[c];
+    const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
+    const int64_t n = min(kChunk, tl.size[t] - base);
+    DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
+    const DP* g = static_cast<const DP*>(tl.ptr[1][t]) + base;
+    S* m = static_cast<S*>(tl.ptr[2][t]) + base;
+    S* v = static_cast<S*>(tl.ptr[3][t]) + base;
+    int64_t i = 0;
+    if (tl.vec[t]) {
+      // Two 4-element steps per thread in flight: 8 elements of each of p, g, m, v.
+      for (; i + 8 * kThreads <= n; i += 8 * kThreads) {
+        Four<DP> pv[2], gv[2];
+        Four<S> mv[2], vv[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int64_t j = i + (u * kThreads + threadIdx.x) * 4;
+          pv[u] = *reinterpret_cast<const Four<DP>*>(p + j);
+          gv[u] = *reinterpret_cast<const Four<DP>*>(g + j);
+          mv[u] = *reinterpret_cast<const Four<S>*>(m + j);
+          vv[u] = *reinterpret_cast<const Four<S>*>(v + j);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int64_t j = i + (u * kThreads + threadIdx.x) * 4;
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            pv[u].v[e] = convert<DP>(adamw_update(convert<S>(pv[u].v[e]), convert<S>(gv[u].v[e]), mv[u].v[e], vv[u].v[e], a));
+          *reinterpret_cast<Four<DP>*>(p + j) = pv[u];
+          *reinterpret_cast<Four<S>*>(m + j) = mv[u];
+          *reinterpret_cast<Four<S>*>(v + j) = vv[u];
+        }
+      }
+    }
+    for (i += threadIdx.x; i < n; i += kThreads) {
+      S mi = m[i], vi = v[i];
+      p[i] = convert<DP>(adamw_update(convert<S>(p[i]), convert<S>(g[i]), mi, vi, a));
+      m[i] = mi;
+      v[i] = vi;
+    }
   }
 }
 
 template <class T>
-__global__ void unscale_kernel(TensorList tl, const float* inv_scale, float* found_inf) {
-  int t = tl.block_tensor[blockIdx.x];
-  int64_t base = int64_t(tl.block_chunk[blockIdx.x]) * kChunk;
-  int64_t n = min(kChunk, tl.size[t] - base);
+__global__ void __launch_bounds__(kThreads) unscale_kernel(const __grid_constant__ TensorList tl, const float* inv_scale,
+                                                          float* found_inf) {
   using D = device_t<T>;
-  D* x = static_cast<D*>(tl.ptr[0][t]) + base;
   using C = compute_t<T>;
-  C inv = C(*inv_scale);
+  const C inv = C(*inv_scale);
   bool bad = false;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    C v = convert<C>(x[i]);
-    bad |= !isfinite(v);
-    x[i] = convert<D>(v * inv);
+  for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
+    const int t = tl.chunk_tensor[c];
+    const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
+    const int64_t n = min(kChunk, tl.size[t] - base);
+    D* x = static_cast<D*>(tl.ptr[0][t]) + base;
+    int64_t i = 0;
+    if (tl.vec[t])
+      for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
+        Four<D>* q = reinterpret_cast<Four<D>*>(x + i) + threadIdx.x;
+        Four<D> f = *q;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          C val = convert<C>(f.v[e]);
+          bad |= !isfinite(val);
+          f.v[e] = convert<D>(val * inv);
+        }
+        *q = f;
+      }
+    for (i += threadIdx.x; i < n; i += kThreads) {
+      C val = convert<C>(x[i]);
+      bad |= !isfinite(val);
+      x[i] = convert<D>(val * inv);
+    }
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;  // benign race: every writer writes 1
 }
 
-// Packs tensors into as few launches as the argument block allows and calls launch(list, blocks).
+// Packs tensors into as few launches as the argument block allows and calls launch(list). A tensor whose
+// chunks do not all fit continues in the next launch.
 template <class Launch>
 void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& launch) {
-  TensorList tl{};
-  int nt = 0, nb = 0;  // tensor slots and blocks used in the pending launch
+  auto tl = std::make_unique<TensorList>();
+  int nt = 0;
+  tl->chunks = 0;
+  auto flush = [&] {
+    if (tl->chunks) launch(*tl);
+    tl->chunks = 0;
+    nt = 0;
+  };
   for (size_t i = 0; i < lists[0].size(); ++i) {
-    int64_t n = lists[0][i].numel();
+    const int64_t n = lists[0][i].numel();
     if (n == 0) continue;
-    for (size_t k = 0; k < lists.size(); ++k) tl.ptr[k][nt] = lists[k][i].raw_data();
-    tl.size[nt] = n;
-    int64_t chunks = (n + kChunk - 1) / kChunk;
+    bool vec = true;
+    for (const auto& l : lists)
+      vec &= reinterpret_cast<uintptr_t>(l[i].raw_data()) % (4 * l[i].element_size()) == 0;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
-      tl.block_tensor[nb] = (unsigned char)nt;
-      tl.block_chunk[nb] = int(c);
-      if (++nb < kMaxBlocks) continue;
-      launch(tl, nb);
-      nb = 0;
-      // The rest of this tensor's chunks go in the next launch, with the tensor in slot 0.
-      for (size_t k = 0; k < lists.size(); ++k) tl.ptr[k][0] = tl.ptr[k][nt];
-      tl.size[0] = tl.size[nt];
-      nt = 0;
-    }
-    if (nb == 0) continue;  // everything so far launched: slot 0 is free again
-    if (++nt == kMaxTensors) {
-      launch(tl, nb);
-      nb = 0;
-      nt = 0;
+      if (tl->chunks == kMaxChunks || (c == 0 && nt == kMaxTensors)) flush();
+      if (c == 0 || tl->chunks == 0) {  // the tensor takes a slot in this launch
+        for (size_t k = 0; k < lists.size(); ++k) tl->ptr[k][nt] = lists[k][i].raw_data();
+        tl->size[nt] = n;
+        tl->vec[nt] = vec;
+        ++nt;
+      }
+      tl->chunk_tensor[tl->chunks] = (unsigned char)(nt - 1);
+      tl->chunk_index[tl->chunks] = int(c);
+      ++tl->chunks;
     }
   }
-  if (nb) launch(tl, nb);
+  flush();
+}
+
+// Blocks of `kernel` a launch of `chunks` work items uses: what fits on the device at once.
+unsigned persistent_grid(const void* kernel, int chunks) {
+  int occ = blocks_per_sm(kernel, kThreads, 0);
+  return unsigned(std::min<int64_t>(chunks, int64_t(std::max(occ, 1)) * sm_count()));
 }
 
 void check_list(const std::vector<Tensor>& ts, const char* op) {
@@ -137,9 +211,9 @@ void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vecto
     if (lists[0].empty()) continue;
     bool f64_state = lists[2][0].dtype() == DType::f64;
     KILN_DISPATCH_FLOATING(pd, "adamw_step", {
-      for_each_launch(lists, [&](const TensorList& tl, int blocks) {
-        if (f64_state) adamw_kernel<scalar_t, double><<<blocks, kThreads, 0, current_stream()>>>(tl, a);
-        else adamw_kernel<scalar_t, float><<<blocks, kThreads, 0, current_stream()>>>(tl, a);
+      for_each_launch(lists, [&](const TensorList& tl) {
+        auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
+        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
         KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
       });
     });
@@ -157,8 +231,9 @@ void CudaBackend::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& 
       if (t.dtype() == d) lists[0].push_back(t);
     if (lists[0].empty()) continue;
     KILN_DISPATCH_FLOATING(d, "amp_unscale", {
-      for_each_launch(lists, [&](const TensorList& tl, int blocks) {
-        unscale_kernel<scalar_t><<<blocks, kThreads, 0, current_stream()>>>(
+      for_each_launch(lists, [&](const TensorList& tl) {
+        unscale_kernel<scalar_t><<<persistent_grid(reinterpret_cast<const void*>(unscale_kernel<scalar_t>), tl.chunks),
+                                   kThreads, 0, current_stream()>>>(
             tl, static_cast<const float*>(inv_scale.raw_data()), static_cast<float*>(found_inf.raw_data()));
         KILN_LAUNCH_CHECK("unscale_kernel", "amp_unscale");
       });

@@ -5,11 +5,12 @@
 // Math in f32 (f64 for f64). Bytes moved: forward M*C*sizeof(T) read + the same written; backward two
 // reads and one write.
 //
-// A group of G threads (a power of two, at most 512 forward, 1024 backward) owns a row. Forward fast path
-// (C a multiple of the 16-byte vector, aligned, at most 4 vectors per thread): a persistent grid feeds
-// each thread's pieces of the next 1-3 tiles through a cp.async shared-memory ring, the row is reduced in
-// registers and exp is evaluated once per element. Backward fast path (16 elements of dy and y per
-// thread, C <= 16384): the row is read once into registers (all loads issued before the first use).
+// A group of G threads (a power of two, at most 512 forward, 1024 backward) owns a row. Fast paths (C a
+// multiple of the 16-byte vector, aligned; forward at most 4 vectors per thread, backward 16 elements of
+// dy and y per thread): the row is read once into registers, all loads issued before the first use, and
+// exp is evaluated once per element; one tile of rows per block, so the hardware keeps new blocks
+// arriving while others reduce (on an H200 at 16384x4096 bf16 this beat a persistent grid fed by a
+// cp.async ring: 0.070 against 0.092 ms).
 // Larger or misaligned rows stream: an online max/sum pass (rescaling the running sum when the max
 // grows), then a second pass that re-reads the row (mostly from L2) and writes.
 #include <cmath>
@@ -32,47 +33,40 @@ inline constexpr int kSoftmaxPacks = 4;
 template <class D>
 inline constexpr int kSoftmaxBwdPacks = sizeof(D) == 8 ? 4 : 16 / kVec<D>;
 
-// kCached: the row sits in registers, fed by the cp.async ring (`stages` rows ahead, dynamic shared
-// memory), and exp is evaluated once per element (2-byte types: one FFMA + ex2.approx); otherwise the
-// row streams twice from global memory (online max/sum, then output).
+// kCached: the row sits in registers and exp is evaluated once per element (2-byte types: one FFMA +
+// ex2.approx); otherwise the row streams twice from global memory (online max/sum, then output).
 template <class S, bool kCached>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_kernel(const device_t<S>* x, device_t<S>* y, int64_t M, int64_t C, int G, bool log, bool vec_ok,
-                   int stages) {
+    softmax_kernel(const device_t<S>* x, device_t<S>* y, int64_t M, int64_t C, int G, bool log, bool vec_ok) {
   using D = device_t<S>;
   using A = compute_t<S>;
   constexpr int N = kVec<D>, P = kSoftmaxPacks<D>;
   using V = Vec<D, N>;
-  extern __shared__ uint4 ring[];
   __shared__ A smem[32];
   const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
-  const D* const src[1] = {x};
-  if constexpr (kCached)
-    for (int s = 0; s + 1 < stages; ++s) ring_issue<1, P>(ring, s, blockIdx.x + int64_t(s) * gridDim.x, src, M, C, G);
-  int st = 0;
   for (int64_t tile = blockIdx.x; tile * upb < M; tile += gridDim.x) {
     const int64_t row = tile * upb + threadIdx.x / G;
     const bool valid = row < M;
     const D* xr = x + (valid ? row : 0) * C;
     D* yr = y + (valid ? row : 0) * C;
     if constexpr (kCached) {
-      ring_issue<1, P>(ring, st == 0 ? stages - 1 : st - 1, tile + int64_t(stages - 1) * gridDim.x, src, M, C, G);
-      cp_async_wait(stages - 1);
       const int64_t nP = C / N;
+      V piece[P];
+#pragma unroll
+      for (int k = 0; k < P; ++k)
+        if (valid && lane + k * G < nP) piece[k] = reinterpret_cast<const V*>(xr)[lane + k * G];
       A v[P][N];
       A m = -INFINITY;
 #pragma unroll
       for (int k = 0; k < P; ++k) {
         const bool have = valid && lane + k * G < nP;
-        V piece;
-        if (have) piece = ring_read<V>(ring, st, 1, 0, P, k);
+        to_compute(piece[k], v[k]);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          v[k][j] = have ? convert<A>(piece.v[j]) : A(-INFINITY);
+          if (!have) v[k][j] = A(-INFINITY);
           m = MaxOp()(m, v[k][j]);
         }
       }
-      st = st + 1 == stages ? 0 : st + 1;
       m = group_allreduce(m, G, smem, MaxOp());
       const A c = shift_of(m);
       A s = 0;
@@ -91,10 +85,9 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 #pragma unroll
       for (int k = 0; k < P; ++k)
         if (valid && lane + k * G < nP) {
-          V o;
 #pragma unroll
-          for (int j = 0; j < N; ++j) o.v[j] = convert<D>(log ? v[k][j] - sub : v[k][j] * inv);
-          store_vec(yr + (lane + k * G) * N, o);
+          for (int j = 0; j < N; ++j) v[k][j] = log ? v[k][j] - sub : v[k][j] * inv;
+          store_vec(yr + (lane + k * G) * N, from_compute<D>(v[k]));
         }
     } else {
       A m = -INFINITY, s = 0;
@@ -131,7 +124,6 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         });
     }
   }
-  if constexpr (kCached) cp_async_wait(0);  // only empty groups can remain
 }
 
 template <class S, bool kCached>
@@ -212,39 +204,30 @@ struct RowPlan {
   bool cached;
 };
 
+// Cached rows take one tile per block (up to the grid limit); streamed rows a grid-stride loop.
 template <class D, int P>
-RowPlan plan_rows(int64_t M, int64_t C, bool aligned) {
+RowPlan plan_rows(int64_t M, int64_t C, bool aligned, int max_group) {
   constexpr int N = kVec<D>;
   RowPlan p{};
   int64_t need = (C / N + P - 1) / P;  // threads needed to hold the row
-  p.cached = aligned && C % N == 0 && need <= 1024;
-  p.G = p.cached ? pow2_clamp(need, 32, 1024) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, kMaxRowThreads);
+  p.cached = aligned && C % N == 0 && need <= max_group;
+  p.G = p.cached ? pow2_clamp(need, 32, max_group) : pow2_clamp((C + 4 * N - 1) / (4 * N), 32, kMaxRowThreads);
   p.block = p.G < 256 ? 256 : p.G;
   int64_t upb = p.block / p.G, tiles = (M + upb - 1) / upb;
-  p.grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
+  p.grid = unsigned(std::min<int64_t>(tiles, p.cached ? int64_t(INT32_MAX) : int64_t(sm_count()) * 32));
   return p;
 }
 
 template <class S>
 void launch_softmax(const Tensor& in, const Tensor& out, bool log) {
   using D = device_t<S>;
-  constexpr int N = kVec<D>, P = kSoftmaxPacks<D>;
+  constexpr int P = kSoftmaxPacks<D>;
   int64_t C = in.size(-1), M = in.numel() / C;
   const D* x = static_cast<const D*>(in.raw_data());
   D* y = static_cast<D*>(out.raw_data());
-  RowPipePlan plan = plan_row_pipe(reinterpret_cast<const void*>(softmax_kernel<S, true>), M, C, N, P, 1, kMaxRowThreads,
-                                   aligned16(x) && aligned16(y) && C % N == 0);
-  if (!plan.ok) {
-    RowPlan p = plan_rows<D, P>(M, C, false);
-    plan.G = p.G;
-    plan.block = p.block;
-    plan.grid = p.grid;
-    plan.smem = 0;
-    plan.stages = 0;
-  }
-  auto kernel = plan.ok ? softmax_kernel<S, true> : softmax_kernel<S, false>;
-  kernel<<<plan.grid, plan.block, plan.smem, current_stream()>>>(x, y, M, C, plan.G, log, same_alignment(x, y),
-                                                               plan.stages);
+  RowPlan p = plan_rows<D, P>(M, C, aligned16(x) && aligned16(y), kMaxRowThreads);
+  auto kernel = p.cached ? softmax_kernel<S, true> : softmax_kernel<S, false>;
+  kernel<<<p.grid, p.block, 0, current_stream()>>>(x, y, M, C, p.G, log, same_alignment(x, y));
   KILN_LAUNCH_CHECK("softmax_kernel", log ? "log_softmax" : "softmax");
 }
 
@@ -255,7 +238,7 @@ void launch_softmax_backward(const Tensor& grad_out, const Tensor& out, const Te
   const D* dy = static_cast<const D*>(grad_out.raw_data());
   const D* y = static_cast<const D*>(out.raw_data());
   D* dx = static_cast<D*>(grad_in.raw_data());
-  RowPlan p = plan_rows<D, kSoftmaxBwdPacks<D>>(M, C, aligned16(dy) && aligned16(y) && aligned16(dx));
+  RowPlan p = plan_rows<D, kSoftmaxBwdPacks<D>>(M, C, aligned16(dy) && aligned16(y) && aligned16(dx), 1024);
   auto kernel = p.cached ? softmax_backward_kernel<S, true> : softmax_backward_kernel<S, false>;
   kernel<<<p.grid, p.block, 0, current_stream()>>>(dy, y, dx, M, C, p.G, log,
                                                    same_alignment(dy, y) && same_alignment(y, dx));

@@ -19,10 +19,11 @@ using kiln::testing::gpu;
 using kiln::testing::rand_cpu;
 
 namespace {
-// Shapes with more tensors than one launch packs (40) and one spanning many chunks.
+// Shapes with more tensors than one launch packs (110), one spanning many chunks and sizes that are no
+// multiple of the vector width.
 std::vector<Shape> adamw_shapes() {
   std::vector<Shape> s = {{3000, 700}, {1}, {7}, {4096}};
-  for (int i = 0; i < 45; ++i) s.push_back({int64_t(100 + 37 * i)});
+  for (int i = 0; i < 120; ++i) s.push_back({int64_t(100 + 37 * i)});
   return s;
 }
 }  // namespace
@@ -42,6 +43,16 @@ TEST(CudaAdamW, FusedStepMatchesTheCpuOverManyTensors) {
       mg.push_back(mc.back().to(gpu()));
       vg.push_back(vc.back().to(gpu()));
     }
+    // A parameter one element past a vector boundary takes the scalar path.
+    Tensor whole = rand_cpu({70001}, pd).to(gpu());
+    pg.push_back(whole.narrow(0, 1, 70000));
+    pc.push_back(pg.back().to(Device::cpu()));
+    gc.push_back(rand_cpu({70000}, pd, 0.1));
+    mc.push_back(rand_cpu({70000}, sd, 0.01));
+    vc.push_back(abs(rand_cpu({70000}, sd, 0.001)));
+    gg.push_back(gc.back().to(gpu()));
+    mg.push_back(mc.back().to(gpu()));
+    vg.push_back(vc.back().to(gpu()));
     AdamWHyper h{1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - std::pow(0.9, 3), std::sqrt(1 - std::pow(0.999, 3))};
     backend(Device::cpu()).adamw_step(pc, gc, mc, vc, h);
     backend(gpu()).adamw_step(pg, gg, mg, vg, h);
