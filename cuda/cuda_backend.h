@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
   void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                   const std::vector<Tensor>& exp_avg_sqs, const AdamWHyper& h) const override;
   void amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                         bool causal, double scale, double dropout_p, uint64_t seed, uint64_t offset) const override;
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, bool causal,
+                          double scale, double dropout_p, uint64_t seed, uint64_t offset) const override;
 };
 
 Backend& cuda_backend();

@@ -60,10 +60,23 @@ struct Pool2dOptions {
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts in the divisor, as PyTorch's default
 
-// Reference attention: softmax(q kᵀ · scale + mask) v over the last two dims; q (..., Tq, D), k/v (..., Tk, D).
-// causal masks keys after the query position (query i sees keys j <= i, as PyTorch's is_causal). scale defaults to 1/sqrt(D).
+// Scaled-dot-product attention: softmax(q kᵀ · scale + mask) v over the last two dims, with q (..., Tq, D)
+// and k, v (..., Tk, D) (v may have its own width Dv). causal masks keys after the query position (query
+// i sees keys j <= i, as PyTorch's is_causal); scale defaults to 1/sqrt(D); in training, dropout_p
+// zeroes attention probabilities (the rest scaled by 1/(1-p)) with a mask drawn from gen (default: the
+// default generator) as a pure function of (seed, offset, head, i, j), the same on every device.
+// One fused autograd node on every device (flash attention on the GPU: only the output and the per-row
+// log-sum-exp are kept for backward, never the Tq x Tk probabilities). The output's memory is ordered
+// (..., Tq, H, D) for 4-D inputs (B, H, Tq, D), so out.transpose(1, 2) is contiguous (merging heads is a
+// view). Under autocast it computes in the autocast dtype. Inputs of unequal leading dims (broadcast),
+// Dv != D, empty sequences, or (on the GPU) D > 256 take the reference composite below.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
-                                    bool training = false);
+                                    bool training = false, Generator* gen = nullptr);
+// The same function composed of matmul, where, softmax, dropout and matmul (materializes the Tq x Tk
+// scores; its dropout mask is dropout()'s, not the fused op's). The reference the fused op is tested against.
+Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
 
 }  // namespace kiln::nn::functional

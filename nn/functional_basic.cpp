@@ -1,4 +1,4 @@
-// linear (and linear_gelu), dropout, embedding, mse_loss and the reference attention.
+// linear (and linear_gelu), dropout, embedding and mse_loss (attention: functional_attention.cpp).
 #include <algorithm>
 #include <cmath>
 
@@ -127,27 +127,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
     case Reduction::mean: return mean(sq);
   }
   return sq;
-}
-
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    std::optional<double> scale, double dropout_p, bool training) {
-  KILN_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), "scaled_dot_product_attention: q ", q.str(),
-             ", k ", k.str(), ", v ", v.str(), " need the same rank >= 2");
-  KILN_CHECK(q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2), "scaled_dot_product_attention: q ", q.str(), ", k ",
-             k.str(), ", v ", v.str(), " have incompatible sizes");
-  int64_t Tq = q.size(-2), Tk = k.size(-2);
-  double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
-  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
-  if (causal) {
-    // query i sees keys j <= i (the top-left aligned lower triangle, as PyTorch's is_causal)
-    Tensor qi = arange(0.0, double(Tq), 1.0, {.dtype = DType::i64, .device = q.device()}).reshape({Tq, 1});
-    Tensor kj = arange(0.0, double(Tk), 1.0, {.dtype = DType::i64, .device = q.device()}).reshape({1, Tk});
-    Tensor allowed = le(kj, qi);
-    scores = where(allowed, scores, full({}, -INFINITY, {.dtype = scores.dtype(), .device = q.device()}));
-  }
-  Tensor attn = kiln::softmax(scores, -1);
-  attn = dropout(attn, dropout_p, training);
-  return matmul(attn, v);
 }
 
 }  // namespace kiln::nn::functional

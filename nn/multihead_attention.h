@@ -1,7 +1,8 @@
 #pragma once
 // MultiheadAttention (Vaswani et al. 2017), a reference implementation on batch-first inputs:
 //   q = query·Wqᵀ + bq,  k = key·Wkᵀ + bk,  v = value·Wvᵀ + bv         (B, T, E), split into H heads of D = E/H
-//   head_h = softmax(q_h k_hᵀ / sqrt(D) [+ causal mask]) v_h          (scaled_dot_product_attention)
+//   head_h = softmax(q_h k_hᵀ / sqrt(D) [+ causal mask]) v_h          (the fused scaled_dot_product_attention;
+//                                                                      heads are views of the projections)
 //   out = concat(head_1..head_H)·Woᵀ + bo
 // Wq, Wk, Wv are the row blocks [0,E), [E,2E), [2E,3E) of in_proj.weight (3E, E). Self-attention
 // (operator()(x)) runs in_proj as one layer, so hooks on in_proj and out_proj see every projection

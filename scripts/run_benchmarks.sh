@@ -8,3 +8,9 @@ mkdir -p "$out"
 "$build/bench/kiln_bench" > "$out/bench_kiln.txt" 2>&1
 python3 "$(dirname "$0")/../bench/torch_bench.py" > "$out/bench_torch.txt" 2>&1
 python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_kiln.txt" "$out/bench_torch.txt" | tee "$out/bench_table.txt"
+# Attention: the fused flash-attention kernels beside PyTorch's scaled_dot_product_attention.
+"$build/bench/kiln_attention_bench" > "$out/bench_attention_kiln.txt" 2>&1
+python3 "$(dirname "$0")/../bench/attention_torch.py" > "$out/bench_attention_torch.txt" 2>&1
+python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_attention_kiln.txt" "$out/bench_attention_torch.txt" | tee "$out/bench_attention_table.txt"
+grep -h '^#' "$out/bench_attention_kiln.txt" | sed 's/^#/kiln /'
+grep -h '^#' "$out/bench_attention_torch.txt" | sed 's/^#/torch/'

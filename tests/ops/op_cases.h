@@ -123,6 +123,15 @@ inline std::vector<OpCase> cases() {
       {"scaled_dot_product_attention", {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](const Inputs& x) {
          return F::scaled_dot_product_attention(x[0], x[1], x[2], true);
        }},
+      {"scaled_dot_product_attention", {{2, 2, 5, 3}, {2, 2, 4, 3}, {2, 2, 4, 3}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7);
+       }},
+      {"scaled_dot_product_attention", {{1, 3, 6, 4}, {1, 3, 6, 4}, {1, 3, 6, 4}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention(x[0].transpose(1, 2).contiguous().transpose(1, 2), x[1], x[2], true);
+       }},
+      {"scaled_dot_product_attention_reference", {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention_reference(x[0], x[1], x[2], true);
+       }},
       {"view", {{3, 4}}, [](const Inputs& x) { return x[0].reshape({2, 6}) * x[0].reshape({2, 6}); }},
       {"permute", {{2, 3, 4}}, [](const Inputs& x) { return x[0].permute({2, 0, 1}) * 2.0; }},
       {"transpose", {{3, 4}}, [](const Inputs& x) { return matmul(x[0].t(), x[0]); }},

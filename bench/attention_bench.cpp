@@ -1,0 +1,95 @@
+// Attention benchmark: the fused flash-attention kernels (Backend::attention_forward/backward) in bf16,
+// forward and forward+backward, head dims 64 and 128, N = 1k..16k, causal and not. Shapes as the
+// FlashAttention papers: batch · seqlen = 16k tokens, hidden 2048 (H = 2048 / D heads). Prints
+//   BENCH attention_<fwd|fwdbwd>_d<D>_n<N>[_causal] <ms> <bytes> <flops>
+// (median of CUDA-event timings after warm-up, as kernels_bench.cpp) and a readable TFLOP/s line.
+// FLOPs (FA2's convention, matmuls only): forward 4·B·H·N²·D, halved when causal; forward+backward 3.5x
+// the forward (backward = 2.5x forward). Bytes: Q, K, V, O once (forward); plus dO, dQ, dK, dV and the
+// re-reads of Q, K, V, O, dO for forward+backward. bench/attention_torch.py times PyTorch's SDPA alike.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+
+using namespace kiln;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double median_ms(const std::function<void()>& fn, int warmup, int iters) {
+  auto stream = static_cast<cudaStream_t>(cuda::current_stream_handle());
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(start, stream);
+    fn();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void report(const std::string& name, double ms, double bytes, double flops) {
+  std::printf("BENCH %s %.5f %.6g %.6g\n", name.c_str(), ms, bytes, flops);
+  std::printf("# %-36s %9.3f ms %8.1f TFLOP/s\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";  // run only configurations whose tag contains this
+  if (!cuda::is_available()) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  NoGradGuard no_grad;
+  manual_seed(0);
+  Backend& be = backend(kGpu);
+  const TensorOptions bf16{.dtype = DType::bf16, .device = kGpu};
+  for (int64_t D : {64, 128})
+    for (int64_t N : {1024, 2048, 4096, 8192, 16384})
+      for (bool causal : {false, true}) {
+        const int64_t B = 16384 / N, H = 2048 / D;
+        const std::string tag = "_d" + std::to_string(D) + "_n" + std::to_string(N) + (causal ? "_causal" : "");
+        if (!only.empty() && tag.find(only) == std::string::npos) continue;
+        try {
+          Tensor q = randn({B, H, N, D}, bf16), k = randn({B, H, N, D}, bf16), v = randn({B, H, N, D}, bf16);
+          Tensor dout = randn({B, H, N, D}, bf16);
+          Tensor out = empty({B, H, N, D}, bf16), lse = empty({B, H, N}, {.dtype = DType::f32, .device = kGpu});
+          Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+          const double scale = 1.0 / std::sqrt(double(D));
+          const double fwd_flops = 4.0 * double(B * H) * double(N) * double(N) * double(D) / (causal ? 2.0 : 1.0);
+          const double tensor_bytes = double(B * H * N * D) * 2.0;
+          auto fwd = [&] { be.attention_forward(q, k, v, out, lse, causal, scale, 0.0, 0, 0); };
+          auto bwd = [&] { be.attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0); };
+          const int iters = N >= 8192 ? 10 : 20;
+          report("attention_fwd" + tag, median_ms(fwd, 3, iters), 4 * tensor_bytes, fwd_flops);
+          report("attention_fwdbwd" + tag, median_ms([&] { fwd(); bwd(); }, 3, iters), 13 * tensor_bytes,
+                 3.5 * fwd_flops);
+        } catch (const std::exception& e) {
+          std::printf("BENCH_ERROR attention%s %s\n", tag.c_str(), e.what());
+        }
+      }
+  return 0;
+}

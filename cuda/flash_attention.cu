@@ -1,0 +1,872 @@
+// Fused scaled-dot-product attention (FlashAttention-2, Dao 2023), forward and backward. The math, the
+// layouts and the dropout mask are stated at Backend::attention_forward (core/backend.h); in short, per
+// (b, h) head with S = scale·QKᵀ (causal: j > i masked), P = exp(S - lse), Z the dropout mask:
+//   forward   O = (P ⊙ Z) V, computed tile by tile with an online softmax; only O and lse reach memory
+//   backward  D_i = Σ_d dO_id O_id;  dV = (P⊙Z)ᵀ dO;  dS = P ⊙ ((dO Vᵀ) ⊙ Z - D);  dQ = scale·dS K;
+//             dK = scale·dSᵀ Q
+// FLOPs (the FA papers' convention: matmuls only): forward 4·B·H·Tq·Tk·D, backward 2.5x that (five
+// Tq x Tk x D products to the forward's two); causal halves both. Bytes: Q, K, V, O (and dO, dQ, dK, dV)
+// once each plus lse; K and V are re-read per query tile from L2.
+//
+// Tensor-core path (bf16/f16, D = 64 or 128, 16-byte aligned rows): mma.sync.m16n8k16 with f32
+// accumulators, operands through ldmatrix from XOR-swizzled shared memory (16-byte chunk c of row r sits
+// at chunk c ^ (r mod 8): conflict-free ldmatrix and cp.async), tiles fetched by cp.async.
+//   forward: a CTA of 8 warps owns 128 query rows (16 per warp, Q fragments kept in registers) and walks
+//     64-key tiles; the V tile loads while S = QKᵀ and the softmax run, the next K tile while O += PV
+//     runs (FA2's interleaving: K and V each single-buffered, always one copy in flight). Scores scale by
+//     scale·log2(e) and exponentiate with exp2. Causal CTAs stop at the diagonal and start with the
+//     longest rows; only tiles that cross the diagonal or the ragged end (Tk, Tq) evaluate the mask.
+//   backward: a CTA of 8 warps owns 128 keys (16 per warp) and walks 64-query tiles (Q and dO double-
+//     buffered): each warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for its keys, accumulates dV and dK in
+//     registers, writes dSᵀ to shared memory, and after a barrier all warps compute dQ_tile = dS K and add
+//     it into an f32 scratch with vector atomics; a last kernel scales dQ into the output dtype. D_i comes
+//     from a row kernel before.
+// Everything else (f32, f64, other head dims up to 256, misaligned views): a simple kernel per query row
+// (forward, dQ) and per key row (dK, dV), one warp each, exact in f32/f64, with the same dropout mask.
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/philox.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------------------------- common
+
+// A (B, H, T, D) view: base pointer and element strides of B, H, T (D has unit stride).
+struct HeadView {
+  const void* ptr;
+  int64_t sb, sh, st;
+};
+HeadView head_view(const Tensor& t) { return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
+// offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (Backend::attention_forward).
+struct DropoutArgs {
+  uint64_t seed, offset;
+  float keep_below;  // keep when the uniform float < 1 - p (f32, as the CPU)
+  float scale;       // 1 / (1 - p)
+  bool on;
+};
+
+__device__ __forceinline__ uint4 dropout_block(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
+                                               int64_t j) {
+  return philox4x32(d.offset + uint64_t((bh * Tq + i) * ((Tk + 3) / 4) + j / 4), d.seed);
+}
+__device__ __forceinline__ float unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
+__device__ __forceinline__ uint32_t word(uint4 w, int k) { return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w; }
+// Z_ij: 1/(1-p) where kept, 0 where dropped.
+__device__ __forceinline__ float dropout_z(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
+                                           int64_t j) {
+  uint4 w = dropout_block(d, bh, Tq, Tk, i, j);
+  return unit_float(word(w, int(j & 3))) < d.keep_below ? d.scale : 0.0f;
+}
+
+// The keep decisions of a thread's 32 accumulator elements of an (8 n8 tiles x 4) fragment, bit nt·4 + e,
+// element (row(e), col(nt, e)) with row(e) = r0 + (e >= 2 ? 8 : 0), col = c0 + nt·8 + (e & 1) (transposed:
+// the element's query is the col). A rolled loop: the Philox rounds stay out of the unrolled MMA code.
+__device__ __forceinline__ uint32_t dropout_bits(const DropoutArgs& d, int64_t bh, int Tq, int Tk, int r0, int c0,
+                                              bool transposed) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int k = 0; k < 32; ++k) {
+    const int nt = k / 4, e = k % 4;
+    const int row = r0 + (e >= 2 ? 8 : 0), col = c0 + nt * 8 + (e & 1);
+    const int i = transposed ? col : row, j = transposed ? row : col;
+    if (i < Tq && j < Tk && dropout_z(d, bh, Tq, Tk, i, j) != 0.f) bits |= 1u << k;
+  }
+  return bits;
+}
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// --------------------------------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared; zero-filled when !valid (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// c += a · b for one m16n8k16 tile (a: 4 regs of row-major A, b: 2 regs of column-major B).
+template <class T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to T and packed into one register, x in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Element offset of (row, col) in a swizzled tile with kCols columns of 2-byte elements (col: a multiple
+// of 8 for whole chunks, or any col inside its chunk).
+template <int kCols>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * kCols + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// rows [row0, row0 + kRows) of a (T, kCols) head into a swizzled tile; rows >= T zero-filled.
+template <int kRows, int kCols, int kThreads, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* head, int64_t stride, int row0, int T_len) {
+  constexpr int kChunks = kCols / 8;
+  const uint32_t base = smem_addr(tile);
+#pragma unroll
+  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < T_len;
+    const T* src = valid ? head + int64_t(row0 + r) * stride + c * 8 : head;
+    cp_async16(base + uint32_t(swz<kCols>(r, c * 8)) * 2u, src, valid);
+  }
+}
+
+// ------------------------------------------------------------------------------- forward (tensor cores)
+
+struct FwdParams {
+  HeadView q, k, v, o;
+  float* lse;  // (B, H, Tq)
+  int H, Tq, Tk;
+  float scale_log2;  // scale · log2(e)
+  bool causal;
+  DropoutArgs drop;
+};
+
+constexpr int kFwdRows = 128, kFwdKeys = 64, kFwdThreads = 256;
+
+template <class T, int D>
+__global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_kernel(FwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kFwdRows * D;
+  T* sV = sK + kFwdKeys * D;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int64_t bh = int64_t(b) * p.H + h;
+  // causal: the longest rows (last tiles) first
+  const int m0 = (p.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;
+  const T* qh = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
+  const T* kh = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
+  const T* vh = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
+  int key_end = p.Tk;
+  if (p.causal) key_end = min(key_end, min(m0 + kFwdRows, p.Tq));
+  const int n_tiles = (key_end + kFwdKeys - 1) / kFwdKeys;
+
+  load_tile<kFwdRows, D, kFwdThreads>(sQ, qh, p.q.st, m0, p.Tq);
+  load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, 0, p.Tk);
+  cp_async_commit();
+
+  const int row_w = m0 + warp * 16;  // the warp's first query row
+  const int row_lo = row_w + g, row_hi = row_lo + 8;
+  uint32_t qf[D / 16][4];
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  for (int n = 0; n < n_tiles; ++n) {
+    const int n0 = n * kFwdKeys;
+    cp_async_wait_all();
+    __syncthreads();  // K_n (and Q) landed; every warp is done with sV
+    if (n == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk * 16 + (lane / 16) * 8;
+        ldsm_x4(smem_addr(sQ + swz<D>(r, c)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+      }
+    }
+    load_tile<kFwdKeys, D, kFwdThreads>(sV, vh, p.v.st, n0, p.Tk);
+    cp_async_commit();
+
+    // S = Q K_nᵀ: 16 rows x 64 keys per warp
+    float s[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b0, b1, b2, b3;
+        int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
+        ldsm_x4(smem_addr(sK + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(s[2 * np], qf[kk], b0, b1);
+        mma16816<T>(s[2 * np + 1], qf[kk], b2, b3);
+      }
+
+    // scale into log2 units, mask, online softmax
+    const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * p.scale_log2;
+        if (need_mask) {
+          const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
+          if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+        }
+        s[nt][e] = x;
+        if (e < 2) mx_lo = fmaxf(mx_lo, x);
+        else mx_hi = fmaxf(mx_hi, x);
+      }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
+    }
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+    const float corr_lo = exp2f(m_lo - base_lo), corr_hi = exp2f(m_hi - base_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - base_lo);
+      s[nt][1] = exp2f(s[nt][1] - base_lo);
+      s[nt][2] = exp2f(s[nt][2] - base_hi);
+      s[nt][3] = exp2f(s[nt][3] - base_hi);
+      sum_lo += s[nt][0] + s[nt][1];
+      sum_hi += s[nt][2] + s[nt][3];
+    }
+    l_lo = l_lo * corr_lo + sum_lo;
+    l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      acc[dt][0] *= corr_lo;
+      acc[dt][1] *= corr_lo;
+      acc[dt][2] *= corr_hi;
+      acc[dt][3] *= corr_hi;
+    }
+    if (p.drop.on) {  // l keeps the undropped sum; only the P that multiplies V is masked
+      const uint32_t bits = dropout_bits(p.drop, bh, p.Tq, p.Tk, row_lo, n0 + 2 * t4, false);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= (bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f;
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+
+    cp_async_wait_all();
+    __syncthreads();  // V_n landed; every warp is done with sK
+    if (n + 1 < n_tiles) {
+      load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n0 + kFwdKeys, p.Tk);
+      cp_async_commit();
+    }
+    // O += P V_n
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b0, b1, b2, b3;
+        int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 16 + (lane / 16) * 8;
+        ldsm_x4_t(smem_addr(sV + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(acc[2 * dp], pa[kk], b0, b1);
+        mma16816<T>(acc[2 * dp + 1], pa[kk], b2, b3);
+      }
+  }
+
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o);
+  }
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * t4;
+    if (row_lo < p.Tq)
+      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) = pack2<T>(acc[dt][0] * inv_lo, acc[dt][1] * inv_lo);
+    if (row_hi < p.Tq)
+      *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) = pack2<T>(acc[dt][2] * inv_hi, acc[dt][3] * inv_hi);
+  }
+  if (t4 == 0) {
+    if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m_lo + log2f(l_lo)) * kLn2;
+    if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m_hi + log2f(l_hi)) * kLn2;
+  }
+}
+
+// ------------------------------------------------------------------------------ backward (tensor cores)
+
+struct BwdParams {
+  HeadView q, k, v, dout, dk, dv;
+  const float* lse;  // (B, H, Tq)
+  const float* dsum;  // D_i, (B, H, Tq)
+  float* dq_acc;      // (B, H, Tq, D) f32, zeroed; receives dS K (unscaled)
+  int H, Tq, Tk;
+  float scale, scale_log2;
+  bool causal;
+  DropoutArgs drop;
+};
+
+constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
+
+template <class T, int D>
+__global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + kBwdKeys * D;
+  T* sQ = sV + kBwdKeys * D;          // 2 buffers
+  T* sdO = sQ + 2 * kBwdRows * D;     // 2 buffers
+  T* sdS = sdO + 2 * kBwdRows * D;    // dSᵀ: (keys, queries)
+  float* sStat = reinterpret_cast<float*>(sdS + kBwdKeys * kBwdRows);  // 2 buffers of lse[64], D_i[64]
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int64_t bh = int64_t(b) * p.H + h;
+  const int n0 = int(blockIdx.x) * kBwdKeys;
+  const T* qh = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
+  const T* kh = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
+  const T* vh = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
+  const T* doh = static_cast<const T*>(p.dout.ptr) + b * p.dout.sb + h * p.dout.sh;
+  const float* lse = p.lse + bh * p.Tq;
+  const float* dsum = p.dsum + bh * p.Tq;
+  float* dqh = p.dq_acc + bh * p.Tq * D;
+
+  const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
+  const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
+
+  load_tile<kBwdKeys, D, kBwdThreads>(sK, kh, p.k.st, n0, p.Tk);
+  load_tile<kBwdKeys, D, kBwdThreads>(sV, vh, p.v.st, n0, p.Tk);
+  // lse and D_i of query rows [row0, row0 + 64) into stat buffer `buf` (threads 0-127, one float each)
+  auto load_stats = [&](int buf, int row0) {
+    const int tid = int(threadIdx.x);
+    if (tid < 2 * kBwdRows) {
+      const int r = row0 + tid % kBwdRows;
+      const float* src = tid < kBwdRows ? lse : dsum;
+      cp_async4(smem_addr(sStat + buf * 2 * kBwdRows + tid), r < p.Tq ? src + r : src, r < p.Tq);
+    }
+  };
+  if (m_begin < m_end) {
+    load_tile<kBwdRows, D, kBwdThreads>(sQ, qh, p.q.st, m_begin * kBwdRows, p.Tq);
+    load_tile<kBwdRows, D, kBwdThreads>(sdO, doh, p.dout.st, m_begin * kBwdRows, p.Tq);
+    load_stats(0, m_begin * kBwdRows);
+  }
+  cp_async_commit();
+
+  const int key_w = n0 + warp * 16;  // the warp's first key
+  const int key_lo = key_w + g, key_hi = key_lo + 8;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+
+  for (int m = m_begin; m < m_end; ++m) {
+    const int m0 = m * kBwdRows, buf = (m - m_begin) & 1;
+    const T* cQ = sQ + buf * kBwdRows * D;
+    const T* cdO = sdO + buf * kBwdRows * D;
+    cp_async_wait_all();
+    __syncthreads();  // Q_m, dO_m landed; every warp is done with the other buffers and sdS
+    if (m + 1 < m_end) {
+      load_tile<kBwdRows, D, kBwdThreads>(sQ + (buf ^ 1) * kBwdRows * D, qh, p.q.st, m0 + kBwdRows, p.Tq);
+      load_tile<kBwdRows, D, kBwdThreads>(sdO + (buf ^ 1) * kBwdRows * D, doh, p.dout.st, m0 + kBwdRows, p.Tq);
+      load_stats(buf ^ 1, m0 + kBwdRows);
+      cp_async_commit();
+    }
+
+    // Per warp, 16 keys x 64 queries, ordered to keep few tiles live beside the dK, dV accumulators:
+    // dPᵀ = V_w dO_mᵀ; Sᵀ = K_w Q_mᵀ -> Pᵀ -> the operands Pᵀ ⊙ Z and dSᵀ; dV_w += (Pᵀ ⊙ Z) dO_m;
+    // dK_w += dSᵀ Q_m.
+    float dpt[8][4], st[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.f;
+    const int ra = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t va[4];
+      ldsm_x4(smem_addr(sV + swz<D>(ra, kk * 16 + (lane / 16) * 8)), va[0], va[1], va[2], va[3]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b0, b1, b2, b3;
+        const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
+        ldsm_x4(smem_addr(cdO + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(dpt[2 * np], va, b0, b1);
+        mma16816<T>(dpt[2 * np + 1], va, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4];
+      ldsm_x4(smem_addr(sK + swz<D>(ra, kk * 16 + (lane / 16) * 8)), ka[0], ka[1], ka[2], ka[3]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b0, b1, b2, b3;
+        const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
+        ldsm_x4(smem_addr(cQ + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(st[2 * np], ka, b0, b1);
+        mma16816<T>(st[2 * np + 1], ka, b2, b3);
+      }
+    }
+
+    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; straight away (few live registers) the
+    // bf16/f16 operands Pᵀ ⊙ Z and dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query); dSᵀ also to shared memory (row = key,
+    // col = query) for dQ.
+    const bool need_mask = m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
+    const float* cL = sStat + buf * 2 * kBwdRows;  // lse of the tile's queries, then D_i
+    const uint32_t bits = p.drop.on ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
+    uint32_t pa[4][4], da[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      float pz[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = m0 + nt * 8 + 2 * t4 + (e & 1), kj = e < 2 ? key_lo : key_hi;
+        const int qt = nt * 8 + 2 * t4 + (e & 1);
+        const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
+        const float pr = valid ? exp2f(st[nt][e] * p.scale_log2 - cL[qt] * kLog2e) : 0.f;
+        const float z = p.drop.on ? ((bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
+        pz[e] = pr * z;
+        ds[e] = pr * (dpt[nt][e] * z - cL[kBwdRows + qt]);
+      }
+      const int kk = nt / 2, hi = (nt & 1) * 2;
+      pa[kk][hi] = pack2<T>(pz[0], pz[1]);
+      pa[kk][hi + 1] = pack2<T>(pz[2], pz[3]);
+      da[kk][hi] = pack2<T>(ds[0], ds[1]);
+      da[kk][hi + 1] = pack2<T>(ds[2], ds[3]);
+      *reinterpret_cast<uint32_t*>(sdS + swz<kBwdRows>(warp * 16 + g, nt * 8 + 2 * t4)) = da[kk][hi];
+      *reinterpret_cast<uint32_t*>(sdS + swz<kBwdRows>(warp * 16 + g + 8, nt * 8 + 2 * t4)) = da[kk][hi + 1];
+    }
+    // dV_w += (Pᵀ ⊙ Z) dO_m;  dK_w += dSᵀ Q_m
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b0, b1, b2, b3;
+        const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 16 + (lane / 16) * 8;
+        ldsm_x4_t(smem_addr(cdO + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(dv[2 * dp], pa[kk], b0, b1);
+        mma16816<T>(dv[2 * dp + 1], pa[kk], b2, b3);
+        ldsm_x4_t(smem_addr(cQ + swz<D>(r, c)), b0, b1, b2, b3);
+        mma16816<T>(dk[2 * dp], da[kk], b0, b1);
+        mma16816<T>(dk[2 * dp + 1], da[kk], b2, b3);
+      }
+    __syncthreads();  // dSᵀ complete
+
+    // dQ_m += dS K: warp w takes query rows 16·(w mod 4) and half the head dim
+    {
+      constexpr int kHalf = D / 2;
+      const int qr = (warp % 4) * 16, dbase = (warp / 4) * kHalf;
+      float dq[kHalf / 8][4];
+#pragma unroll
+      for (int i = 0; i < kHalf / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+        uint32_t a[4];
+        const int ra = kk * 16 + (lane % 8) + (lane / 16) * 8, ca = qr + ((lane / 8) % 2) * 8;
+        ldsm_x4_t(smem_addr(sdS + swz<kBwdRows>(ra, ca)), a[0], a[1], a[2], a[3]);
+#pragma unroll
+        for (int dp = 0; dp < kHalf / 16; ++dp) {
+          uint32_t b0, b1, b2, b3;
+          const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dbase + dp * 16 + (lane / 16) * 8;
+          ldsm_x4_t(smem_addr(sK + swz<D>(r, c)), b0, b1, b2, b3);
+          mma16816<T>(dq[2 * dp], a, b0, b1);
+          mma16816<T>(dq[2 * dp + 1], a, b2, b3);
+        }
+      }
+      const int r_lo = m0 + qr + g, r_hi = r_lo + 8;
+#pragma unroll
+      for (int dt = 0; dt < kHalf / 8; ++dt) {
+        const int col = dbase + dt * 8 + 2 * t4;
+        if (r_lo < p.Tq) atomicAdd(reinterpret_cast<float2*>(dqh + int64_t(r_lo) * D + col), make_float2(dq[dt][0], dq[dt][1]));
+        if (r_hi < p.Tq) atomicAdd(reinterpret_cast<float2*>(dqh + int64_t(r_hi) * D + col), make_float2(dq[dt][2], dq[dt][3]));
+      }
+    }
+  }
+
+  cp_async_wait_all();  // nothing may stay in flight at exit (a tile that no query sees)
+  T* dkh = const_cast<T*>(static_cast<const T*>(p.dk.ptr)) + b * p.dk.sb + h * p.dk.sh;
+  T* dvh = const_cast<T*>(static_cast<const T*>(p.dv.ptr)) + b * p.dv.sb + h * p.dv.sh;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * t4;
+    if (key_lo < p.Tk) {
+      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_lo) * p.dk.st + col) = pack2<T>(dk[dt][0] * p.scale, dk[dt][1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_lo) * p.dv.st + col) = pack2<T>(dv[dt][0], dv[dt][1]);
+    }
+    if (key_hi < p.Tk) {
+      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_hi) * p.dk.st + col) = pack2<T>(dk[dt][2] * p.scale, dk[dt][3] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_hi) * p.dv.st + col) = pack2<T>(dv[dt][2], dv[dt][3]);
+    }
+  }
+}
+
+// dq (strided, dtype S) = scale · dq_acc (f32 contiguous (B, H, Tq, D)).
+template <class S>
+__global__ void dq_convert_kernel(const float* acc, HeadView dq, int H, int Tq, int D, float scale, int64_t n) {
+  using T = device_t<S>;
+  T* out = const_cast<T*>(static_cast<const T*>(dq.ptr));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % D, r = i / D, t = r % Tq, bh = r / Tq;
+    out[(bh / H) * dq.sb + (bh % H) * dq.sh + t * dq.st + d] = convert<T>(acc[i] * scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------- any dtype, D <= 256
+
+constexpr int kMaxPerLane = 8;  // D <= 256
+
+// D_i = Σ_d dO_id O_id, one warp per row; A = f32 (f64 for f64).
+template <class S>
+__global__ void attention_dsum_kernel(HeadView dout, HeadView out, compute_t<S>* dsum, int H, int Tq, int D, int64_t rows) {
+  using T = device_t<S>;
+  using A = compute_t<S>;
+  const int lane = int(threadIdx.x) % 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t bh = r / Tq, i = r % Tq;
+    const T* dor = static_cast<const T*>(dout.ptr) + (bh / H) * dout.sb + (bh % H) * dout.sh + i * dout.st;
+    const T* orow = static_cast<const T*>(out.ptr) + (bh / H) * out.sb + (bh % H) * out.sh + i * out.st;
+    A acc = 0;
+    for (int d = lane; d < D; d += 32) acc += convert<A>(dor[d]) * convert<A>(orow[d]);
+    acc = warp_sum(acc);
+    if (lane == 0) dsum[r] = acc;
+  }
+}
+
+struct SimpleParams {
+  HeadView q, k, v, o, dout, dq, dk, dv;
+  void* lse;         // stat dtype
+  const void* dsum;  // stat dtype
+  int B, H, Tq, Tk, D;
+  double scale;
+  bool causal;
+  DropoutArgs drop;
+};
+
+template <class T>
+__device__ __forceinline__ const T* row_ptr(const HeadView& v, int64_t bh, int H, int64_t i) {
+  return static_cast<const T*>(v.ptr) + (bh / H) * v.sb + (bh % H) * v.sh + i * v.st;
+}
+
+template <class T, class A>
+__device__ __forceinline__ void load_row(A (&x)[kMaxPerLane], const T* r, int D, int lane) {
+#pragma unroll
+  for (int c = 0; c < kMaxPerLane; ++c) x[c] = c * 32 + lane < D ? convert<A>(r[c * 32 + lane]) : A(0);
+}
+template <class T, class A>
+__device__ __forceinline__ A dot_row(const A (&x)[kMaxPerLane], const T* r, int D, int lane) {
+  A acc = 0;
+#pragma unroll
+  for (int c = 0; c < kMaxPerLane; ++c)
+    if (c * 32 + lane < D) acc += x[c] * convert<A>(r[c * 32 + lane]);
+  return warp_sum(acc);
+}
+template <class A>
+__device__ __forceinline__ A exp_a(A x) {
+  if constexpr (std::is_same_v<A, double>) return exp(x);
+  else return expf(x);
+}
+
+// Forward, one warp per query row: online softmax over the visible keys, one key at a time.
+template <class S>
+__global__ void attention_fwd_simple_kernel(SimpleParams p) {
+  using T = device_t<S>;
+  using A = compute_t<S>;
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t total = int64_t(p.Tq) * p.H * p.B;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < total;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t bh = r / p.Tq, i = r % p.Tq;
+    A q[kMaxPerLane], acc[kMaxPerLane];
+    load_row(q, row_ptr<T>(p.q, bh, p.H, i), p.D, lane);
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c) acc[c] = 0;
+    A m = -INFINITY, l = 0;
+    const int64_t n = p.causal ? min(i + 1, int64_t(p.Tk)) : int64_t(p.Tk);
+    for (int64_t j = 0; j < n; ++j) {
+      const A s = dot_row(q, row_ptr<T>(p.k, bh, p.H, j), p.D, lane) * A(p.scale);
+      const A mn = s > m ? s : m;
+      const A corr = exp_a(m - mn), e = exp_a(s - mn);
+      l = l * corr + e;
+      m = mn;
+      const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
+      const T* vr = row_ptr<T>(p.v, bh, p.H, j);
+#pragma unroll
+      for (int c = 0; c < kMaxPerLane; ++c)
+        if (c * 32 + lane < p.D) acc[c] = acc[c] * corr + e * z * convert<A>(vr[c * 32 + lane]);
+    }
+    T* orow = const_cast<T*>(row_ptr<T>(p.o, bh, p.H, i));
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c)
+      if (c * 32 + lane < p.D) orow[c * 32 + lane] = convert<T>(acc[c] / l);
+    if (lane == 0) static_cast<A*>(p.lse)[r] = m + log(l);
+  }
+}
+
+// dQ, one warp per query row.
+template <class S>
+__global__ void attention_dq_simple_kernel(SimpleParams p) {
+  using T = device_t<S>;
+  using A = compute_t<S>;
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t total = int64_t(p.Tq) * p.H * p.B;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < total;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t bh = r / p.Tq, i = r % p.Tq;
+    A q[kMaxPerLane], dO[kMaxPerLane], dq[kMaxPerLane];
+    load_row(q, row_ptr<T>(p.q, bh, p.H, i), p.D, lane);
+    load_row(dO, row_ptr<T>(p.dout, bh, p.H, i), p.D, lane);
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c) dq[c] = 0;
+    const A lse = static_cast<const A*>(p.lse)[r], Di = static_cast<const A*>(p.dsum)[r];
+    const int64_t n = p.causal ? min(i + 1, int64_t(p.Tk)) : int64_t(p.Tk);
+    for (int64_t j = 0; j < n; ++j) {
+      const T *kr = row_ptr<T>(p.k, bh, p.H, j), *vr = row_ptr<T>(p.v, bh, p.H, j);
+      const A pr = exp_a(dot_row(q, kr, p.D, lane) * A(p.scale) - lse);
+      const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
+      const A ds = pr * (dot_row(dO, vr, p.D, lane) * z - Di);
+#pragma unroll
+      for (int c = 0; c < kMaxPerLane; ++c)
+        if (c * 32 + lane < p.D) dq[c] += ds * convert<A>(kr[c * 32 + lane]);
+    }
+    T* out = const_cast<T*>(row_ptr<T>(p.dq, bh, p.H, i));
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c)
+      if (c * 32 + lane < p.D) out[c * 32 + lane] = convert<T>(dq[c] * A(p.scale));
+  }
+}
+
+// dK and dV, one warp per key row.
+template <class S>
+__global__ void attention_dkv_simple_kernel(SimpleParams p) {
+  using T = device_t<S>;
+  using A = compute_t<S>;
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t total = int64_t(p.Tk) * p.H * p.B;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < total;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t bh = r / p.Tk, j = r % p.Tk;
+    A k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane], dv[kMaxPerLane];
+    load_row(k, row_ptr<T>(p.k, bh, p.H, j), p.D, lane);
+    load_row(v, row_ptr<T>(p.v, bh, p.H, j), p.D, lane);
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c) dk[c] = dv[c] = 0;
+    for (int64_t i = p.causal ? j : 0; i < p.Tq; ++i) {
+      const T *qr = row_ptr<T>(p.q, bh, p.H, i), *dor = row_ptr<T>(p.dout, bh, p.H, i);
+      const A lse = static_cast<const A*>(p.lse)[bh * p.Tq + i], Di = static_cast<const A*>(p.dsum)[bh * p.Tq + i];
+      const A pr = exp_a(dot_row(k, qr, p.D, lane) * A(p.scale) - lse);
+      const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
+      const A ds = pr * (dot_row(v, dor, p.D, lane) * z - Di);
+#pragma unroll
+      for (int c = 0; c < kMaxPerLane; ++c)
+        if (c * 32 + lane < p.D) {
+          dk[c] += ds * convert<A>(qr[c * 32 + lane]);
+          dv[c] += pr * z * convert<A>(dor[c * 32 + lane]);
+        }
+    }
+    T* dkr = const_cast<T*>(row_ptr<T>(p.dk, bh, p.H, j));
+    T* dvr = const_cast<T*>(row_ptr<T>(p.dv, bh, p.H, j));
+#pragma unroll
+    for (int c = 0; c < kMaxPerLane; ++c)
+      if (c * 32 + lane < p.D) {
+        dkr[c * 32 + lane] = convert<T>(dk[c] * A(p.scale));
+        dvr[c * 32 + lane] = convert<T>(dv[c]);
+      }
+  }
+}
+
+// ------------------------------------------------------------------------------------------ launchers
+
+DropoutArgs dropout_args(double p, uint64_t seed, uint64_t offset) {
+  return {seed, offset, float(1.0 - p), p > 0.0 ? float(1.0 / (1.0 - p)) : 1.0f, p > 0.0};
+}
+
+// Rows start on 16-byte boundaries (cp.async and ldmatrix need it).
+bool rows_aligned(const Tensor& t) {
+  auto addr = reinterpret_cast<uintptr_t>(t.raw_data());
+  return addr % 16 == 0 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+}
+
+bool tensor_core_path(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const DType t = q.dtype();
+  const int64_t D = q.size(3);
+  return (t == DType::bf16 || t == DType::f16) && (D == 64 || D == 128) && rows_aligned(q) && rows_aligned(k) &&
+         rows_aligned(v);
+}
+
+int64_t fwd_smem(int64_t D) { return (kFwdRows + 2 * kFwdKeys) * D * 2; }
+int64_t bwd_smem(int64_t D) {
+  return (2 * kBwdKeys + 4 * kBwdRows) * D * 2 + kBwdKeys * kBwdRows * 2 + 4 * kBwdRows * 4;
+}
+
+template <class T, int D>
+void launch_fwd(const FwdParams& p, int B) {
+  auto kernel = flash_fwd_kernel<T, D>;
+  const int smem = int(fwd_smem(D));
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  dim3 grid(unsigned((p.Tq + kFwdRows - 1) / kFwdRows), unsigned(p.H), unsigned(B));
+  kernel<<<grid, kFwdThreads, smem, current_stream()>>>(p);
+  KILN_LAUNCH_CHECK("flash_fwd_kernel", "attention_forward");
+}
+
+template <class T, int D>
+void launch_bwd(const BwdParams& p, int B) {
+  auto kernel = flash_bwd_kernel<T, D>;
+  const int smem = int(bwd_smem(D));
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));
+  kernel<<<grid, kBwdThreads, smem, current_stream()>>>(p);
+  KILN_LAUNCH_CHECK("flash_bwd_kernel", "attention_backward");
+}
+
+// Grid for the warp-per-row kernels (grid-stride over rows).
+unsigned simple_grid(int64_t rows) { return blocks_for(rows * 32, 256, 65535LL * 4); }
+
+void check_dims(const Tensor& q, const Tensor& k, const char* op) {
+  KILN_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535 && q.size(2) < (int64_t(1) << 31) &&
+                 k.size(2) < (int64_t(1) << 31),
+             op, ": sizes out of range: q ", q.str(), ", k ", k.str());
+  KILN_CHECK(q.size(3) <= 32 * kMaxPerLane, op, ": head dim ", q.size(3), " above ", 32 * kMaxPerLane,
+             " (the functional op takes the composite path there)");
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
+                                    uint64_t offset) const {
+  NvtxRange range("attention_forward");
+  DeviceGuard guard(q.device().index);
+  check_dims(q, k, "attention_forward");
+  const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
+  const DropoutArgs drop = dropout_args(dropout_p, seed, offset);
+  if (int64_t(B) * H * Tq == 0) return;
+  if (tensor_core_path(q, k, v) && rows_aligned(out)) {
+    FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
+                H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop};
+    if (q.dtype() == DType::bf16) {
+      if (D == 64) launch_fwd<__nv_bfloat16, 64>(p, B);
+      else launch_fwd<__nv_bfloat16, 128>(p, B);
+    } else {
+      if (D == 64) launch_fwd<__half, 64>(p, B);
+      else launch_fwd<__half, 128>(p, B);
+    }
+    return;
+  }
+  SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), {}, {}, {}, {}, lse.raw_data(), nullptr,
+                 B, H, Tq, Tk, D, scale, causal, drop};
+  KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_forward", {
+    attention_fwd_simple_kernel<scalar_t><<<simple_grid(int64_t(B) * H * Tq), 256, 0, current_stream()>>>(p);
+    KILN_LAUNCH_CHECK("attention_fwd_simple_kernel", "attention_forward");
+  });
+}
+
+void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
+                                     uint64_t offset) const {
+  NvtxRange range("attention_backward");
+  DeviceGuard guard(q.device().index);
+  check_dims(q, k, "attention_backward");
+  const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
+  const DropoutArgs drop = dropout_args(dropout_p, seed, offset);
+  if (int64_t(B) * H * Tk == 0) return;
+  const bool tc = tensor_core_path(q, k, v) && rows_aligned(dk) && rows_aligned(dv);
+  // dO in the tensor-core path must have aligned rows too (a gradient may arrive as any view)
+  const Tensor dout = tc && !rows_aligned(dout_in) ? dout_in.contiguous() : dout_in;
+  const int64_t rows = int64_t(B) * H * Tq;
+  Tensor dsum = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
+  if (rows > 0) {
+    KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
+      attention_dsum_kernel<scalar_t><<<blocks_for(rows * 32, 256, 65535LL * 4), 256, 0, current_stream()>>>(
+          head_view(dout), head_view(out), static_cast<compute_t<scalar_t>*>(dsum.raw_data()), H, Tq, D, rows);
+      KILN_LAUNCH_CHECK("attention_dsum_kernel", "attention_backward");
+    });
+  }
+  if (tc) {
+    Tensor acc = empty({B, H, Tq, D}, {.dtype = DType::f32, .device = q.device()});
+    KILN_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, size_t(acc.numel()) * sizeof(float), current_stream()));
+    BwdParams p{head_view(q), head_view(k), head_view(v), head_view(dout), head_view(dk), head_view(dv),
+                static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
+                static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
+                causal, drop};
+    if (q.dtype() == DType::bf16) {
+      if (D == 64) launch_bwd<__nv_bfloat16, 64>(p, B);
+      else launch_bwd<__nv_bfloat16, 128>(p, B);
+    } else {
+      if (D == 64) launch_bwd<__half, 64>(p, B);
+      else launch_bwd<__half, 128>(p, B);
+    }
+    if (rows > 0) {
+      const int64_t n = rows * D;
+      KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
+        dq_convert_kernel<scalar_t><<<blocks_for(n), 256, 0, current_stream()>>>(
+            static_cast<const float*>(acc.raw_data()), head_view(dq), H, Tq, D, float(scale), n);
+        KILN_LAUNCH_CHECK("dq_convert_kernel", "attention_backward");
+      });
+    }
+    return;
+  }
+  SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), head_view(dout), head_view(dq),
+                 head_view(dk), head_view(dv), lse.raw_data(), dsum.raw_data(), B, H, Tq, Tk, D, scale, causal,
+                 drop};
+  KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
+    if (rows > 0) {
+      attention_dq_simple_kernel<scalar_t><<<simple_grid(rows), 256, 0, current_stream()>>>(p);
+      KILN_LAUNCH_CHECK("attention_dq_simple_kernel", "attention_backward");
+    }
+    attention_dkv_simple_kernel<scalar_t><<<simple_grid(int64_t(B) * H * Tk), 256, 0, current_stream()>>>(p);
+    KILN_LAUNCH_CHECK("attention_dkv_simple_kernel", "attention_backward");
+  });
+}
+
+}  // namespace kiln::cuda

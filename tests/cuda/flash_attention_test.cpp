@@ -1,0 +1,220 @@
+// Flash attention on the GPU (cuda/flash_attention.cu) against the CPU reference (core/cpu/cpu_attention.cpp)
+// computed in f64 on the same (rounded) inputs: output, log-sum-exp and the three gradients, for bf16 and
+// f16 at head dims 64 and 128 (tensor cores), causal and not, lengths that are not multiples of the tiles,
+// strided head views of a packed (B, T, 3, H, D) projection, and dropout with the same mask on both
+// devices; the fallback kernel (f32, f64, odd head dims); and the public op, autocast and MultiheadAttention.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/multihead_attention.h>
+
+#include "compare_util.h"
+
+namespace kiln::testing {
+namespace {
+
+namespace F = kiln::nn::functional;
+
+// (B, H, T, D) whose memory is (B, T, H, D), as the functional op allocates.
+Tensor empty_bthd(int64_t B, int64_t H, int64_t T, int64_t D, DType t, Device d) {
+  return empty({B, T, H, D}, {.dtype = t, .device = d}).transpose(1, 2);
+}
+
+struct Case {
+  DType dtype;
+  int64_t B, H, Tq, Tk, D;
+  bool causal;
+  double p;       // dropout
+  bool strided;   // q, k, v as views of one packed (B, T, 3, H, D) tensor (needs Tq == Tk)
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " B" + std::to_string(B) + " H" + std::to_string(H) + " Tq" +
+           std::to_string(Tq) + " Tk" + std::to_string(Tk) + " D" + std::to_string(D) + (causal ? " causal" : "") +
+           " p" + std::to_string(p) + (strided ? " strided" : "");
+  }
+};
+
+struct Outputs {
+  Tensor out, lse, dq, dk, dv;
+};
+
+// Forward and backward through the backend of `dev` on inputs of dtype t (views as the case asks).
+Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, Device dev) {
+  const DType t = q.dtype();
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  Outputs o;
+  o.out = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
+  o.out.fill_(NAN);  // poisoned: every element must be written
+  o.lse = full({c.B, c.H, c.Tq}, NAN, {.dtype = stat_dtype(t), .device = dev});
+  Backend& be = backend(dev);
+  be.attention_forward(q, k, v, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
+  o.dq = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
+  o.dk = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
+  o.dv = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
+  for (Tensor* g : {&o.dq, &o.dk, &o.dv}) g->fill_(NAN);
+  be.attention_backward(dout, q, k, v, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
+  return o;
+}
+
+// q, k, v (B, H, T, D) on `dev` from host values: contiguous, or views of one packed tensor.
+struct Inputs {
+  Tensor q, k, v, dout;
+};
+Inputs inputs_on(const Case& c, const Tensor& packed, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& dout, Device dev, DType t) {
+  if (c.strided) {
+    Tensor pk = cast(packed, t).to(dev);
+    auto head = [&](int64_t i) { return pk.select(2, i).transpose(1, 2); };
+    return {head(0), head(1), head(2), cast(dout, t).to(dev)};
+  }
+  return {cast(q, t).to(dev), cast(k, t).to(dev), cast(v, t).to(dev), cast(dout, t).to(dev)};
+}
+
+void check_case(const Case& c, double tol_out, double tol_grad) {
+  SCOPED_TRACE(c.name());
+  // inputs rounded to the case's dtype on the host, so both devices see the same values
+  Tensor packed = cast(randn({c.B, c.Tq, 3, c.H, c.D}), c.dtype);
+  Tensor q = cast(randn({c.B, c.H, c.Tq, c.D}), c.dtype), k = cast(randn({c.B, c.H, c.Tk, c.D}), c.dtype),
+         v = cast(randn({c.B, c.H, c.Tk, c.D}), c.dtype), dout = cast(randn({c.B, c.H, c.Tq, c.D}), c.dtype);
+  Inputs g = inputs_on(c, packed, q, k, v, dout, gpu(), c.dtype);
+  Inputs r = inputs_on(c, packed, q, k, v, dout, Device::cpu(), DType::f64);
+  if (c.strided) {
+    EXPECT_FALSE(g.q.is_contiguous());
+  }
+  Outputs got = run_backend(c, g.q, g.k, g.v, g.dout, gpu());
+  Outputs want = run_backend(c, r.q, r.k, r.v, r.dout, Device::cpu());
+  EXPECT_LT(rel_err(got.out, want.out), tol_out) << "out";
+  EXPECT_TRUE(all_close(got.lse, want.lse, 1e-5, 1e-4)) << "lse";
+  if (c.Tk > 1) {
+    EXPECT_LT(rel_err(got.dq, want.dq), tol_grad) << "dq";
+    EXPECT_LT(rel_err(got.dk, want.dk), tol_grad) << "dk";
+  } else {
+    // softmax over a single key is constant: dQ = dK = 0 exactly, and the GPU's are rounding noise (of
+    // D_i = dO·O with O rounded to the dtype), so they are bounded in size rather than compared relatively
+    EXPECT_TRUE(all_close(got.dq, want.dq, 0, 0.05)) << "dq";
+    EXPECT_TRUE(all_close(got.dk, want.dk, 0, 0.05)) << "dk";
+  }
+  EXPECT_LT(rel_err(got.dv, want.dv), tol_grad) << "dv";
+}
+
+double out_tol(DType t) { return t == DType::bf16 ? 1.2e-2 : t == DType::f16 ? 2e-3 : t == DType::f32 ? 1e-5 : 1e-12; }
+double grad_tol(DType t) { return t == DType::bf16 ? 2.5e-2 : t == DType::f16 ? 4e-3 : t == DType::f32 ? 2e-5 : 1e-11; }
+
+TEST(FlashAttention, TensorCorePathMatchesTheCpuReference) {
+  KILN_REQUIRE_GPU();
+  manual_seed(1);
+  int n = 0;
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t D : {64, 128})
+      for (int64_t T : {1, 17, 64, 100, 257})
+        for (bool causal : {false, true})
+          for (double p : {0.0, 0.2}) {
+            Case c{t, 2, 3, T, T, D, causal, p, (n++ % 2) == 1};
+            check_case(c, out_tol(t), grad_tol(t));
+          }
+}
+
+TEST(FlashAttention, LongSequencesAndUnequalLengths) {
+  KILN_REQUIRE_GPU();
+  manual_seed(2);
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) check_case({t, 1, 2, 1000, 1000, D, causal, causal ? 0.2 : 0.0, !causal},
+                                                   out_tol(t), grad_tol(t));
+  // Tq != Tk (top-left aligned causal mask), ragged on both sides
+  for (bool causal : {false, true}) {
+    check_case({DType::bf16, 2, 2, 100, 257, 128, causal, 0.0, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
+    check_case({DType::f16, 2, 2, 257, 100, 64, causal, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
+  }
+}
+
+TEST(FlashAttention, FallbackKernelForOtherDtypesAndHeadDims) {
+  KILN_REQUIRE_GPU();
+  manual_seed(3);
+  for (DType t : {DType::f32, DType::f64})
+    for (int64_t D : {40, 64})
+      for (bool causal : {false, true})
+        for (int64_t T : {17, 100}) check_case({t, 2, 2, T, T, D, causal, causal ? 0.2 : 0.0, T == 17}, out_tol(t), grad_tol(t));
+  // odd head dims in bf16/f16 (no tensor cores) and D = 256
+  check_case({DType::bf16, 2, 2, 33, 33, 40, true, 0.2, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
+  check_case({DType::f16, 1, 2, 65, 40, 96, false, 0.0, false}, out_tol(DType::f16), grad_tol(DType::f16));
+  check_case({DType::f32, 1, 1, 20, 20, 256, true, 0.0, true}, out_tol(DType::f32), grad_tol(DType::f32));
+}
+
+TEST(FlashAttention, MisalignedViewsTakeTheFallback) {
+  KILN_REQUIRE_GPU();
+  manual_seed(4);
+  // rows of 64 elements starting at an odd element offset: no 16-byte alignment
+  const int64_t B = 1, H = 2, T = 50, D = 64;
+  Tensor base = cast(randn({B * H * T * D + 1}), DType::bf16);
+  Tensor q = base.narrow(0, 1, B * H * T * D).view({B, H, T, D});
+  Tensor k = cast(randn({B, H, T, D}), DType::bf16), v = cast(randn({B, H, T, D}), DType::bf16);
+  Tensor want = F::scaled_dot_product_attention(cast(q, DType::f64), cast(k, DType::f64), cast(v, DType::f64), true);
+  Tensor gq = base.to(gpu()).narrow(0, 1, B * H * T * D).view({B, H, T, D});
+  Tensor got = F::scaled_dot_product_attention(gq, k.to(gpu()), v.to(gpu()), true);
+  EXPECT_LT(rel_err(got, want), out_tol(DType::bf16));
+}
+
+TEST(FlashAttention, PublicOpGradientsAndDropoutAgreeAcrossDevices) {
+  KILN_REQUIRE_GPU();
+  manual_seed(5);
+  const int64_t B = 2, H = 4, T = 130, D = 64;
+  Tensor q = cast(randn({B, H, T, D}), DType::bf16), k = cast(randn({B, H, T, D}), DType::bf16),
+         v = cast(randn({B, H, T, D}), DType::bf16), w = randn({B, H, T, D});
+  for (double p : {0.0, 0.2}) {
+    auto run = [&](Device dev, DType t, Tensor* grads) {
+      Tensor a = cast(q, t).to(dev).requires_grad_(true), b = cast(k, t).to(dev).requires_grad_(true),
+             c = cast(v, t).to(dev).requires_grad_(true);
+      Generator gen(42);
+      Tensor out = F::scaled_dot_product_attention(a, b, c, true, std::nullopt, p, true, &gen);
+      sum(mul(cast(out, DType::f32), w.to(dev))).backward();
+      grads[0] = a.grad(), grads[1] = b.grad(), grads[2] = c.grad();
+      return out;
+    };
+    Tensor gg[3], gr[3];
+    Tensor got = run(gpu(), DType::bf16, gg), want = run(Device::cpu(), DType::f64, gr);
+    EXPECT_EQ(got.dtype(), DType::bf16);
+    EXPECT_LT(rel_err(got, want), out_tol(DType::bf16)) << "p " << p;
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(gg[i], gr[i]), grad_tol(DType::bf16)) << "grad " << i << " p " << p;
+  }
+}
+
+TEST(FlashAttention, AutocastAndMultiheadAttentionOnTheGpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(6);
+  const int64_t B = 2, T = 77, E = 256, H = 2;  // D = 128
+  nn::MultiheadAttention cpu_attn(E, H, {.causal = true});
+  nn::MultiheadAttention gpu_attn(E, H, {.causal = true});
+  gpu_attn.load_state_dict(cpu_attn.state_dict());
+  gpu_attn.to(gpu());
+  Tensor x = randn({B, T, E});
+  Tensor want = cpu_attn(x);
+  sum(mul(want, want)).backward();
+  Tensor xg = x.to(gpu());
+  Tensor got;
+  {
+    amp::Autocast autocast(gpu(), DType::bf16);
+    got = gpu_attn(xg);
+  }
+  EXPECT_EQ(got.dtype(), DType::bf16);
+  EXPECT_LT(rel_err(got, want), 2e-2);
+  Tensor gf = cast(got, DType::f32);
+  sum(mul(gf, gf)).backward();
+  EXPECT_LT(rel_err(gpu_attn.in_proj.weight.grad(), cpu_attn.in_proj.weight.grad()), 5e-2);
+  EXPECT_LT(rel_err(gpu_attn.out_proj.weight.grad(), cpu_attn.out_proj.weight.grad()), 5e-2);
+  // f32 on the GPU takes the fallback kernel: f32-accurate
+  nn::MultiheadAttention f32_attn(E, H, {.causal = true});
+  f32_attn.load_state_dict(cpu_attn.state_dict());
+  f32_attn.to(gpu());
+  EXPECT_LT(rel_err(f32_attn(xg), want), 1e-4);  // f32 GEMMs may run in TF32
+}
+
+}  // namespace
+}  // namespace kiln::testing
