@@ -21,36 +21,17 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 
+#include "bench_util.h"
+
 using namespace kiln;
 
 namespace {
 
 const Device kGpu = Device::cuda(0);
 
-double median_ms(const std::function<void()>& fn, int warmup, int iters) {
-  auto stream = static_cast<cudaStream_t>(cuda::current_stream_handle());
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> times;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(start, stream);
-    fn();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
+// The BENCH line and a readable TFLOP/s line.
 void report(const std::string& name, double ms, double bytes, double flops) {
-  std::printf("BENCH %s %.5f %.6g %.6g\n", name.c_str(), ms, bytes, flops);
+  bench::report(name, ms, bytes, flops);
   std::printf("# %-36s %9.3f ms %8.1f TFLOP/s\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12);
   std::fflush(stdout);
 }
@@ -84,8 +65,8 @@ int main(int argc, char** argv) {
           auto fwd = [&] { be.attention_forward(q, k, v, out, lse, causal, scale, 0.0, 0, 0); };
           auto bwd = [&] { be.attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0); };
           const int iters = N >= 8192 ? 10 : 20;
-          report("attention_fwd" + tag, median_ms(fwd, 3, iters), 4 * tensor_bytes, fwd_flops);
-          report("attention_fwdbwd" + tag, median_ms([&] { fwd(); bwd(); }, 3, iters), 13 * tensor_bytes,
+          report("attention_fwd" + tag, bench::median_ms(fwd, 3, iters, 1), 4 * tensor_bytes, fwd_flops);
+          report("attention_fwdbwd" + tag, bench::median_ms([&] { fwd(); bwd(); }, 3, iters, 1), 13 * tensor_bytes,
                  3.5 * fwd_flops);
         } catch (const std::exception& e) {
           std::printf("BENCH_ERROR attention%s %s\n", tag.c_str(), e.what());

@@ -8,29 +8,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import bench_util
+
 only = sys.argv[1] if len(sys.argv) > 1 else ""  # run only configurations whose tag contains this
 
 dev = "cuda"
 
 
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def report(name, ms, flops):
-    print(f"TORCH {name} {ms:.5f}", flush=True)
+    bench_util.report(name, ms)
     print(f"# {name:36s} {ms:9.3f} ms {flops / (ms * 1e-3) / 1e12:8.1f} TFLOP/s", flush=True)
 
 
@@ -46,7 +32,7 @@ for D in (64, 128):
             fwd_flops = 4.0 * B * H * N * N * D / (2.0 if causal else 1.0)
             iters = 10 if N >= 8192 else 20
             with torch.no_grad():
-                ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 3, iters)
+                ms = bench_util.median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 3, iters, 1)
             report("attention_fwd" + tag, ms, fwd_flops)
             qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
 
@@ -55,5 +41,5 @@ for D in (64, 128):
                     t.grad = None
                 F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(dout)
 
-            report("attention_fwdbwd" + tag, median_ms(fwd_bwd, 3, iters), 3.5 * fwd_flops)
+            report("attention_fwdbwd" + tag, bench_util.median_ms(fwd_bwd, 3, iters, 1), 3.5 * fwd_flops)
             del q, k, v, dout, qg, kg, vg

@@ -19,42 +19,16 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/nn/functional.h>
 
+#include "bench_util.h"
+
 using namespace kiln;
+using kiln::bench::median_ms;
+using kiln::bench::report;
 namespace F = kiln::nn::functional;
 
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-// Median over `samples` of the time per call of `reps` back-to-back calls between two events: the host
-// enqueues the next call while the GPU runs the last, as in a training loop, so the figure is the GPU's
-// time per call, not the host's per-call overhead (torch_bench.py times PyTorch the same way).
-double median_ms(const std::function<void()>& fn, int warmup = 5, int samples = 15, int reps = 10) {
-  auto stream = static_cast<cudaStream_t>(cuda::current_stream_handle());
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> times;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (int i = 0; i < samples; ++i) {
-    cudaEventRecord(start, stream);
-    for (int r = 0; r < reps; ++r) fn();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms / reps);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-void report(const std::string& name, double ms, double bytes, double flops) {
-  std::printf("BENCH %s %.5f %.6g %.6g\n", name.c_str(), ms, bytes, flops);
-  std::fflush(stdout);
-}
 
 Tensor gpu_randn(const Shape& s, DType t) { return randn(s, {.dtype = t, .device = kGpu}); }
 

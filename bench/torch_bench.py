@@ -4,30 +4,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from bench_util import median_ms, report
+
 dev = "cuda"
-
-
-def median_ms(fn, warmup=5, samples=15, reps=10):
-    """Median over samples of the time per call of `reps` back-to-back calls between two events (as
-    kernels_bench.cpp: the GPU's time per call, not the host's per-call overhead)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def report(name, ms):
-    print(f"TORCH {name} {ms:.5f}", flush=True)
 
 
 torch.manual_seed(0)
