@@ -7,6 +7,7 @@
 #include <kiln/nn/embedding.h>
 #include <kiln/nn/flatten.h>
 #include <kiln/nn/functional.h>
+#include <kiln/nn/gpt.h>
 #include <kiln/nn/init.h>
 #include <kiln/nn/layer_norm.h>
 #include <kiln/nn/linear.h>

@@ -1,0 +1,506 @@
+// Character-level GPT on tinyshakespeare, nanoGPT's "shakespeare-char" configuration by default: 6 layers,
+// 6 heads, width 384, context 256, batch 64, dropout 0.2 (embeddings, residual branches and attention
+// weights), no biases; AdamW (lr 1e-3, betas (0.9, 0.99),
+// weight decay 0.1 on the 2-D weights only), 100 warmup iterations then cosine decay to 1e-4 at 5000,
+// gradient clipping at 1.0, 5000 iterations, bf16 autocast on a GPU.
+//
+//   char_gpt --device cuda                                  # the full run (bf16 autocast on the GPU)
+//   char_gpt --device cuda --checkpoint ckpt.h5             # + checkpoints (ckpt.h5 latest, ckpt.best.h5 best)
+//   char_gpt --device cuda --checkpoint ckpt.h5 --resume    # continues where ckpt.h5 stopped
+//   char_gpt --iters 30 --eval-interval 10 --eval-iters 2 --n-layer 2 --n-embd 64 --n-head 4  # a CPU smoke test
+//
+// Data: the text file from --data, else $KILN_SHAKESPEARE, else ../shared/data/tinyshakespeare.txt (or
+// .data/tinyshakespeare.txt when that is missing). The vocabulary is the sorted set of its characters;
+// the first 90% of the characters train, the last 10% validate. A batch is B random windows of T + 1
+// characters (offsets from a generator seeded by --seed), inputs the first T, targets the last T.
+//
+// Every --eval-interval iterations (and after the last) the mean loss over --eval-iters random batches of
+// each split is measured without gradients in eval mode (no dropout), as nanoGPT's estimate_loss. stdout:
+//   iter N train X val Y (lr ..., ms/iter ...)          per evaluation
+//   <--sample N characters sampled from the model>      at the end (temperature 0.8, top-k 200)
+//   RESULT best_val_loss=... seconds=... tokens_per_second=...
+// seconds is the wall time of the whole run up to the end of training (data loading, training,
+// evaluations and checkpoints; not the final sample); tokens_per_second counts training tokens (B*T per
+// iteration) over the time spent in training iterations only.
+//
+// The training step makes no host synchronization: the loss is read only at evaluation points, the
+// gradients live in one flat buffer (FlatGrads: one fill to zero them, one reduction for the clipping
+// norm, which stays on the device), and each batch is one asynchronous copy from page-locked memory.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/gpt.h>
+#include <kiln/optim/adamw.h>
+#include <kiln/optim/checkpoint.h>
+#include <kiln/optim/lr_scheduler.h>
+
+using namespace kiln;
+
+namespace {
+
+struct Args {
+  std::string data;
+  std::string device = "cpu";
+  std::string amp = "auto";  // bf16 on a GPU, none on the CPU
+  int64_t iters = 5000;
+  int64_t eval_interval = 250;
+  int64_t eval_iters = 200;
+  int64_t batch_size = 64;
+  int64_t block_size = 256;
+  int64_t n_layer = 6, n_head = 6, n_embd = 384;
+  double dropout = 0.2;
+  double attn_dropout = -1;  // < 0: --dropout (nanoGPT drops attention weights at the same rate)
+  bool bias = false;
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup_iters = 100;
+  int64_t lr_decay_iters = 0;  // 0: --iters
+  double beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
+  double grad_clip = 1.0;
+  std::string checkpoint;
+  bool resume = false;
+  bool grad_checkpoint = false;
+  uint64_t seed = 1337;
+  int64_t sample = 500;
+  int64_t profile = 0;
+  bool help = false;
+};
+
+void usage(std::ostream& os) {
+  os << "usage: char_gpt [--data FILE] [--device cpu|cuda[:i]] [--amp auto|none|bf16] [--iters N]\n"
+        "                [--eval-interval N] [--eval-iters N] [--batch-size B] [--block-size T]\n"
+        "                [--n-layer L] [--n-head H] [--n-embd E] [--dropout P] [--attn-dropout P] [--bias]\n"
+        "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
+        "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
+        "                [--seed S] [--sample N] [--profile N]\n"
+        "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
+        "  --profile N: after training, N more iterations timed phase by phase (stderr)\n";
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < argc, "char_gpt: ", flag, " needs a value");
+      return argv[++i];
+    };
+    auto number = [&](auto parse) {
+      std::string v = value();
+      try {
+        size_t used = 0;
+        auto x = parse(v, &used);
+        if (used == v.size()) return x;
+      } catch (const std::exception&) {
+      }
+      KILN_FAIL("char_gpt: ", flag, " expects a number, got '", v, "'");
+    };
+    auto i64 = [&] { return number([](const std::string& s, size_t* u) { return int64_t(std::stoll(s, u)); }); };
+    auto f64 = [&] { return number([](const std::string& s, size_t* u) { return std::stod(s, u); }); };
+    if (flag == "--data") a.data = value();
+    else if (flag == "--device") a.device = value();
+    else if (flag == "--amp") a.amp = value();
+    else if (flag == "--iters") a.iters = i64();
+    else if (flag == "--eval-interval") a.eval_interval = i64();
+    else if (flag == "--eval-iters") a.eval_iters = i64();
+    else if (flag == "--batch-size") a.batch_size = i64();
+    else if (flag == "--block-size") a.block_size = i64();
+    else if (flag == "--n-layer") a.n_layer = i64();
+    else if (flag == "--n-head") a.n_head = i64();
+    else if (flag == "--n-embd") a.n_embd = i64();
+    else if (flag == "--dropout") a.dropout = f64();
+    else if (flag == "--attn-dropout") a.attn_dropout = f64();
+    else if (flag == "--bias") a.bias = true;
+    else if (flag == "--lr") a.lr = f64();
+    else if (flag == "--min-lr") a.min_lr = f64();
+    else if (flag == "--warmup-iters") a.warmup_iters = i64();
+    else if (flag == "--lr-decay-iters") a.lr_decay_iters = i64();
+    else if (flag == "--beta1") a.beta1 = f64();
+    else if (flag == "--beta2") a.beta2 = f64();
+    else if (flag == "--weight-decay") a.weight_decay = f64();
+    else if (flag == "--grad-clip") a.grad_clip = f64();
+    else if (flag == "--checkpoint") a.checkpoint = value();
+    else if (flag == "--resume") a.resume = true;
+    else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
+    else if (flag == "--seed") a.seed = uint64_t(i64());
+    else if (flag == "--sample") a.sample = i64();
+    else if (flag == "--profile") a.profile = i64();
+    else if (flag == "--help" || flag == "-h") a.help = true;
+    else KILN_FAIL("char_gpt: unknown flag '", flag, "' (--help lists them)");
+  }
+  KILN_CHECK(a.amp == "auto" || a.amp == "none" || a.amp == "bf16", "char_gpt: --amp must be auto, none or bf16, got '",
+             a.amp, "'");
+  KILN_CHECK(a.iters >= 1 && a.eval_interval >= 1 && a.eval_iters >= 1, "char_gpt: --iters, --eval-interval and "
+             "--eval-iters must be at least 1");
+  KILN_CHECK(a.batch_size >= 1 && a.block_size >= 1, "char_gpt: --batch-size and --block-size must be at least 1");
+  KILN_CHECK(a.lr > 0 && a.min_lr >= 0 && a.warmup_iters >= 0, "char_gpt: bad learning-rate schedule");
+  if (a.attn_dropout < 0) a.attn_dropout = a.dropout;
+  if (a.lr_decay_iters == 0) a.lr_decay_iters = std::max(a.iters, a.warmup_iters + 1);
+  KILN_CHECK(a.lr_decay_iters > a.warmup_iters, "char_gpt: --lr-decay-iters must exceed --warmup-iters");
+  KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
+  KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
+  KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
+  return a;
+}
+
+std::string data_path(const Args& a) {
+  if (!a.data.empty()) return a.data;
+  if (const char* env = std::getenv("KILN_SHAKESPEARE"); env && *env) return env;
+  const std::string shared = "../shared/data/tinyshakespeare.txt", local = ".data/tinyshakespeare.txt";
+  return !std::filesystem::exists(shared) && std::filesystem::exists(local) ? local : shared;
+}
+
+// The text as token ids (indices into the sorted set of its characters).
+struct Corpus {
+  std::string vocab;
+  std::vector<uint8_t> train, val;
+};
+
+Corpus load_corpus(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in, "char_gpt: cannot read ", path, " (pass --data FILE or set KILN_SHAKESPEARE)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  KILN_CHECK(text.size() >= 1000, "char_gpt: ", path, " is too short (", text.size(), " bytes)");
+  std::set<unsigned char> chars(text.begin(), text.end());
+  Corpus c;
+  c.vocab.assign(chars.begin(), chars.end());
+  std::vector<uint8_t> lut(256, 0);
+  for (size_t i = 0; i < c.vocab.size(); ++i) lut[(unsigned char)c.vocab[i]] = uint8_t(i);
+  const size_t n_train = size_t(0.9 * double(text.size()));
+  c.train.reserve(n_train);
+  c.val.reserve(text.size() - n_train);
+  for (size_t i = 0; i < text.size(); ++i) (i < n_train ? c.train : c.val).push_back(lut[(unsigned char)text[i]]);
+  return c;
+}
+
+// Draws batches of B windows: inputs (B, T) and targets (B, T) i64, on `device`. Both are built in one
+// (2, B, T) host tensor (page-locked for a GPU) and moved with one asynchronous copy.
+class Batcher {
+ public:
+  Batcher(int64_t batch, int64_t block, Device device) : B_(batch), T_(block), device_(device) {}
+
+  std::pair<Tensor, Tensor> get(const std::vector<uint8_t>& data, Generator& gen) const {
+    KILN_CHECK(int64_t(data.size()) > T_ + 1, "char_gpt: a split has ", data.size(), " characters, fewer than the context ",
+               T_, " + 2");
+    Tensor host = device_.is_cuda() ? cuda::empty_pinned({2, B_, T_}, DType::i64) : empty({2, B_, T_}, {.dtype = DType::i64});
+    int64_t* x = host.data_ptr<int64_t>();
+    int64_t* y = x + B_ * T_;
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t start = size_t(gen.random_below(uint64_t(data.size()) - uint64_t(T_)));
+      for (int64_t t = 0; t < T_; ++t) {
+        x[b * T_ + t] = data[start + size_t(t)];
+        y[b * T_ + t] = data[start + size_t(t) + 1];
+      }
+    }
+    Tensor dev = host.to(device_);
+    return {dev.select(0, 0), dev.select(0, 1)};
+  }
+
+ private:
+  int64_t B_, T_;
+  Device device_;
+};
+
+// The gradients of all parameters as views of one flat f32 buffer: zeroing them is one fill, and the global
+// norm for clipping is one reduction over the buffer instead of one per parameter (the model is small
+// enough that every launch counts). Backward accumulates into existing gradients in place, so the views
+// stay in place across steps; the optimizer reads them as ordinary (contiguous) gradients.
+class FlatGrads {
+ public:
+  FlatGrads(const std::vector<Tensor>& params, Device device) {
+    int64_t n = 0;
+    for (const Tensor& p : params) n += p.numel();
+    flat_ = zeros({n}, {.dtype = DType::f32, .device = device});
+    int64_t offset = 0;
+    for (const Tensor& p : params) {
+      KILN_CHECK(p.dtype() == DType::f32, "char_gpt: expected f32 parameters, got ", p.str());
+      p.set_grad(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+  }
+  // Replaces optimizer.zero_grad(): the views must survive.
+  void zero() { flat_.zero_(); }
+  // torch.nn.utils.clip_grad_norm_ (2-norm) without reading the norm on the host: the sum of squares, the
+  // factor min(1, max_norm / (norm + 1e-6)) and the scaling all stay on the device, so the step does not
+  // wait for the GPU. Returns the norm (a device scalar).
+  Tensor clip(double max_norm) {
+    NoGradGuard no_grad;
+    Tensor norm = sqrt(sum(square(flat_)));
+    flat_.mul_(clamp(rdiv(add(norm, 1e-6), max_norm), 0.0, 1.0));
+    return norm;
+  }
+
+ private:
+  Tensor flat_;
+};
+
+std::string best_path(const std::string& path) {
+  std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".best" + p.extension().string())).string();
+}
+
+int run(const Args& args) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Device dev = Device::parse(args.device);
+  if (dev.is_cuda()) {
+    KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,
+               ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
+    KILN_CHECK(dev.index < cuda::device_count(), "char_gpt: --device ", args.device, ": only ", cuda::device_count(),
+               " CUDA device(s)");
+    cuda::set_device(dev.index);
+  }
+  const bool amp_on = args.amp == "bf16" || (args.amp == "auto" && dev.is_cuda());
+  auto sync = [&] {
+    if (dev.is_cuda()) cuda::synchronize();
+  };
+
+  const std::string path = data_path(args);
+  Corpus corpus = load_corpus(path);
+  const int64_t V = int64_t(corpus.vocab.size());
+  std::fprintf(stderr, "data %s: %zu train + %zu val characters, vocabulary %lld\n", path.c_str(), corpus.train.size(),
+               corpus.val.size(), (long long)V);
+
+  manual_seed(args.seed);  // parameter initialization, then dropout masks
+  nn::GPT model({.vocab_size = V, .block_size = args.block_size, .n_layer = args.n_layer, .n_head = args.n_head,
+                 .n_embd = args.n_embd, .dropout = args.dropout, .attn_dropout = args.attn_dropout, .bias = args.bias,
+                 .checkpoint = args.grad_checkpoint, .device = dev});
+  std::fprintf(stderr, "%s: %.2fM parameters (%s, amp %s%s)\n", model.repr().c_str(), double(model.num_params()) / 1e6,
+               dev.str().c_str(), amp_on ? "bf16" : "none", args.grad_checkpoint ? ", gradient checkpointing" : "");
+
+  auto groups = model.parameter_groups();
+  const std::pair<double, double> betas{args.beta1, args.beta2};
+  optim::AdamW opt(groups.decay, {.lr = args.lr, .betas = betas, .weight_decay = args.weight_decay});
+  opt.add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
+  optim::CosineWithWarmup schedule(opt, args.warmup_iters, args.lr_decay_iters, args.min_lr);
+  std::vector<Tensor> params = model.parameters();
+  FlatGrads grads(params, dev);
+
+  Batcher batcher(args.batch_size, args.block_size, dev);
+  Generator batch_gen(args.seed);  // training batches; its state goes into the checkpoint
+  int64_t start_iter = 0;
+  double best_val = std::numeric_limits<double>::infinity();
+  if (args.resume) {
+    if (!std::filesystem::exists(args.checkpoint)) {
+      std::fprintf(stderr, "no checkpoint at %s yet: starting from scratch\n", args.checkpoint.c_str());
+    } else {
+      optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, model, &opt, &schedule);
+      auto meta = [&](const char* key) -> const optim::MetadataValue& {
+        auto found = info.metadata.find(key);
+        KILN_CHECK(found != info.metadata.end(), "char_gpt: ", args.checkpoint, " has no '", key,
+                   "' metadata: not written by char_gpt?");
+        return found->second;
+      };
+      const auto* vocab = std::get_if<std::string>(&meta("vocab"));
+      const auto* best = std::get_if<double>(&meta("best_val_loss"));
+      const auto* offset = std::get_if<int64_t>(&meta("batch_rng_offset"));
+      KILN_CHECK(vocab && best && offset, "char_gpt: ", args.checkpoint, ": metadata of the wrong type");
+      KILN_CHECK(*vocab == corpus.vocab, "char_gpt: ", args.checkpoint, " was trained on another vocabulary");
+      start_iter = info.step;
+      best_val = *best;
+      batch_gen.set_state({args.seed, uint64_t(*offset)});
+      std::fprintf(stderr, "resumed from %s at iteration %lld (best val loss %.4f)\n", args.checkpoint.c_str(),
+                   (long long)start_iter, best_val);
+    }
+  }
+
+  // Mean loss over eval_iters batches of a split, in eval mode without gradients. The batches depend on
+  // (seed, iteration) only, so a resumed run measures what the uninterrupted one would have. Several
+  // batches go through the model at once (fewer, larger launches; the mean is the same).
+  auto estimate_loss = [&](const std::vector<uint8_t>& split, uint64_t stream, int64_t iter) {
+    NoGradGuard no_grad;
+    amp::Autocast autocast(dev, DType::bf16, amp_on);
+    model.eval();
+    Generator gen(args.seed * 1000003u + stream * 7919u + uint64_t(iter));
+    constexpr int64_t kGroup = 4;
+    Tensor total = zeros({}, {.dtype = DType::f32, .device = dev});
+    for (int64_t done = 0; done < args.eval_iters;) {
+      const int64_t n = std::min(kGroup, args.eval_iters - done);
+      std::vector<Tensor> xs, ys;
+      for (int64_t k = 0; k < n; ++k) {
+        auto [x, y] = batcher.get(split, gen);
+        xs.push_back(x);
+        ys.push_back(y);
+      }
+      Tensor x = n == 1 ? xs[0] : cat(xs, 0), y = n == 1 ? ys[0] : cat(ys, 0);
+      total = add(total, mul(model.loss(x, y), double(n)));
+      done += n;
+    }
+    model.train();
+    return total.item<double>() / double(args.eval_iters);
+  };
+
+  const int64_t tokens_per_iter = args.batch_size * args.block_size;
+  double train_seconds = 0;
+  int64_t trained_iters = 0;
+  sync();
+  auto segment_start = Clock::now();
+  int64_t segment_iters = 0;
+  for (int64_t iter = start_iter;; ++iter) {
+    const bool last = iter == args.iters;
+    if ((iter % args.eval_interval == 0 || last) && !(args.resume && iter == start_iter && start_iter > 0)) {
+      sync();
+      const double seg = std::chrono::duration<double>(Clock::now() - segment_start).count();
+      train_seconds += seg;
+      const double train_loss = estimate_loss(corpus.train, 1, iter);
+      const double val_loss = estimate_loss(corpus.val, 2, iter);
+      const bool improved = val_loss < best_val;
+      if (improved) best_val = val_loss;
+      std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
+                  schedule.get_last_lr()[0], segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0);
+      std::fflush(stdout);
+      if (!args.checkpoint.empty() && iter > start_iter) {
+        optim::Metadata meta{{"vocab", corpus.vocab},
+                             {"best_val_loss", best_val},
+                             {"val_loss", val_loss},
+                             {"batch_rng_offset", int64_t(batch_gen.state().offset)},
+                             {"seed", int64_t(args.seed)},
+                             {"n_layer", args.n_layer},
+                             {"n_head", args.n_head},
+                             {"n_embd", args.n_embd},
+                             {"block_size", args.block_size}};
+        optim::save_checkpoint(args.checkpoint, model, &opt, meta, iter, &schedule);
+        if (improved) optim::save_checkpoint(best_path(args.checkpoint), model, &opt, meta, iter, &schedule);
+      }
+      sync();
+      segment_start = Clock::now();
+      segment_iters = 0;
+    }
+    if (last) break;
+
+    auto [x, y] = batcher.get(corpus.train, batch_gen);
+    Tensor loss;
+    {
+      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      loss = model.loss(x, y);
+    }
+    grads.zero();
+    loss.backward();
+    if (args.grad_clip > 0) grads.clip(args.grad_clip);
+    opt.step();
+    schedule.step();
+    ++segment_iters;
+    ++trained_iters;
+  }
+  sync();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  if (args.profile > 0) {
+    // Where an iteration's time goes: each phase's host time (enqueueing its kernels; the device is idle
+    // when it starts) and its wall time up to the device finishing it. Host time close to wall time means
+    // the phase is bound by launches and per-op host work, not by the GPU.
+    enum { kBatch, kForward, kBackward, kClip, kStep, kPhases };
+    const char* names[kPhases] = {"batch", "forward", "backward", "clip", "step"};
+    double host[kPhases] = {}, wall[kPhases] = {};
+    auto timed = [&](int phase, const std::function<void()>& fn) {
+      sync();
+      auto a = Clock::now();
+      fn();
+      auto b = Clock::now();
+      sync();
+      auto c = Clock::now();
+      host[phase] += std::chrono::duration<double>(b - a).count();
+      wall[phase] += std::chrono::duration<double>(c - a).count();
+    };
+    for (int64_t i = 0; i < args.profile; ++i) {
+      Tensor x, y, loss;
+      timed(kBatch, [&] { std::tie(x, y) = batcher.get(corpus.train, batch_gen); });
+      timed(kForward, [&] {
+        amp::Autocast autocast(dev, DType::bf16, amp_on);
+        loss = model.loss(x, y);
+      });
+      timed(kBackward, [&] {
+        grads.zero();
+        loss.backward();
+      });
+      timed(kClip, [&] {
+        if (args.grad_clip > 0) grads.clip(args.grad_clip);
+      });
+      timed(kStep, [&] { opt.step(); });
+    }
+    // The same iterations back to back, without the synchronizations.
+    sync();
+    auto a = Clock::now();
+    for (int64_t i = 0; i < args.profile; ++i) {
+      auto [x, y] = batcher.get(corpus.train, batch_gen);
+      Tensor loss;
+      {
+        amp::Autocast autocast(dev, DType::bf16, amp_on);
+        loss = model.loss(x, y);
+      }
+      grads.zero();
+      loss.backward();
+      if (args.grad_clip > 0) grads.clip(args.grad_clip);
+      opt.step();
+    }
+    auto b = Clock::now();
+    sync();
+    auto c = Clock::now();
+    double total_host = 0, total_wall = 0;
+    for (int k = 0; k < kPhases; ++k) {
+      std::fprintf(stderr, "profile %-9s host %7.3f ms  wall %7.3f ms\n", names[k], 1e3 * host[k] / double(args.profile),
+                   1e3 * wall[k] / double(args.profile));
+      total_host += host[k];
+      total_wall += wall[k];
+    }
+    std::fprintf(stderr, "profile %-9s host %7.3f ms  wall %7.3f ms (phases synchronized)\n", "sum",
+                 1e3 * total_host / double(args.profile), 1e3 * total_wall / double(args.profile));
+    std::fprintf(stderr, "profile pipelined: host %.3f ms/iter enqueueing, %.3f ms/iter wall\n",
+                 1e3 * std::chrono::duration<double>(b - a).count() / double(args.profile),
+                 1e3 * std::chrono::duration<double>(c - a).count() / double(args.profile));
+  }
+  if (args.sample > 0) {
+    Generator gen(args.seed + 1);
+    const size_t newline = corpus.vocab.find('\n');
+    Tensor start = full({1, 1}, double(newline == std::string::npos ? 0 : newline), {.dtype = DType::i64, .device = dev});
+    Tensor out;
+    {
+      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      out = model.generate(start, args.sample, 0.8, 200, &gen);
+    }
+    std::string text;
+    for (int64_t t : out.to_vector<int64_t>()) text.push_back(corpus.vocab[size_t(t)]);
+    std::printf("---- sample ----\n%s\n----------------\n", text.c_str());
+  }
+  if (dev.is_cuda())
+    std::fprintf(stderr, "peak GPU memory %.2f GiB\n", double(cuda::memory_stats(dev.index).peak_allocated) / (1 << 30));
+  const double tps = train_seconds > 0 ? double(trained_iters * tokens_per_iter) / train_seconds : 0.0;
+  std::printf("RESULT best_val_loss=%.4f seconds=%.1f tokens_per_second=%.0f\n", best_val, seconds, tps);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args args = parse_args(argc, argv);
+    if (args.help) {
+      usage(std::cout);
+      return 0;
+    }
+    return run(args);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

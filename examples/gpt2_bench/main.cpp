@@ -1,0 +1,205 @@
+// GPT-2 124M training throughput: 12 layers, 12 heads, width 768, context 1024, vocabulary 50304 (50257
+// padded to a multiple of 64), biases, no dropout; batch 16 x 1024 random tokens; bf16 autocast with f32
+// master weights; fused AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the 2-D weights).
+//
+//   gpt2_bench                       # B=16, T=1024 on cuda:0
+//   gpt2_bench --grad-checkpoint     # the same with gradient checkpointing of every block
+//   gpt2_bench --batch-size 8 --seq-len 512 --warmup 2 --steps 5
+//
+// Runs --warmup untimed steps (allocator, cuBLASLt heuristics), then --steps timed steps between two
+// device synchronizations. stdout ends with
+//   RESULT tokens_per_second=... mfu=... peak_gib=... step_ms=...
+// MFU is nanoGPT's estimate_mfu: FLOPs per token = 6N + 12 L H Q T (N = parameters without the position
+// embeddings, the tied token embedding counted once; L layers, H heads, Q head dim, T context: the
+// attention score and value products, forward and backward), times tokens/s, over the H100/H200's dense
+// bf16 peak of 989 TFLOP/s. peak_gib is the caching allocator's high-water mark of allocated bytes over
+// the whole run (model, optimizer state, activations), like torch.cuda.max_memory_allocated.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+#include <kiln/nn/gpt.h>
+#include <kiln/optim/adamw.h>
+
+using namespace kiln;
+
+namespace {
+
+struct Args {
+  int64_t batch_size = 16, seq_len = 1024;
+  int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab_size = 50304;
+  int64_t warmup = 3, steps = 10;
+  int64_t profile = 0;
+  bool grad_checkpoint = false;
+  std::string device = "cuda";
+  std::string amp = "bf16";
+  uint64_t seed = 0;
+  bool help = false;
+};
+
+void usage(std::ostream& os) {
+  os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
+        "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
+        "                  [--seed S] [--profile N]\n"
+        "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
+        "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n";
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      KILN_CHECK(i + 1 < argc, "gpt2_bench: ", flag, " needs a value");
+      return argv[++i];
+    };
+    auto i64 = [&] {
+      std::string v = value();
+      try {
+        size_t used = 0;
+        int64_t x = std::stoll(v, &used);
+        if (used == v.size()) return x;
+      } catch (const std::exception&) {
+      }
+      KILN_FAIL("gpt2_bench: ", flag, " expects an integer, got '", v, "'");
+    };
+    if (flag == "--batch-size") a.batch_size = i64();
+    else if (flag == "--seq-len") a.seq_len = i64();
+    else if (flag == "--n-layer") a.n_layer = i64();
+    else if (flag == "--n-head") a.n_head = i64();
+    else if (flag == "--n-embd") a.n_embd = i64();
+    else if (flag == "--vocab-size") a.vocab_size = i64();
+    else if (flag == "--warmup") a.warmup = i64();
+    else if (flag == "--steps") a.steps = i64();
+    else if (flag == "--profile") a.profile = i64();
+    else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
+    else if (flag == "--device") a.device = value();
+    else if (flag == "--amp") a.amp = value();
+    else if (flag == "--seed") a.seed = uint64_t(i64());
+    else if (flag == "--help" || flag == "-h") a.help = true;
+    else KILN_FAIL("gpt2_bench: unknown flag '", flag, "' (--help lists them)");
+  }
+  KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
+  KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
+             "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
+  return a;
+}
+
+int run(const Args& args) {
+  Device dev = Device::parse(args.device);
+  if (dev.is_cuda()) {
+    KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
+               "--device cpu runs a (slow) CPU smoke test");
+    cuda::set_device(dev.index);
+  }
+  auto sync = [&] {
+    if (dev.is_cuda()) cuda::synchronize();
+  };
+  const bool amp_on = args.amp == "bf16";
+  const int64_t B = args.batch_size, T = args.seq_len;
+
+  manual_seed(args.seed);
+  nn::GPT model({.vocab_size = args.vocab_size, .block_size = T, .n_layer = args.n_layer, .n_head = args.n_head,
+                 .n_embd = args.n_embd, .dropout = 0.0, .bias = true, .checkpoint = args.grad_checkpoint, .device = dev});
+  auto groups = model.parameter_groups();
+  optim::AdamW opt(groups.decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.1});
+  opt.add_param_group(groups.no_decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.0});
+
+  // A few batches of random tokens made up front and cycled (the input pipeline is not what is measured).
+  Generator gen(args.seed + 1);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int k = 0; k < 2; ++k)
+    batches.emplace_back(randint(0, args.vocab_size, {B, T}, {.dtype = DType::i64}, &gen).to(dev),
+                         randint(0, args.vocab_size, {B, T}, {.dtype = DType::i64}, &gen).to(dev));
+
+  Tensor loss;
+  auto step = [&](int64_t i) {
+    const auto& [x, y] = batches[size_t(i) % batches.size()];
+    {
+      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      loss = model.loss(x, y);
+    }
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  };
+
+  for (int64_t i = 0; i < args.warmup; ++i) step(i);
+  sync();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < args.steps; ++i) step(args.warmup + i);
+  sync();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (args.profile > 0) {
+    // Host time (enqueueing; the device idle at the start) and wall time (until the device is done) of
+    // each phase, synchronizing between phases.
+    double host[3] = {}, wall[3] = {};
+    auto timed = [&](int k, auto&& fn) {
+      sync();
+      auto a = std::chrono::steady_clock::now();
+      fn();
+      auto b = std::chrono::steady_clock::now();
+      sync();
+      auto c = std::chrono::steady_clock::now();
+      host[k] += std::chrono::duration<double>(b - a).count();
+      wall[k] += std::chrono::duration<double>(c - a).count();
+    };
+    for (int64_t i = 0; i < args.profile; ++i) {
+      const auto& [x, y] = batches[size_t(i) % batches.size()];
+      Tensor l;
+      timed(0, [&] {
+        amp::Autocast autocast(dev, DType::bf16, amp_on);
+        l = model.loss(x, y);
+      });
+      timed(1, [&] {
+        opt.zero_grad();
+        l.backward();
+      });
+      timed(2, [&] { opt.step(); });
+    }
+    const char* names[3] = {"forward", "backward", "optimizer"};
+    for (int k = 0; k < 3; ++k)
+      std::fprintf(stderr, "profile %-9s host %8.3f ms  wall %8.3f ms\n", names[k], 1e3 * host[k] / double(args.profile),
+                   1e3 * wall[k] / double(args.profile));
+  }
+
+  const double N = double(model.num_params(/*non_embedding=*/true));
+  const double L = double(args.n_layer), H = double(args.n_head), Q = double(args.n_embd / args.n_head);
+  const double flops_per_token = 6.0 * N + 12.0 * L * H * Q * double(T);
+  const double tps = double(args.steps * B * T) / seconds;
+  const double mfu = flops_per_token * tps / 989e12;
+  const double peak_gib = dev.is_cuda() ? double(cuda::memory_stats(dev.index).peak_allocated) / double(1 << 30) : 0.0;
+  std::fprintf(stderr,
+               "GPT %lldx%lldx%lld, vocab %lld: N = %.2fM parameters (without wpe), %.3g FLOPs/token; B=%lld T=%lld, "
+               "%s%s; final loss %.4f\n",
+               (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
+               N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
+               args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f\n", tps, mfu, peak_gib,
+              1e3 * seconds / double(args.steps));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args args = parse_args(argc, argv);
+    if (args.help) {
+      usage(std::cout);
+      return 0;
+    }
+    return run(args);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,246 @@
+#include <kiln/nn/gpt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+
+#include <kiln/autograd/checkpoint.h>
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/init.h>
+
+namespace kiln::nn {
+
+namespace {
+
+const GPTConfig& checked(const GPTConfig& c) {
+  // Checked before any member is built from the config.
+  KILN_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer >= 0 && c.n_head > 0 && c.n_embd > 0,
+             "GPT: vocab_size, block_size, n_head and n_embd must be positive and n_layer non-negative, got vocab_size ",
+             c.vocab_size, ", block_size ", c.block_size, ", n_layer ", c.n_layer, ", n_head ", c.n_head, ", n_embd ",
+             c.n_embd);
+  KILN_CHECK(c.n_embd % c.n_head == 0, "GPT: n_embd (", c.n_embd, ") must be divisible by n_head (", c.n_head, ")");
+  KILN_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "GPT: dropout must be in [0, 1), got ", c.dropout);
+  KILN_CHECK(c.attn_dropout >= 0.0 && c.attn_dropout < 1.0, "GPT: attn_dropout must be in [0, 1), got ",
+             c.attn_dropout);
+  return c;
+}
+
+LinearOptions linear_options(const GPTConfig& c) { return {.bias = c.bias, .dtype = c.dtype, .device = c.device}; }
+LayerNormOptions norm_options(const GPTConfig& c) { return {.bias = c.bias, .dtype = c.dtype, .device = c.device}; }
+
+}  // namespace
+
+// ---- GPTMLP ----
+
+GPTMLP::GPTMLP(const GPTConfig& c)
+    : fc(c.n_embd, 4 * c.n_embd, linear_options(c)), proj(4 * c.n_embd, c.n_embd, linear_options(c)), drop(c.dropout) {
+  register_module("fc", fc);
+  register_module("proj", proj);
+  register_module("drop", drop);
+}
+
+Tensor GPTMLP::forward(const Tensor& x) {
+  return drop(proj(functional::linear_gelu(x, fc.weight, fc.bias)));
+}
+
+// ---- GPTBlock ----
+
+GPTBlock::GPTBlock(const GPTConfig& c)
+    : ln_1(c.n_embd, norm_options(c)),
+      attn(c.n_embd, c.n_head,
+           {.dropout = c.attn_dropout, .bias = c.bias, .causal = true, .dtype = c.dtype, .device = c.device}),
+      drop(c.dropout),
+      ln_2(c.n_embd, norm_options(c)),
+      mlp(c) {
+  register_module("ln_1", ln_1);
+  register_module("attn", attn);
+  register_module("drop", drop);
+  register_module("ln_2", ln_2);
+  register_module("mlp", mlp);
+}
+
+Tensor GPTBlock::forward(const Tensor& x) {
+  Tensor h = add(x, drop(attn(ln_1(x))));
+  return add(h, mlp(ln_2(h)));
+}
+
+// ---- GPT ----
+
+GPT::GPT(const GPTConfig& config)
+    : config_(checked(config)),
+      wte(config.vocab_size, config.n_embd, {.dtype = config.dtype, .device = config.device}),
+      wpe(config.block_size, config.n_embd, {.dtype = config.dtype, .device = config.device}),
+      drop(config.dropout),
+      ln_f(config.n_embd, norm_options(config)) {
+  register_module("wte", wte);
+  register_module("wpe", wpe);
+  register_module("drop", drop);
+  for (int64_t i = 0; i < config.n_layer; ++i) blocks_.push_back(&h.emplace_back<GPTBlock>(config));
+  register_module("h", h);
+  register_module("ln_f", ln_f);
+  reset_parameters();
+}
+
+void GPT::reset_parameters() {
+  NoGradGuard no_grad;
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * double(std::max<int64_t>(config_.n_layer, 1)));
+  init::normal_(wte.weight, 0.0, std);
+  init::normal_(wpe.weight, 0.0, std);
+  auto linear = [&](Linear& l, double s) {
+    init::normal_(l.weight, 0.0, s);
+    if (l.bias.defined()) init::zeros_(l.bias);
+  };
+  auto norm = [](LayerNorm& ln) {
+    if (ln.weight.defined()) init::ones_(ln.weight);
+    if (ln.bias.defined()) init::zeros_(ln.bias);
+  };
+  for (GPTBlock* b : blocks_) {
+    norm(b->ln_1);
+    linear(b->attn.in_proj, std);
+    linear(b->attn.out_proj, residual_std);
+    norm(b->ln_2);
+    linear(b->mlp.fc, std);
+    linear(b->mlp.proj, residual_std);
+  }
+  norm(ln_f);
+}
+
+Tensor GPT::forward(const Tensor& idx_in) {
+  KILN_CHECK(idx_in.defined(), repr(), ": the input is undefined");
+  KILN_CHECK(idx_in.dtype() == DType::i64 || idx_in.dtype() == DType::i32, repr(),
+             ": expected integer token ids (i32 or i64), got ", idx_in.str());
+  KILN_CHECK(idx_in.dim() == 1 || idx_in.dim() == 2, repr(), ": expected token ids (B, T) or (T), got ", idx_in.str());
+  const bool batched = idx_in.dim() == 2;
+  Tensor idx = batched ? idx_in : idx_in.unsqueeze(0);
+  const int64_t T = idx.size(1);
+  KILN_CHECK(T >= 1 && T <= config_.block_size, repr(), ": sequence length ", T, " is outside 1..block_size (",
+             config_.block_size, ")");
+  // Positions 0..T-1 are the first T rows of wpe: a view, no lookup; it broadcasts over the batch.
+  Tensor x = drop(add(wte(idx), wpe.weight.narrow(0, 0, T)));
+
+  const bool checkpointing = config_.checkpoint && is_training() && autograd::is_grad_enabled();
+  const DeviceType dev_type = x.device().type;
+  for (GPTBlock* block : blocks_) {
+    if (!checkpointing) {
+      x = (*block)(x);
+      continue;
+    }
+    // The recomputation runs during backward, outside the caller's autocast scope: carry the forward
+    // pass's autocast state into the function so both passes compute in the same precision.
+    const bool amp_on = amp::is_enabled(dev_type);
+    const DType amp_dtype = amp::dtype(dev_type);
+    const Device device = x.device();
+    x = autograd::checkpoint(
+        [block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
+          amp::Autocast autocast(device, amp_dtype, amp_on);
+          return (*block)(in[0]);
+        },
+        {x});
+  }
+  // lm_head: the token embedding, transposed (tied weights).
+  Tensor logits = functional::linear(ln_f(x), wte.weight);
+  return batched ? logits : logits.squeeze(0);
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
+  KILN_CHECK(targets.defined() && targets.sizes() == idx.sizes(), repr(), ": targets ", targets.str(),
+             " must have the shape of the input ", idx.str());
+  Tensor logits = forward(idx);
+  return functional::cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+Tensor GPT::generate(const Tensor& idx_in, int64_t max_new_tokens, double temperature, int64_t top_k,
+                     Generator* generator) {
+  KILN_CHECK(idx_in.defined() && idx_in.dim() == 2 && idx_in.size(1) >= 1 &&
+                 (idx_in.dtype() == DType::i64 || idx_in.dtype() == DType::i32),
+             repr(), ".generate: expected (B, T) integer token ids with T >= 1, got ", idx_in.str());
+  KILN_CHECK(max_new_tokens >= 0, repr(), ".generate: max_new_tokens must be non-negative, got ", max_new_tokens);
+  KILN_CHECK(temperature > 0, repr(), ".generate: temperature must be positive, got ", temperature);
+  KILN_CHECK(top_k >= 0, repr(), ".generate: top_k must be non-negative, got ", top_k);
+  Generator& gen = generator ? *generator : default_generator();
+  NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();
+  const int64_t B = idx_in.size(0), V = config_.vocab_size;
+  // Tokens live on the host (a few hundred at most per row); each step uploads the context window.
+  std::vector<int64_t> tokens = idx_in.to_vector<int64_t>();
+  int64_t T = idx_in.size(1);
+  std::vector<double> p(static_cast<size_t>(V));
+  try {
+    for (int64_t step = 0; step < max_new_tokens; ++step) {
+      const int64_t ctx = std::min(T, config_.block_size);
+      std::vector<int64_t> window(static_cast<size_t>(B * ctx));
+      for (int64_t b = 0; b < B; ++b)
+        std::copy_n(tokens.begin() + b * T + (T - ctx), ctx, window.begin() + b * ctx);
+      Tensor input = from_vector(window, {B, ctx}).to(idx_in.device());
+      Tensor last = forward(input).select(1, ctx - 1);  // (B, V)
+      std::vector<double> logits = last.to_vector<double>();
+      std::vector<int64_t> next(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        const double* row = logits.data() + b * V;
+        double cutoff = -std::numeric_limits<double>::infinity();
+        if (top_k > 0 && top_k < V) {
+          std::vector<double> sorted(row, row + V);
+          std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+          cutoff = sorted[size_t(top_k - 1)];
+        }
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t v = 0; v < V; ++v)
+          if (row[v] >= cutoff) mx = std::max(mx, row[v]);
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += (p[size_t(v)] = row[v] >= cutoff ? std::exp((row[v] - mx) / temperature) : 0.0);
+        // Inverse-CDF sampling with a 53-bit uniform from the generator.
+        const double u = (double(gen.next_u32() >> 5) * 67108864.0 + double(gen.next_u32() >> 6)) / 9007199254740992.0;
+        double acc = 0, target = u * z;
+        int64_t choice = -1;
+        for (int64_t v = 0; v < V; ++v) {
+          if (p[size_t(v)] <= 0) continue;
+          choice = v;  // the last token with probability > 0, should rounding leave target beyond the sum
+          acc += p[size_t(v)];
+          if (acc > target) break;
+        }
+        next[size_t(b)] = choice;
+      }
+      std::vector<int64_t> grown(static_cast<size_t>(B * (T + 1)));
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(tokens.begin() + b * T, T, grown.begin() + b * (T + 1));
+        grown[size_t(b * (T + 1) + T)] = next[size_t(b)];
+      }
+      tokens.swap(grown);
+      ++T;
+    }
+  } catch (...) {
+    train(was_training);
+    throw;
+  }
+  train(was_training);
+  return from_vector(tokens, {B, T}).to(idx_in.device());
+}
+
+GPT::ParameterGroups GPT::parameter_groups() const {
+  ParameterGroups g;
+  for (const Tensor& p : parameters()) (p.dim() >= 2 ? g.decay : g.no_decay).push_back(p);
+  return g;
+}
+
+int64_t GPT::num_params(bool non_embedding) const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  if (non_embedding) n -= wpe.weight.numel();
+  return n;
+}
+
+void GPT::pretty_print(std::ostream& os) const {
+  os << "GPT(vocab_size=" << config_.vocab_size << ", block_size=" << config_.block_size
+     << ", n_layer=" << config_.n_layer << ", n_head=" << config_.n_head << ", n_embd=" << config_.n_embd
+     << ", dropout=" << config_.dropout << ", bias=" << (config_.bias ? "true" : "false")
+     << ", checkpoint=" << (config_.checkpoint ? "true" : "false") << ")";
+}
+
+}  // namespace kiln::nn
