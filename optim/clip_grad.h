@@ -16,6 +16,12 @@ namespace kiln::optim {
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);
 
+// The same clipping without waiting for the device: the norm, the factor min(1, max_norm / (total + 1e-6))
+// and the scaling all stay on the gradients' device, and the norm comes back as a 0-d tensor there (as
+// torch.nn.utils.clip_grad_norm_ returns it). Use it in GPU training loops, where reading the norm on the
+// host would stall the step every iteration. All gradients must be on one device.
+Tensor clip_grad_norm_async(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
 }  // namespace kiln::optim

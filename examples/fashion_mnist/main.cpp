@@ -281,7 +281,7 @@ int run(const Args& args) {
       scaler.scale(loss).backward();
       if (args.clip > 0) {
         scaler.unscale_(opt);  // clip the true gradients, not the scaled ones
-        optim::clip_grad_norm(params, args.clip);
+        optim::clip_grad_norm_async(params, args.clip);  // no wait for the GPU
       }
       if (!scaler.step(opt)) ++skipped;  // f16: skipped when a gradient overflowed
       scaler.update();

@@ -70,5 +70,31 @@ TEST(ClipGradNorm, F32Gradients) {
   EXPECT_NEAR(p.grad().to_vector<double>()[1], 0.8, 1e-6);
 }
 
+// The device-side variant gives the same norm and gradients without reading anything on the host.
+TEST(ClipGradNorm, AsyncMatchesTheHostVariant) {
+  for (double norm_type : {2.0, 1.0, 3.0, kInfNorm})
+    for (double max_norm : {0.5, 100.0}) {
+      Tensor a = param_with_grad({3.0, -4.0}), b = param_with_grad({-12.0, 0.25});
+      Tensor c = param_with_grad({3.0, -4.0}), d = param_with_grad({-12.0, 0.25});
+      const double host = clip_grad_norm({a, b}, max_norm, norm_type);
+      Tensor dev = clip_grad_norm_async({c, d}, max_norm, norm_type);
+      EXPECT_EQ(dev.dim(), 0);
+      EXPECT_NEAR(dev.item<double>(), host, 1e-12) << norm_type;
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_NEAR(a.grad().to_vector<double>()[i], c.grad().to_vector<double>()[i], 1e-12) << norm_type;
+        EXPECT_NEAR(b.grad().to_vector<double>()[i], d.grad().to_vector<double>()[i], 1e-12) << norm_type;
+      }
+    }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor e = param_with_grad({1.0, nan});
+  EXPECT_TRUE(std::isnan(clip_grad_norm_async({e}, 1.0, kInfNorm).item<double>()));
+  EXPECT_TRUE(std::isnan(e.grad().to_vector<double>()[0]));  // the NaN factor is applied, as in PyTorch
+  Tensor f = zeros({2});
+  f.requires_grad_();
+  f.set_grad(tensor({30.0, 40.0}, {2}));
+  EXPECT_NEAR(clip_grad_norm_async({f}, 1.0).item<double>(), 50.0, 1e-4);
+  EXPECT_NEAR(f.grad().to_vector<double>()[1], 0.8, 1e-6);
+}
+
 }  // namespace
 }  // namespace kiln::optim
