@@ -11,18 +11,24 @@
 // Tensor-core path (bf16/f16, D = 64 or 128, 16-byte aligned rows): mma.sync.m16n8k16 with f32
 // accumulators, operands through ldmatrix from XOR-swizzled shared memory (16-byte chunk c of row r sits
 // at chunk c ^ (r mod 8): conflict-free ldmatrix and cp.async), tiles fetched by cp.async.
-//   forward: a CTA of 8 warps owns 128 query rows (16 per warp, Q fragments kept in registers) and walks
-//     64-key tiles; the V tile loads while S = QKᵀ and the softmax run, the next K tile while O += PV
-//     runs (FA2's interleaving: K and V each single-buffered, always one copy in flight). Scores scale by
-//     scale·log2(e) and exponentiate with exp2. Causal CTAs stop at the diagonal and start with the
-//     longest rows; only tiles that cross the diagonal or the ragged end (Tk, Tq) evaluate the mask.
+//   forward: a CTA of 4 warps owns 128 query rows (32 per warp: each K and V fragment read by ldmatrix
+//     feeds two m16 tiles; Q fragments kept in registers at D = 64, re-read per k-step at D = 128) and
+//     walks 64-key tiles; at <= 255 registers and 64 KB two CTAs share an SM, one's softmax overlapping
+//     the other's MMAs. The V tile loads while S = QKᵀ and the softmax run, the next K tile while O += PV
+//     runs (FA2's interleaving: K and V each single-buffered, always one copy in flight). Row maxima are
+//     taken on raw scores (the path needs scale > 0) and P = ex2(s·scale·log2(e) - max), one FFMA and one
+//     ex2.approx per score. Causal CTAs stop at the diagonal and start with the longest rows; a warp whose
+//     rows all precede a tile skips it; only tiles that cross the diagonal or the ragged end (Tk, Tq)
+//     evaluate the mask. ldmatrix addresses are four per-lane offsets plus immediates (ldsm_offsets),
+//     which keeps both kernels free of register spills.
 //   backward: a CTA of 8 warps owns 128 keys (16 per warp) and walks 64-query tiles (Q and dO double-
 //     buffered): each warp computes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for its keys, accumulates dV and dK in
 //     registers, writes dSᵀ to shared memory, and after a barrier all warps compute dQ_tile = dS K and add
-//     it into an f32 scratch with vector atomics; a last kernel scales dQ into the output dtype. D_i comes
+//     it into an f32 scratch with float4 atomics; a last kernel scales dQ into the output dtype. D_i comes
 //     from a row kernel before.
-// Everything else (f32, f64, other head dims up to 256, misaligned views): a simple kernel per query row
-// (forward, dQ) and per key row (dK, dV), one warp each, exact in f32/f64, with the same dropout mask.
+// Everything else (f32, f64, other head dims up to 256, misaligned views; the forward also for scale <= 0):
+// a simple kernel per query row (forward, dQ) and per key row (dK, dV), one warp each, exact in f32/f64,
+// with the same dropout mask.
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -170,21 +176,62 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head, int64_t stride
   }
 }
 
+// 2^x by the SFU (ex2.approx.ftz: ~2 ulp, 2^-inf = 0): the softmax's exponent.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ldmatrix.x4 addressing in a swizzled tile. A lane supplies the row address of one 8x8 matrix of a
+// 16x16 block at (r0, 16·kc): row r0 + rl, chunk 2·kc + cb (+ cbase), stored at chunk ^ (row mod 8).
+// Two lane patterns: kLdsmA (rl = lane mod 8 + 8·bit3(lane), cb = bit4(lane)) gives an A operand, or
+// with .trans a B operand from a (k, n) tile; kLdsmB (rl = lane mod 8 + 8·bit4(lane), cb = bit3(lane))
+// gives a B operand (two n8 tiles) from an (n, k) tile. r0 is a multiple of 8, so the row's swizzle
+// key is rl mod 8, and (a + 8m) ^ y = (a ^ y) + 8m for y < 8: four per-lane byte offsets (kc mod 4)
+// cover every block and the rest is a compile-time immediate, instead of one live address per block.
+enum LdsmPattern { kLdsmA, kLdsmB };
+struct LdsmOffsets {
+  uint32_t o[4];
+};
+template <int kCols>
+__device__ __forceinline__ LdsmOffsets ldsm_offsets(LdsmPattern pat, int lane, int cbase) {
+  const int rl = pat == kLdsmA ? (lane % 8) + ((lane / 8) % 2) * 8 : (lane % 8) + (lane / 16) * 8;
+  const int cb = pat == kLdsmA ? lane / 16 : (lane / 8) % 2;
+  LdsmOffsets r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.o[i] = uint32_t(rl * kCols * 2 + (((cbase + 2 * i + cb) ^ (rl & 7)) << 4));
+  return r;
+}
+// Shared address of this lane's row for the block at (r0, 16·kc) (r0 a multiple of 8, kc compile-time).
+template <int kCols>
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t base, const LdsmOffsets& off, int r0, int kc) {
+  return base + off.o[kc & 3] + uint32_t(r0 * kCols * 2 + (kc >> 2) * 128);
+}
+
 // ------------------------------------------------------------------------------- forward (tensor cores)
 
 struct FwdParams {
   HeadView q, k, v, o;
   float* lse;  // (B, H, Tq)
   int H, Tq, Tk;
-  float scale_log2;  // scale · log2(e)
+  float scale_log2;  // scale · log2(e), > 0
   bool causal;
   DropoutArgs drop;
 };
 
-constexpr int kFwdRows = 128, kFwdKeys = 64, kFwdThreads = 256;
+// 4 warps x 32 query rows: each K and V fragment read from shared memory feeds two m16 tiles (half the
+// shared-memory traffic per MMA of 16 rows per warp), and at <= 255 registers two CTAs share an SM, so one
+// CTA's softmax overlaps the other's MMAs.
+constexpr int kFwdRows = 128, kFwdKeys = 64, kFwdWarps = 4, kFwdThreads = 32 * kFwdWarps;
+constexpr int kFwdWarpRows = kFwdRows / kFwdWarps;  // 32: two m16 tiles
+constexpr int kFwdMTiles = kFwdWarpRows / 16;
 
 template <class T, int D>
-__global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_kernel(FwdParams p) {
+__global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) {
+  // D = 64: Q fragments stay in registers; D = 128: they would cost 64 registers, so they are re-read
+  // from shared memory per k-step (an eighth of the tile's ldmatrix traffic)
+  constexpr bool kQInRegs = D <= 64;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kFwdRows * D;
@@ -205,102 +252,135 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_kernel(FwdParams p) 
   load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, 0, p.Tk);
   cp_async_commit();
 
-  const int row_w = m0 + warp * 16;  // the warp's first query row
-  const int row_lo = row_w + g, row_hi = row_lo + 8;
-  uint32_t qf[D / 16][4];
-  float acc[D / 8][4];
+  const int row_w = m0 + warp * kFwdWarpRows;  // the warp's first query row
+  const uint32_t sQb = smem_addr(sQ) + uint32_t(warp * kFwdWarpRows * D * 2), sKb = smem_addr(sK),
+                 sVb = smem_addr(sV);
+  const LdsmOffsets offA = ldsm_offsets<D>(kLdsmA, lane, 0), offB = ldsm_offsets<D>(kLdsmB, lane, 0);
+  uint32_t qf[kQInRegs ? D / 16 : 1][kFwdMTiles][4];
+  float acc[kFwdMTiles][D / 8][4];
+  float m_run[kFwdMTiles][2], l_run[kFwdMTiles][2];  // [m tile][row g, row g + 8], log2 units
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  for (int mi = 0; mi < kFwdMTiles; ++mi) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
+    m_run[mi][0] = m_run[mi][1] = -INFINITY;
+    l_run[mi][0] = l_run[mi][1] = 0.f;
+  }
 
   for (int n = 0; n < n_tiles; ++n) {
     const int n0 = n * kFwdKeys;
     cp_async_wait_all();
     __syncthreads();  // K_n (and Q) landed; every warp is done with sV
-    if (n == 0) {
+    if constexpr (kQInRegs) {
+      if (n == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = kk * 16 + (lane / 16) * 8;
-        ldsm_x4(smem_addr(sQ + swz<D>(r, c)), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+          for (int mi = 0; mi < kFwdMTiles; ++mi)
+            ldsm_x4(ldsm_addr<D>(sQb, offA, mi * 16, kk), qf[kk][mi][0], qf[kk][mi][1], qf[kk][mi][2], qf[kk][mi][3]);
       }
     }
     load_tile<kFwdKeys, D, kFwdThreads>(sV, vh, p.v.st, n0, p.Tk);
     cp_async_commit();
-
-    // S = Q K_nᵀ: 16 rows x 64 keys per warp
-    float s[8][4];
+    // causal: a warp whose rows all precede the tile's first key has nothing to add (warp-uniform)
+    const bool active = !p.causal || n0 <= row_w + kFwdWarpRows - 1;
+    uint32_t pa[kFwdMTiles][4][4];
+    if (active) {
+      // S = Q K_nᵀ: 32 rows x 64 keys per warp, each K fragment used by both m tiles
+      float s[kFwdMTiles][8][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      for (int mi = 0; mi < kFwdMTiles; ++mi)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+        for (int i = 0; i < 8; ++i) s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = 0.f;
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b0, b1, b2, b3;
-        int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
-        ldsm_x4(smem_addr(sK + swz<D>(r, c)), b0, b1, b2, b3);
-        mma16816<T>(s[2 * np], qf[kk], b0, b1);
-        mma16816<T>(s[2 * np + 1], qf[kk], b2, b3);
-      }
-
-    // scale into log2 units, mask, online softmax
-    const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[kFwdMTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        for (int mi = 0; mi < kFwdMTiles; ++mi) {
+          if constexpr (kQInRegs) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * p.scale_log2;
-        if (need_mask) {
-          const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
-          if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+            for (int e = 0; e < 4; ++e) qa[mi][e] = qf[kk][mi][e];
+          } else {
+            ldsm_x4(ldsm_addr<D>(sQb, offA, mi * 16, kk), qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3]);
+          }
         }
-        s[nt][e] = x;
-        if (e < 2) mx_lo = fmaxf(mx_lo, x);
-        else mx_hi = fmaxf(mx_hi, x);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(ldsm_addr<D>(sKb, offB, np * 16, kk), b0, b1, b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < kFwdMTiles; ++mi) {
+            mma16816<T>(s[mi][2 * np], qa[mi], b0, b1);
+            mma16816<T>(s[mi][2 * np + 1], qa[mi], b2, b3);
+          }
+        }
       }
+
+      // mask, online softmax in log2 units: the row max is taken on raw scores (scale > 0), and
+      // P = exp2(s·scale·log2e - max·scale·log2e) is one FFMA and one ex2 per element
+      const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
-    }
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-    const float corr_lo = exp2f(m_lo - base_lo), corr_hi = exp2f(m_hi - base_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
+      for (int mi = 0; mi < kFwdMTiles; ++mi) {
+        const int row_lo = row_w + mi * 16 + g, row_hi = row_lo + 8;
+        float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - base_lo);
-      s[nt][1] = exp2f(s[nt][1] - base_lo);
-      s[nt][2] = exp2f(s[nt][2] - base_hi);
-      s[nt][3] = exp2f(s[nt][3] - base_hi);
-      sum_lo += s[nt][0] + s[nt][1];
-      sum_hi += s[nt][2] + s[nt][3];
-    }
-    l_lo = l_lo * corr_lo + sum_lo;
-    l_hi = l_hi * corr_hi + sum_hi;
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      acc[dt][0] *= corr_lo;
-      acc[dt][1] *= corr_lo;
-      acc[dt][2] *= corr_hi;
-      acc[dt][3] *= corr_hi;
-    }
-    if (p.drop.on) {  // l keeps the undropped sum; only the P that multiplies V is masked
-      const uint32_t bits = dropout_bits(p.drop, bh, p.Tq, p.Tk, row_lo, n0 + 2 * t4, false);
+          for (int e = 0; e < 4; ++e) {
+            float x = s[mi][nt][e];
+            if (need_mask) {
+              const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
+              if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+            }
+            s[mi][nt][e] = x;
+            if (e < 2) mx_lo = fmaxf(mx_lo, x);
+            else mx_hi = fmaxf(mx_hi, x);
+          }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int o = 1; o <= 2; o <<= 1) {
+          mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
+          mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
+        }
+        const float mn_lo = fmaxf(m_run[mi][0], mx_lo * p.scale_log2);
+        const float mn_hi = fmaxf(m_run[mi][1], mx_hi * p.scale_log2);
+        const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+        const float corr_lo = fast_exp2(m_run[mi][0] - base_lo), corr_hi = fast_exp2(m_run[mi][1] - base_hi);
+        m_run[mi][0] = mn_lo;
+        m_run[mi][1] = mn_hi;
+        float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= (bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f;
-    }
-    uint32_t pa[4][4];
+        for (int nt = 0; nt < 8; ++nt) {
+          s[mi][nt][0] = fast_exp2(fmaf(s[mi][nt][0], p.scale_log2, -base_lo));
+          s[mi][nt][1] = fast_exp2(fmaf(s[mi][nt][1], p.scale_log2, -base_lo));
+          s[mi][nt][2] = fast_exp2(fmaf(s[mi][nt][2], p.scale_log2, -base_hi));
+          s[mi][nt][3] = fast_exp2(fmaf(s[mi][nt][3], p.scale_log2, -base_hi));
+          sum_lo += s[mi][nt][0] + s[mi][nt][1];
+          sum_hi += s[mi][nt][2] + s[mi][nt][3];
+        }
+        l_run[mi][0] = l_run[mi][0] * corr_lo + sum_lo;
+        l_run[mi][1] = l_run[mi][1] * corr_hi + sum_hi;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int dt = 0; dt < D / 8; ++dt) {
+          acc[mi][dt][0] *= corr_lo;
+          acc[mi][dt][1] *= corr_lo;
+          acc[mi][dt][2] *= corr_hi;
+          acc[mi][dt][3] *= corr_hi;
+        }
+        if (p.drop.on) {  // l keeps the undropped sum; only the P that multiplies V is masked
+          const uint32_t bits = dropout_bits(p.drop, bh, p.Tq, p.Tk, row_lo, n0 + 2 * t4, false);
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mi][nt][e] *= (bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          pa[mi][kk][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          pa[mi][kk][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          pa[mi][kk][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          pa[mi][kk][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+        }
+      }
     }
 
     cp_async_wait_all();
@@ -309,37 +389,48 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_kernel(FwdParams p) 
       load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n0 + kFwdKeys, p.Tk);
       cp_async_commit();
     }
-    // O += P V_n
+    // O += P V_n, each V fragment used by both m tiles
+    if (active) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b0, b1, b2, b3;
-        int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 16 + (lane / 16) * 8;
-        ldsm_x4_t(smem_addr(sV + swz<D>(r, c)), b0, b1, b2, b3);
-        mma16816<T>(acc[2 * dp], pa[kk], b0, b1);
-        mma16816<T>(acc[2 * dp + 1], pa[kk], b2, b3);
-      }
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(ldsm_addr<D>(sVb, offA, kk * 16, dp), b0, b1, b2, b3);
+#pragma unroll
+          for (int mi = 0; mi < kFwdMTiles; ++mi) {
+            mma16816<T>(acc[mi][2 * dp], pa[mi][kk], b0, b1);
+            mma16816<T>(acc[mi][2 * dp + 1], pa[mi][kk], b2, b3);
+          }
+        }
+    }
   }
 
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o);
-  }
-  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
   T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    const int col = dt * 8 + 2 * t4;
-    if (row_lo < p.Tq)
-      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) = pack2<T>(acc[dt][0] * inv_lo, acc[dt][1] * inv_lo);
-    if (row_hi < p.Tq)
-      *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) = pack2<T>(acc[dt][2] * inv_hi, acc[dt][3] * inv_hi);
-  }
-  if (t4 == 0) {
-    if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m_lo + log2f(l_lo)) * kLn2;
-    if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m_hi + log2f(l_hi)) * kLn2;
+  for (int mi = 0; mi < kFwdMTiles; ++mi) {
+    float l_lo = l_run[mi][0], l_hi = l_run[mi][1];
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o);
+    }
+    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+    const int row_lo = row_w + mi * 16 + g, row_hi = row_lo + 8;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int col = dt * 8 + 2 * t4;
+      if (row_lo < p.Tq)
+        *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) =
+            pack2<T>(acc[mi][dt][0] * inv_lo, acc[mi][dt][1] * inv_lo);
+      if (row_hi < p.Tq)
+        *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) =
+            pack2<T>(acc[mi][dt][2] * inv_hi, acc[mi][dt][3] * inv_hi);
+    }
+    if (t4 == 0) {
+      if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m_run[mi][0] + log2f(l_lo)) * kLn2;
+      if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m_run[mi][1] + log2f(l_hi)) * kLn2;
+    }
   }
 }
 
@@ -402,6 +493,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 
   const int key_w = n0 + warp * 16;  // the warp's first key
   const int key_lo = key_w + g, key_hi = key_lo + 8;
+  // ldmatrix addressing (ldsm_offsets): the warp's 16 rows of K and V as A operands; Q and dO tiles as
+  // B operands (Sᵀ, dPᵀ) and, transposed, for dV and dK; for dQ, dSᵀ as the transposed A operand (its
+  // warp's query columns) and K transposed (its warp's half of the head dim)
+  const uint32_t sKb = smem_addr(sK), sKw = sKb + uint32_t(warp * 16 * D * 2);
+  const uint32_t sVw = smem_addr(sV) + uint32_t(warp * 16 * D * 2);
+  const LdsmOffsets offA = ldsm_offsets<D>(kLdsmA, lane, 0), offB = ldsm_offsets<D>(kLdsmB, lane, 0);
+  const LdsmOffsets offKdq = ldsm_offsets<D>(kLdsmA, lane, (warp / 4) * (D / 2) / 8);
+  const uint32_t sdSa = smem_addr(sdS) + ldsm_offsets<kBwdRows>(kLdsmB, lane, (warp % 4) * 2).o[0];
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i)
@@ -410,8 +509,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 
   for (int m = m_begin; m < m_end; ++m) {
     const int m0 = m * kBwdRows, buf = (m - m_begin) & 1;
-    const T* cQ = sQ + buf * kBwdRows * D;
-    const T* cdO = sdO + buf * kBwdRows * D;
+    const uint32_t cQb = smem_addr(sQ + buf * kBwdRows * D), cdOb = smem_addr(sdO + buf * kBwdRows * D);
     cp_async_wait_all();
     __syncthreads();  // Q_m, dO_m landed; every warp is done with the other buffers and sdS
     if (m + 1 < m_end) {
@@ -429,16 +527,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.f;
-    const int ra = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t va[4];
-      ldsm_x4(smem_addr(sV + swz<D>(ra, kk * 16 + (lane / 16) * 8)), va[0], va[1], va[2], va[3]);
+      ldsm_x4(ldsm_addr<D>(sVw, offA, 0, kk), va[0], va[1], va[2], va[3]);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b0, b1, b2, b3;
-        const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
-        ldsm_x4(smem_addr(cdO + swz<D>(r, c)), b0, b1, b2, b3);
+        ldsm_x4(ldsm_addr<D>(cdOb, offB, np * 16, kk), b0, b1, b2, b3);
         mma16816<T>(dpt[2 * np], va, b0, b1);
         mma16816<T>(dpt[2 * np + 1], va, b2, b3);
       }
@@ -446,12 +542,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ka[4];
-      ldsm_x4(smem_addr(sK + swz<D>(ra, kk * 16 + (lane / 16) * 8)), ka[0], ka[1], ka[2], ka[3]);
+      ldsm_x4(ldsm_addr<D>(sKw, offA, 0, kk), ka[0], ka[1], ka[2], ka[3]);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b0, b1, b2, b3;
-        const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 16 + ((lane / 8) % 2) * 8;
-        ldsm_x4(smem_addr(cQ + swz<D>(r, c)), b0, b1, b2, b3);
+        ldsm_x4(ldsm_addr<D>(cQb, offB, np * 16, kk), b0, b1, b2, b3);
         mma16816<T>(st[2 * np], ka, b0, b1);
         mma16816<T>(st[2 * np + 1], ka, b2, b3);
       }
@@ -472,7 +567,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
         const int qi = m0 + nt * 8 + 2 * t4 + (e & 1), kj = e < 2 ? key_lo : key_hi;
         const int qt = nt * 8 + 2 * t4 + (e & 1);
         const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
-        const float pr = valid ? exp2f(st[nt][e] * p.scale_log2 - cL[qt] * kLog2e) : 0.f;
+        const float pr = valid ? fast_exp2(fmaf(st[nt][e], p.scale_log2, -cL[qt] * kLog2e)) : 0.f;
         const float z = p.drop.on ? ((bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
         pz[e] = pr * z;
         ds[e] = pr * (dpt[nt][e] * z - cL[kBwdRows + qt]);
@@ -491,11 +586,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b0, b1, b2, b3;
-        const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 16 + (lane / 16) * 8;
-        ldsm_x4_t(smem_addr(cdO + swz<D>(r, c)), b0, b1, b2, b3);
+        ldsm_x4_t(ldsm_addr<D>(cdOb, offA, kk * 16, dp), b0, b1, b2, b3);
         mma16816<T>(dv[2 * dp], pa[kk], b0, b1);
         mma16816<T>(dv[2 * dp + 1], pa[kk], b2, b3);
-        ldsm_x4_t(smem_addr(cQ + swz<D>(r, c)), b0, b1, b2, b3);
+        ldsm_x4_t(ldsm_addr<D>(cQb, offA, kk * 16, dp), b0, b1, b2, b3);
         mma16816<T>(dk[2 * dp], da[kk], b0, b1);
         mma16816<T>(dk[2 * dp + 1], da[kk], b2, b3);
       }
@@ -511,23 +605,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 #pragma unroll
       for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
         uint32_t a[4];
-        const int ra = kk * 16 + (lane % 8) + (lane / 16) * 8, ca = qr + ((lane / 8) % 2) * 8;
-        ldsm_x4_t(smem_addr(sdS + swz<kBwdRows>(ra, ca)), a[0], a[1], a[2], a[3]);
+        ldsm_x4_t(sdSa + uint32_t(kk * 16 * kBwdRows * 2), a[0], a[1], a[2], a[3]);
 #pragma unroll
         for (int dp = 0; dp < kHalf / 16; ++dp) {
           uint32_t b0, b1, b2, b3;
-          const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dbase + dp * 16 + (lane / 16) * 8;
-          ldsm_x4_t(smem_addr(sK + swz<D>(r, c)), b0, b1, b2, b3);
+          ldsm_x4_t(ldsm_addr<D>(sKb, offKdq, kk * 16, dp), b0, b1, b2, b3);
           mma16816<T>(dq[2 * dp], a, b0, b1);
           mma16816<T>(dq[2 * dp + 1], a, b2, b3);
         }
       }
-      const int r_lo = m0 + qr + g, r_hi = r_lo + 8;
+      // one float4 atomic per lane and n8 tile: lanes t4 and t4 ^ 1 swap halves so that the even lane holds
+      // row g, columns 4·(t4/2)..+3 and the odd lane row g + 8, the same columns
+      const bool odd = (t4 & 1) != 0;
+      const int row = m0 + qr + g + (odd ? 8 : 0);
 #pragma unroll
       for (int dt = 0; dt < kHalf / 8; ++dt) {
-        const int col = dbase + dt * 8 + 2 * t4;
-        if (r_lo < p.Tq) atomicAdd(reinterpret_cast<float2*>(dqh + int64_t(r_lo) * D + col), make_float2(dq[dt][0], dq[dt][1]));
-        if (r_hi < p.Tq) atomicAdd(reinterpret_cast<float2*>(dqh + int64_t(r_hi) * D + col), make_float2(dq[dt][2], dq[dt][3]));
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[dt][0] : dq[dt][2], 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[dt][1] : dq[dt][3], 1);
+        const float4 v = odd ? make_float4(x0, x1, dq[dt][2], dq[dt][3]) : make_float4(dq[dt][0], dq[dt][1], x0, x1);
+        const int col = dbase + dt * 8 + 4 * (t4 / 2);
+        if (row < p.Tq) atomicAdd(reinterpret_cast<float4*>(dqh + int64_t(row) * D + col), v);
       }
     }
   }
@@ -790,7 +887,8 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   const DropoutArgs drop = dropout_args(dropout_p, seed, offset);
   if (int64_t(B) * H * Tq == 0) return;
-  if (tensor_core_path(q, k, v) && rows_aligned(out)) {
+  // scale > 0: the kernel takes row maxima on the raw scores (the fallback takes any scale)
+  if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
                 H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop};
     if (q.dtype() == DType::bf16) {

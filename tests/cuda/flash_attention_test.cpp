@@ -34,10 +34,11 @@ struct Case {
   bool causal;
   double p;       // dropout
   bool strided;   // q, k, v as views of one packed (B, T, 3, H, D) tensor (needs Tq == Tk)
+  double scale = 0;  // 0: 1/sqrt(D)
   std::string name() const {
     return std::string(dtype_name(dtype)) + " B" + std::to_string(B) + " H" + std::to_string(H) + " Tq" +
            std::to_string(Tq) + " Tk" + std::to_string(Tk) + " D" + std::to_string(D) + (causal ? " causal" : "") +
-           " p" + std::to_string(p) + (strided ? " strided" : "");
+           " p" + std::to_string(p) + (strided ? " strided" : "") + (scale != 0 ? " scale" + std::to_string(scale) : "");
   }
 };
 
@@ -48,7 +49,7 @@ struct Outputs {
 // Forward and backward through the backend of `dev` on inputs of dtype t (views as the case asks).
 Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, Device dev) {
   const DType t = q.dtype();
-  const double scale = 1.0 / std::sqrt(double(c.D));
+  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
   Outputs o;
   o.out = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.out.fill_(NAN);  // poisoned: every element must be written
@@ -146,6 +147,11 @@ TEST(FlashAttention, FallbackKernelForOtherDtypesAndHeadDims) {
   check_case({DType::bf16, 2, 2, 33, 33, 40, true, 0.2, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
   check_case({DType::f16, 1, 2, 65, 40, 96, false, 0.0, false}, out_tol(DType::f16), grad_tol(DType::f16));
   check_case({DType::f32, 1, 1, 20, 20, 256, true, 0.0, true}, out_tol(DType::f32), grad_tol(DType::f32));
+  // a negative scale: the tensor-core forward takes row maxima on raw scores, so it needs scale > 0 and
+  // this forward takes the fallback (the backward's tensor-core kernel takes any scale)
+  for (int64_t D : {64, 128})
+    check_case({DType::bf16, 2, 2, 100, 100, D, D == 64, 0.0, false, -0.2}, out_tol(DType::bf16),
+               grad_tol(DType::bf16));
 }
 
 TEST(FlashAttention, MisalignedViewsTakeTheFallback) {
