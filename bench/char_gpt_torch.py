@@ -22,57 +22,8 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, E, H, dropout, bias):
-        super().__init__()
-        self.H, self.dropout = H, dropout
-        self.ln_1 = nn.LayerNorm(E, bias=bias)
-        self.c_attn = nn.Linear(E, 3 * E, bias=bias)
-        self.c_proj = nn.Linear(E, E, bias=bias)
-        self.ln_2 = nn.LayerNorm(E, bias=bias)
-        self.c_fc = nn.Linear(E, 4 * E, bias=bias)
-        self.mlp_proj = nn.Linear(4 * E, E, bias=bias)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        B, T, E = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(E, dim=2)
-        q, k, v = (t.view(B, T, self.H, E // self.H).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        x = x + self.drop(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, E)))
-        return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
-
-
-class GPT(nn.Module):
-    def __init__(self, V, T, L, H, E, dropout, bias):
-        super().__init__()
-        self.wte = nn.Embedding(V, E)
-        self.wpe = nn.Embedding(T, E)
-        self.drop = nn.Dropout(dropout)
-        self.h = nn.ModuleList(Block(E, H, dropout, bias) for _ in range(L))
-        self.ln_f = nn.LayerNorm(E, bias=bias)
-        self.lm_head = nn.Linear(E, V, bias=False)
-        self.lm_head.weight = self.wte.weight
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") or name.endswith("mlp_proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
-            elif p.dim() == 2:
-                nn.init.normal_(p, 0.0, 0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx, targets):
-        T = idx.size(1)
-        x = self.drop(self.wte(idx) + self.wpe.weight[:T])
-        for block in self.h:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+from gpt_torch_model import GPT
 
 
 def main():
