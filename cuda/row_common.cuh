@@ -83,6 +83,22 @@ __device__ __forceinline__ A group_allreduce(A v, int G, A* smem, Op op) {
   return r;
 }
 
+// group_allreduce with one barrier instead of two, for kernels that reduce a bounded number of times per
+// block: partials go to `buf` (blockDim.x / 32 elements), and successive calls must alternate between two
+// buffers. Safe because a call writes buf only after every thread passed the barrier of the previous call,
+// which each thread reaches after its reads of the call before that (the one that used this buffer).
+template <class A, class Op>
+__device__ __forceinline__ A group_allreduce_pingpong(A v, int G, A* buf, Op op) {
+  v = warp_allreduce(v, op);
+  if (G <= 32) return v;
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const int first = (int(threadIdx.x) / G) * (G >> 5);
+  A r = buf[first];
+  for (int w = 1; w < (G >> 5); ++w) r = op(r, buf[first + w]);
+  return r;
+}
+
 // Calls f(i, vec) for the elements of row [0, C) owned by `lane` of a group of G threads; vec is a
 // Vec<T, K> of K = kVec<T> (16-byte aligned) or K = 1 elements starting at element i. Where `vec_ok`
 // is false (another pointer of the caller is misaligned relative to this row) every access is scalar.
@@ -130,13 +146,86 @@ __device__ __forceinline__ void store_vec(T* dst, const Vec<T, K>& v) {
   }
 }
 
+// 16-byte vectors held as raw words (uint4) in the cached row kernels. Held as Vec<__nv_bfloat16, 8>, a
+// vector is split by the compiler into eight 16-bit values and re-packed around every use, which costs
+// registers and ALU instructions in kernels that are issue-bound: at 16384x4096 bf16 on an H200 the layer
+// norm backward took 0.186 ms with Vec-typed rows and 0.115 ms with raw words.
+//
+// load16: one 16-byte load, volatile (the compiler neither sinks it toward its first use, which would undo
+// a prefetch, nor splits it); nc: through the read-only path, only for data nothing writes during the kernel.
+__device__ __forceinline__ uint4 load16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 load16_nc(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void store16(void* p, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+// The kVec<D> elements of D in 16 raw bytes, widened to A: bf16 by a bit shift (two per word), f16 by
+// conversion of each half, other types through their Vec.
+template <class D, class A>
+__device__ __forceinline__ void widen16(const uint4& u, A (&f)[kVec<D>]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __nv_bfloat16>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __half>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+      f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+    }
+  } else {
+    Vec<D, kVec<D>> v;
+    memcpy(&v, w, 16);
+#pragma unroll
+    for (int j = 0; j < kVec<D>; ++j) f[j] = convert<A>(v.v[j]);
+  }
+}
+
+// kVec<D> values of A rounded to D (round to nearest even, pairwise for 2-byte types) as 16 raw bytes.
+template <class D, class A>
+__device__ __forceinline__ uint4 narrow16(const A (&f)[kVec<D>]) {
+  uint32_t w[4];
+  if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __nv_bfloat16>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+      memcpy(&w[i], &h, 4);
+    }
+  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __half>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+      memcpy(&w[i], &h, 4);
+    }
+  } else {
+    Vec<D, kVec<D>> v;
+#pragma unroll
+    for (int j = 0; j < kVec<D>; ++j) v.v[j] = convert<D>(f[j]);
+    memcpy(w, &v, 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // A vector of K elements of D to compute type A and back. bf16 widens by a bit shift (two per 32-bit
 // word) and f16 by paired conversion, and both narrow with the paired round-to-nearest-even conversion
 // (same values as element-wise convert). In the bf16 softmax forward at 16384x4096 on an H200 this took
 // the kernel from 0.108 to 0.084 ms; the layer norm kernels, capped at 64 registers, got slower with it
 // and keep element-wise convert.
+// v is taken by value: the caller's one aligned vector load happens at the call (memcpy from a reference
+// into global memory compiles to byte loads).
 template <class A, class D, int K>
-__device__ __forceinline__ void to_compute(const Vec<D, K>& v, A (&f)[K]) {
+__device__ __forceinline__ void to_compute(const Vec<D, K> v, A (&f)[K]) {
   if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __nv_bfloat16> && K % 2 == 0) {
     uint32_t w[K / 2];
     memcpy(w, &v, sizeof w);
