@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kBlock)
   uint4 piece[P];
 #pragma unroll
   for (int k = 0; k < P; ++k)
-    if (valid && lane + k * G < nP) piece[k] = load16(xr + (lane + k * G) * N);
+    if (valid && lane + k * G < nP) piece[k] = reinterpret_cast<const uint4*>(xr)[lane + k * G];
   A v[P][N];
   A s = 0;
 #pragma unroll
