@@ -164,8 +164,10 @@ __global__ void __launch_bounds__(1024)
 // are widened in each pass; one barrier per row (ping-pong reduction buffers). On an H200 at 16384x4096
 // bf16 a stand-alone copy ran at 0.115 ms (83% of 4.2 TB/s) where the cp.async-ring kernel below, whose
 // register-held sums left room for only two 256-thread blocks per SM, took 0.174 ms.
-template <class S>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+// Narrow groups (short rows) ask for 768 threads per SM (at most 85 registers), 256-thread groups for two
+// blocks (128 registers: the measured best at 4096 columns), 512-thread groups for one.
+template <class S, int G>
+__global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
     layer_norm_backward_prefetch_kernel(const device_t<S>* dy, const device_t<S>* x, const device_t<S>* w,
                                         const compute_t<S>* mean, const compute_t<S>* rstd, device_t<S>* dx,
                                         int64_t M, int64_t C, compute_t<S>* part_dw, compute_t<S>* part_db) {
@@ -174,8 +176,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   constexpr int N = kVec<D>, P = kBwdPacks<D>;
   using AV = Vec<A, N>;  // one vector's dw/db sums
   extern __shared__ uint4 sums_raw[];
-  __shared__ A red[2][2][kMaxRowThreads / 32];
-  const int G = int(blockDim.x), lane = int(threadIdx.x);
+  __shared__ A red[2][2][G / 32];
+  const int lane = int(threadIdx.x);
   const int nP = int(C / N);
   const A inv_c = A(1) / A(C);
   AV* sum_w = reinterpret_cast<AV*>(sums_raw);  // [C / N]: Σ dy·x̂ of this block's rows
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       s_g += __shfl_xor_sync(0xffffffffu, s_g, o);
       s_gx += __shfl_xor_sync(0xffffffffu, s_gx, o);
     }
-    if (G > 32) {
+    if constexpr (G > 32) {
       if ((lane & 31) == 0) {
         red[buf][0][lane >> 5] = s_g;
         red[buf][1][lane >> 5] = s_gx;
@@ -255,6 +257,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       __syncthreads();
       s_g = red[buf][0][0];
       s_gx = red[buf][1][0];
+#pragma unroll
       for (int i = 1; i < (G >> 5); ++i) {
         s_g += red[buf][0][i];
         s_gx += red[buf][1][i];
@@ -517,8 +520,13 @@ void launch_layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     const int64_t need = (C / N + P - 1) / P;  // threads that hold one row
     const size_t sums = size_t(2) * size_t(C) * sizeof(A);
     if (aligned && C % N == 0 && need <= kMaxRowThreads && sums <= (96u << 10)) {
+      // the group size is a template argument: its reduction loop unrolls and its index math folds
       const int G = pow2_clamp(need, 32, kMaxRowThreads);
-      auto kernel = layer_norm_backward_prefetch_kernel<S>;
+      auto kernel = G == 32    ? layer_norm_backward_prefetch_kernel<S, 32>
+                    : G == 64  ? layer_norm_backward_prefetch_kernel<S, 64>
+                    : G == 128 ? layer_norm_backward_prefetch_kernel<S, 128>
+                    : G == 256 ? layer_norm_backward_prefetch_kernel<S, 256>
+                               : layer_norm_backward_prefetch_kernel<S, 512>;
       const int occ = blocks_per_sm(reinterpret_cast<const void*>(kernel), G, sums);
       if (occ > 0) {
         // Every block writes one partial row of dw/db sums: at least 32 rows a block keep that traffic
