@@ -38,32 +38,35 @@ inline constexpr int kBwdPacks = 2;
 
 // Cached rows (C a multiple of the vector, aligned, at most 4 vectors a thread): one tile of rows per
 // block, the row read once into registers with all loads issued before the first use, two one-barrier
-// reductions (mean, then the variance about it), paired bf16/f16 conversion. kBlock bounds the block:
-// 256 threads when the group fits (the compiler may then use up to 255 registers, so 4 vectors a thread
-// never spill), 1024 for longer rows. On an H200 at 16384x4096 bf16 a stand-alone copy of this kernel
-// ran at 0.073 ms (87% of 4.2 TB/s); the previous version, bounded at 1024 threads, spilled at 64
-// registers and took 0.092 ms.
-template <class S, int kBlock>
-__global__ void __launch_bounds__(kBlock)
+// reductions (mean, then the variance about it), paired bf16/f16 conversion. The block is bounded at
+// max(256, G) threads (the compiler may then use enough registers that 4 vectors a thread never spill:
+// bounded at 1024 threads, the bf16 kernel spilled at 64 registers and took 0.092 ms at 16384x4096).
+// The group size G is a template argument and kFull says the row fills all P vectors of every thread
+// (C == G * P * vector): in an A/B of this kernel at 16384x4096 bf16 on an H200, a runtime G took 0.084 ms,
+// a compile-time G 0.077 ms, and dropping the per-vector bounds test as well 0.074 ms (87% of 4.2 TB/s).
+template <class S, int G, bool kFull>
+__global__ void __launch_bounds__(G < 256 ? 256 : G)
     layer_norm_cached_kernel(const device_t<S>* x, const device_t<S>* w, const device_t<S>* b, compute_t<S> eps,
-                             device_t<S>* y, compute_t<S>* mean, compute_t<S>* rstd, int64_t M, int64_t C, int G) {
+                             device_t<S>* y, compute_t<S>* mean, compute_t<S>* rstd, int64_t M, int64_t C) {
   using D = device_t<S>;
   using A = compute_t<S>;
   constexpr int N = kVec<D>, P = kFwdPacks<D>;
+  constexpr int kBlock = G < 256 ? 256 : G, upb = kBlock / G;
   __shared__ A smem[2][kBlock / 32];
-  const int upb = int(blockDim.x) / G, lane = int(threadIdx.x) % G;
+  const int lane = int(threadIdx.x) % G;
   const int64_t row = int64_t(blockIdx.x) * upb + threadIdx.x / G, nP = C / N;
   const bool valid = row < M;
+  auto fits = [&](int k) { return kFull || lane + k * G < nP; };
   const D* xr = x + (valid ? row : 0) * C;
   uint4 piece[P];
 #pragma unroll
   for (int k = 0; k < P; ++k)
-    if (valid && lane + k * G < nP) piece[k] = reinterpret_cast<const uint4*>(xr)[lane + k * G];
+    if (valid && fits(k)) piece[k] = reinterpret_cast<const uint4*>(xr)[lane + k * G];
   A v[P][N];
   A s = 0;
 #pragma unroll
   for (int k = 0; k < P; ++k)
-    if (valid && lane + k * G < nP) {
+    if (valid && fits(k)) {
       widen16<D>(piece[k], v[k]);
 #pragma unroll
       for (int j = 0; j < N; ++j) s += v[k][j];
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(kBlock)
   A q = 0;
 #pragma unroll
   for (int k = 0; k < P; ++k)
-    if (valid && lane + k * G < nP)
+    if (valid && fits(k))
 #pragma unroll
       for (int j = 0; j < N; ++j) q += (v[k][j] - mu) * (v[k][j] - mu);
   const A rs = A(1) / sqrt(group_allreduce_pingpong(q, G, smem[1], SumOp()) * inv_c + eps);
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kBlock)
   }
 #pragma unroll
   for (int k = 0; k < P; ++k)
-    if (lane + k * G < nP) {
+    if (fits(k)) {
       const int64_t p = lane + k * G;
       A wv[N], bv[N];
       // plain loads: the compiler may hoist them (w and b hit L1/L2)
@@ -164,8 +167,8 @@ __global__ void __launch_bounds__(1024)
 // are widened in each pass; one barrier per row (ping-pong reduction buffers). On an H200 at 16384x4096
 // bf16 a stand-alone copy ran at 0.115 ms (83% of 4.2 TB/s) where the cp.async-ring kernel below, whose
 // register-held sums left room for only two 256-thread blocks per SM, took 0.174 ms.
-// Narrow groups (short rows) ask for 768 threads per SM (at most 85 registers), 256-thread groups for two
-// blocks (128 registers: the measured best at 4096 columns), 512-thread groups for one.
+// Narrow groups (short rows) ask for 768 threads per SM (at most 85 registers), 256-thread
+// groups for two blocks (128 registers: the measured best at 4096 columns), 512-thread groups for one.
 template <class S, int G>
 __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
     layer_norm_backward_prefetch_kernel(const device_t<S>* dy, const device_t<S>* x, const device_t<S>* w,
@@ -467,6 +470,19 @@ bool same_alignment(const void* a, const void* b) {
 
 DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
+// The cached forward kernel for a group size G (a power of two, 32..1024).
+template <class S, bool kFull>
+auto cached_forward(int G) {
+  switch (G) {
+    case 32: return layer_norm_cached_kernel<S, 32, kFull>;
+    case 64: return layer_norm_cached_kernel<S, 64, kFull>;
+    case 128: return layer_norm_cached_kernel<S, 128, kFull>;
+    case 256: return layer_norm_cached_kernel<S, 256, kFull>;
+    case 512: return layer_norm_cached_kernel<S, 512, kFull>;
+    default: return layer_norm_cached_kernel<S, 1024, kFull>;
+  }
+}
+
 template <class S>
 void launch_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd) {
@@ -492,13 +508,27 @@ void launch_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double
   if (cached) {
     // one tile per block, so new blocks keep arriving while others reduce (a stand-alone copy at
     // 16384x4096 bf16: 0.072 ms against 0.078 ms on a persistent grid)
-    auto kernel = block == 256 ? layer_norm_cached_kernel<S, 256> : layer_norm_cached_kernel<S, 1024>;
-    kernel<<<unsigned(tiles), block, 0, current_stream()>>>(xp, wp, bp, A(eps), yp, mp, rp, M, C, G);
+    auto kernel = C == int64_t(G) * P * N ? cached_forward<S, true>(G) : cached_forward<S, false>(G);
+    kernel<<<unsigned(tiles), block, 0, current_stream()>>>(xp, wp, bp, A(eps), yp, mp, rp, M, C);
   } else {
     unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(sm_count()) * 32));
     layer_norm_stream_kernel<S><<<grid, block, 0, current_stream()>>>(xp, wp, bp, A(eps), yp, mp, rp, M, C, G, vec_ok);
   }
   KILN_LAUNCH_CHECK("layer_norm_kernel", "layer_norm");
+}
+
+// The 2-byte backward kernel for a group size G (a power of two, 32..512).
+// (Dropping the per-vector bounds test for full rows, as the forward does, measured slower here: 0.131
+// against 0.125 ms at 16384x4096 bf16, at 124 registers instead of 96.)
+template <class S>
+auto prefetch_backward(int G) {
+  switch (G) {
+    case 32: return layer_norm_backward_prefetch_kernel<S, 32>;
+    case 64: return layer_norm_backward_prefetch_kernel<S, 64>;
+    case 128: return layer_norm_backward_prefetch_kernel<S, 128>;
+    case 256: return layer_norm_backward_prefetch_kernel<S, 256>;
+    default: return layer_norm_backward_prefetch_kernel<S, 512>;
+  }
 }
 
 template <class S>
@@ -522,11 +552,7 @@ void launch_layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     if (aligned && C % N == 0 && need <= kMaxRowThreads && sums <= (96u << 10)) {
       // the group size is a template argument: its reduction loop unrolls and its index math folds
       const int G = pow2_clamp(need, 32, kMaxRowThreads);
-      auto kernel = G == 32    ? layer_norm_backward_prefetch_kernel<S, 32>
-                    : G == 64  ? layer_norm_backward_prefetch_kernel<S, 64>
-                    : G == 128 ? layer_norm_backward_prefetch_kernel<S, 128>
-                    : G == 256 ? layer_norm_backward_prefetch_kernel<S, 256>
-                               : layer_norm_backward_prefetch_kernel<S, 512>;
+      auto kernel = prefetch_backward<S>(G);
       const int occ = blocks_per_sm(reinterpret_cast<const void*>(kernel), G, sums);
       if (occ > 0) {
         // Every block writes one partial row of dw/db sums: at least 32 rows a block keep that traffic
