@@ -167,10 +167,10 @@ __global__ void __launch_bounds__(1024)
 // are widened in each pass; one barrier per row (ping-pong reduction buffers). On an H200 at 16384x4096
 // bf16 a stand-alone copy ran at 0.115 ms (83% of 4.2 TB/s) where the cp.async-ring kernel below, whose
 // register-held sums left room for only two 256-thread blocks per SM, took 0.174 ms.
-// Narrow groups (short rows) ask for 768 threads per SM (at most 85 registers), 256-thread
+// Narrow groups (short rows) ask for 640 threads per SM (at most 102 registers), 256-thread
 // groups for two blocks (128 registers: the measured best at 4096 columns), 512-thread groups for one.
 template <class S, int G>
-__global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
+__global__ void __launch_bounds__(G, G <= 128 ? 640 / G : G == 256 ? 2 : 1)
     layer_norm_backward_prefetch_kernel(const device_t<S>* dy, const device_t<S>* x, const device_t<S>* w,
                                         const compute_t<S>* mean, const compute_t<S>* rstd, device_t<S>* dx,
                                         int64_t M, int64_t C, compute_t<S>* part_dw, compute_t<S>* part_db) {
@@ -183,8 +183,31 @@ __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
   const int lane = int(threadIdx.x);
   const int nP = int(C / N);
   const A inv_c = A(1) / A(C);
-  AV* sum_w = reinterpret_cast<AV*>(sums_raw);  // [C / N]: Σ dy·x̂ of this block's rows
-  AV* sum_b = sum_w + nP;                        // [C / N]: Σ dy
+  // The block's sums, q = 0: Σ dy·x̂, q = 1: Σ dy. Each vector's N sums are kept as two 16-byte halves in
+  // separate arrays, so a warp's 16-byte accesses are contiguous (a 32-byte stride costs a second
+  // shared-memory wavefront per quarter warp).
+  using AH = Vec<A, N / 2>;
+  AH* const sums = reinterpret_cast<AH*>(sums_raw);  // [2 * q + half][C / N]
+  auto get_sums = [&](int q, int i) {
+    const AH lo = sums[(2 * q) * nP + i], hi = sums[(2 * q + 1) * nP + i];
+    AV v;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      v.v[j] = lo.v[j];
+      v.v[j + N / 2] = hi.v[j];
+    }
+    return v;
+  };
+  auto put_sums = [&](int q, int i, const AV& v) {
+    AH lo, hi;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      lo.v[j] = v.v[j];
+      hi.v[j] = v.v[j + N / 2];
+    }
+    sums[(2 * q) * nP + i] = lo;
+    sums[(2 * q + 1) * nP + i] = hi;
+  };
   auto have = [&](int k) { return lane + k * G < nP; };
   uint4 wraw[P];
 #pragma unroll
@@ -193,7 +216,8 @@ __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
       AV zero;
 #pragma unroll
       for (int j = 0; j < N; ++j) zero.v[j] = A(0);
-      sum_w[lane + k * G] = sum_b[lane + k * G] = zero;
+      put_sums(0, lane + k * G, zero);
+      put_sums(1, lane + k * G, zero);
       if (w) wraw[k] = load16_nc(w + (lane + k * G) * N);
     }
   auto widen_w = [&](int k, A (&f)[N]) {
@@ -234,7 +258,7 @@ __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
         widen16<D>(cx[k], xv);
         widen16<D>(cg[k], g);
         widen_w(k, wv);
-        AV sw = sum_w[lane + k * G], sb = sum_b[lane + k * G];
+        AV sw = get_sums(0, lane + k * G), sb = get_sums(1, lane + k * G);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
           const A xh = (xv[j] - mu) * rs, gw = g[j] * wv[j];
@@ -243,8 +267,8 @@ __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
           s_g += gw;
           s_gx += gw * xh;
         }
-        sum_w[lane + k * G] = sw;
-        sum_b[lane + k * G] = sb;
+        put_sums(0, lane + k * G, sw);
+        put_sums(1, lane + k * G, sb);
       }
     // both row sums through one barrier (ping-pong buffers, as group_allreduce_pingpong)
 #pragma unroll
@@ -285,8 +309,8 @@ __global__ void __launch_bounds__(G, G <= 128 ? 768 / G : G == 256 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < P; ++k)
       if (have(k)) {
-        reinterpret_cast<AV*>(part_dw + int64_t(blockIdx.x) * C)[lane + k * G] = sum_w[lane + k * G];
-        reinterpret_cast<AV*>(part_db + int64_t(blockIdx.x) * C)[lane + k * G] = sum_b[lane + k * G];
+        reinterpret_cast<AV*>(part_dw + int64_t(blockIdx.x) * C)[lane + k * G] = get_sums(0, lane + k * G);
+        reinterpret_cast<AV*>(part_db + int64_t(blockIdx.x) * C)[lane + k * G] = get_sums(1, lane + k * G);
       }
   }
 }
