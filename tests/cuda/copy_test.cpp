@@ -1,0 +1,79 @@
+// Device copies and casts against the CPU: the 16-byte-vector paths (contiguous f32 <-> bf16/f16 casts,
+// strided copies whose innermost runs are contiguous) and the generic kernels they fall back to, on
+// lengths that are and are not multiples of the vector, aligned and misaligned views.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+
+#include "cuda_test_util.h"
+
+using namespace kiln;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// Equal element by element, NaN where the CPU has NaN.
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  std::vector<double> g = got.cpu().to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (std::isnan(w[i])) EXPECT_TRUE(std::isnan(g[i])) << what << " at " << i;
+    else ASSERT_EQ(g[i], w[i]) << what << " at " << i;
+  }
+}
+
+// n values in dtype t: wide-ranging normals plus the values rounding must get right.
+Tensor values(int64_t n, DType t, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<double> v = mul(randn({n}, {.dtype = DType::f64}, &gen), 300.0).to_vector<double>();
+  const double specials[] = {0.0, -0.0, 1e-40, -3e-39, 65504.0, 70000.0, -1e39, 1.00390625, 1.01171875,
+                             std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                             std::numeric_limits<double>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i) v[size_t(n) - 1 - i] = specials[i];
+  return cast(from_vector(v, {n}), t);
+}
+
+}  // namespace
+
+TEST(CudaCopy, CastsBetweenFloatTypesMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  const std::pair<DType, DType> pairs[] = {{DType::f32, DType::bf16}, {DType::bf16, DType::f32},
+                                           {DType::f32, DType::f16},  {DType::f16, DType::f32},
+                                           {DType::f64, DType::bf16}, {DType::bf16, DType::f16}};
+  for (auto [from, to] : pairs)
+    for (int64_t n : {1, 7, 8, 9, 64, 1000003}) {
+      const std::string what = std::string(dtype_name(from)) + " -> " + dtype_name(to) + " n=" + std::to_string(n);
+      Tensor cpu = values(n, from, uint64_t(n));
+      expect_same(cast(cpu.to(kGpu), to), cast(cpu, to), what);
+      // a view one element in: not 16-byte aligned, so the element-wise kernel
+      if (n > 1) {
+        Tensor view = cpu.narrow(0, 1, n - 1);
+        expect_same(cast(cpu.to(kGpu).narrow(0, 1, n - 1), to), cast(view, to), what + " misaligned");
+      }
+    }
+}
+
+TEST(CudaCopy, PermutedCopiesMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  for (DType t : {DType::bf16, DType::f32, DType::f64, DType::i64, DType::boolean})
+    for (int64_t d : {64, 8, 16, 7}) {
+      const std::string what = std::string(dtype_name(t)) + " D=" + std::to_string(d);
+      Tensor cpu = cast(mul(randn({2, 5, 3, d}), 10.0), t), gpu = cpu.to(kGpu);
+      // heads to the front, innermost run contiguous: the vector path where D fills whole vectors
+      expect_same(gpu.permute({0, 2, 1, 3}).contiguous(), cpu.permute({0, 2, 1, 3}).contiguous(), what + " 0213");
+      // innermost dim transposed: element-wise
+      expect_same(gpu.transpose(2, 3).contiguous(), cpu.transpose(2, 3).contiguous(), what + " transpose");
+      // a view shifted by one element: misaligned rows
+      expect_same(gpu.narrow(3, 1, d - 1).contiguous(), cpu.narrow(3, 1, d - 1).contiguous(), what + " narrow");
+      // copy into a strided destination
+      Tensor dst = zeros({2, 3, 5, d}, {.dtype = t, .device = kGpu}).permute({0, 2, 1, 3});
+      dst.copy_(gpu);
+      expect_same(dst.contiguous(), cpu, what + " into a permuted view");
+    }
+}
