@@ -53,6 +53,8 @@
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/lr_scheduler.h>
 
+#include "../common/cli.h"
+
 using namespace kiln;
 
 namespace {
@@ -97,54 +99,39 @@ void usage(std::ostream& os) {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      KILN_CHECK(i + 1 < argc, "char_gpt: ", flag, " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](auto parse) {
-      std::string v = value();
-      try {
-        size_t used = 0;
-        auto x = parse(v, &used);
-        if (used == v.size()) return x;
-      } catch (const std::exception&) {
-      }
-      KILN_FAIL("char_gpt: ", flag, " expects a number, got '", v, "'");
-    };
-    auto i64 = [&] { return number([](const std::string& s, size_t* u) { return int64_t(std::stoll(s, u)); }); };
-    auto f64 = [&] { return number([](const std::string& s, size_t* u) { return std::stod(s, u); }); };
-    if (flag == "--data") a.data = value();
-    else if (flag == "--device") a.device = value();
-    else if (flag == "--amp") a.amp = value();
-    else if (flag == "--iters") a.iters = i64();
-    else if (flag == "--eval-interval") a.eval_interval = i64();
-    else if (flag == "--eval-iters") a.eval_iters = i64();
-    else if (flag == "--batch-size") a.batch_size = i64();
-    else if (flag == "--block-size") a.block_size = i64();
-    else if (flag == "--n-layer") a.n_layer = i64();
-    else if (flag == "--n-head") a.n_head = i64();
-    else if (flag == "--n-embd") a.n_embd = i64();
-    else if (flag == "--dropout") a.dropout = f64();
-    else if (flag == "--attn-dropout") a.attn_dropout = f64();
+  examples::ArgReader r("char_gpt", argc, argv);
+  while (r.next()) {
+    const std::string& flag = r.flag();
+    if (flag == "--data") a.data = r.value();
+    else if (flag == "--device") a.device = r.value();
+    else if (flag == "--amp") a.amp = r.value();
+    else if (flag == "--iters") a.iters = r.i64();
+    else if (flag == "--eval-interval") a.eval_interval = r.i64();
+    else if (flag == "--eval-iters") a.eval_iters = r.i64();
+    else if (flag == "--batch-size") a.batch_size = r.i64();
+    else if (flag == "--block-size") a.block_size = r.i64();
+    else if (flag == "--n-layer") a.n_layer = r.i64();
+    else if (flag == "--n-head") a.n_head = r.i64();
+    else if (flag == "--n-embd") a.n_embd = r.i64();
+    else if (flag == "--dropout") a.dropout = r.f64();
+    else if (flag == "--attn-dropout") a.attn_dropout = r.f64();
     else if (flag == "--bias") a.bias = true;
-    else if (flag == "--lr") a.lr = f64();
-    else if (flag == "--min-lr") a.min_lr = f64();
-    else if (flag == "--warmup-iters") a.warmup_iters = i64();
-    else if (flag == "--lr-decay-iters") a.lr_decay_iters = i64();
-    else if (flag == "--beta1") a.beta1 = f64();
-    else if (flag == "--beta2") a.beta2 = f64();
-    else if (flag == "--weight-decay") a.weight_decay = f64();
-    else if (flag == "--grad-clip") a.grad_clip = f64();
-    else if (flag == "--checkpoint") a.checkpoint = value();
+    else if (flag == "--lr") a.lr = r.f64();
+    else if (flag == "--min-lr") a.min_lr = r.f64();
+    else if (flag == "--warmup-iters") a.warmup_iters = r.i64();
+    else if (flag == "--lr-decay-iters") a.lr_decay_iters = r.i64();
+    else if (flag == "--beta1") a.beta1 = r.f64();
+    else if (flag == "--beta2") a.beta2 = r.f64();
+    else if (flag == "--weight-decay") a.weight_decay = r.f64();
+    else if (flag == "--grad-clip") a.grad_clip = r.f64();
+    else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
-    else if (flag == "--seed") a.seed = uint64_t(i64());
-    else if (flag == "--sample") a.sample = i64();
-    else if (flag == "--profile") a.profile = i64();
+    else if (flag == "--seed") a.seed = uint64_t(r.i64());
+    else if (flag == "--sample") a.sample = r.i64();
+    else if (flag == "--profile") a.profile = r.i64();
     else if (flag == "--help" || flag == "-h") a.help = true;
-    else KILN_FAIL("char_gpt: unknown flag '", flag, "' (--help lists them)");
+    else r.unknown();
   }
   KILN_CHECK(a.amp == "auto" || a.amp == "none" || a.amp == "bf16", "char_gpt: --amp must be auto, none or bf16, got '",
              a.amp, "'");
@@ -491,16 +478,4 @@ int run(const Args& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    Args args = parse_args(argc, argv);
-    if (args.help) {
-      usage(std::cout);
-      return 0;
-    }
-    return run(args);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kiln::examples::example_main(argc, argv, parse_args, usage, run); }

@@ -37,6 +37,8 @@
 #include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
 
+#include "../common/cli.h"
+
 using namespace kiln;
 
 namespace {
@@ -99,38 +101,23 @@ void usage(std::ostream& os) {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      KILN_CHECK(i + 1 < argc, "fashion_mnist: ", flag, " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](auto parse) {
-      std::string v = value();
-      try {
-        size_t used = 0;
-        auto x = parse(v, &used);
-        if (used == v.size()) return x;
-      } catch (const std::exception&) {
-      }
-      KILN_FAIL("fashion_mnist: ", flag, " expects a number, got '", v, "'");
-    };
-    auto to_i64 = [](const std::string& s, size_t* used) { return int64_t(std::stoll(s, used)); };
-    auto to_f64 = [](const std::string& s, size_t* used) { return std::stod(s, used); };
-    if (flag == "--model") a.model = value();
-    else if (flag == "--epochs") a.epochs = number(to_i64);
-    else if (flag == "--batch-size") a.batch_size = number(to_i64);
-    else if (flag == "--lr") a.lr = number(to_f64);
-    else if (flag == "--weight-decay") a.weight_decay = number(to_f64);
-    else if (flag == "--data") a.data = value();
-    else if (flag == "--checkpoint") a.checkpoint = value();
+  examples::ArgReader r("fashion_mnist", argc, argv);
+  while (r.next()) {
+    const std::string& flag = r.flag();
+    if (flag == "--model") a.model = r.value();
+    else if (flag == "--epochs") a.epochs = r.i64();
+    else if (flag == "--batch-size") a.batch_size = r.i64();
+    else if (flag == "--lr") a.lr = r.f64();
+    else if (flag == "--weight-decay") a.weight_decay = r.f64();
+    else if (flag == "--data") a.data = r.value();
+    else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
-    else if (flag == "--device") a.device = value();
-    else if (flag == "--amp") a.amp = value();
-    else if (flag == "--clip") a.clip = number(to_f64);
-    else if (flag == "--seed") a.seed = uint64_t(number(to_i64));
+    else if (flag == "--device") a.device = r.value();
+    else if (flag == "--amp") a.amp = r.value();
+    else if (flag == "--clip") a.clip = r.f64();
+    else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--help" || flag == "-h") a.help = true;
-    else KILN_FAIL("fashion_mnist: unknown flag '", flag, "' (--help lists them)");
+    else r.unknown();
   }
   KILN_CHECK(a.model == "mlp" || a.model == "cnn", "fashion_mnist: --model must be mlp or cnn, got '", a.model, "'");
   if (a.epochs == 0) a.epochs = a.model == "cnn" ? 15 : 10;
@@ -314,17 +301,4 @@ int run(const Args& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    Args args = parse_args(argc, argv);
-    if (args.help) {
-      usage(std::cout);
-      return 0;
-    }
-    return run(args);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    usage(std::cerr);
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kiln::examples::example_main(argc, argv, parse_args, usage, run); }

@@ -28,6 +28,8 @@
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 
+#include "../common/cli.h"
+
 using namespace kiln;
 
 namespace {
@@ -54,37 +56,24 @@ void usage(std::ostream& os) {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      KILN_CHECK(i + 1 < argc, "gpt2_bench: ", flag, " needs a value");
-      return argv[++i];
-    };
-    auto i64 = [&] {
-      std::string v = value();
-      try {
-        size_t used = 0;
-        int64_t x = std::stoll(v, &used);
-        if (used == v.size()) return x;
-      } catch (const std::exception&) {
-      }
-      KILN_FAIL("gpt2_bench: ", flag, " expects an integer, got '", v, "'");
-    };
-    if (flag == "--batch-size") a.batch_size = i64();
-    else if (flag == "--seq-len") a.seq_len = i64();
-    else if (flag == "--n-layer") a.n_layer = i64();
-    else if (flag == "--n-head") a.n_head = i64();
-    else if (flag == "--n-embd") a.n_embd = i64();
-    else if (flag == "--vocab-size") a.vocab_size = i64();
-    else if (flag == "--warmup") a.warmup = i64();
-    else if (flag == "--steps") a.steps = i64();
-    else if (flag == "--profile") a.profile = i64();
+  examples::ArgReader r("gpt2_bench", argc, argv);
+  while (r.next()) {
+    const std::string& flag = r.flag();
+    if (flag == "--batch-size") a.batch_size = r.i64();
+    else if (flag == "--seq-len") a.seq_len = r.i64();
+    else if (flag == "--n-layer") a.n_layer = r.i64();
+    else if (flag == "--n-head") a.n_head = r.i64();
+    else if (flag == "--n-embd") a.n_embd = r.i64();
+    else if (flag == "--vocab-size") a.vocab_size = r.i64();
+    else if (flag == "--warmup") a.warmup = r.i64();
+    else if (flag == "--steps") a.steps = r.i64();
+    else if (flag == "--profile") a.profile = r.i64();
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
-    else if (flag == "--device") a.device = value();
-    else if (flag == "--amp") a.amp = value();
-    else if (flag == "--seed") a.seed = uint64_t(i64());
+    else if (flag == "--device") a.device = r.value();
+    else if (flag == "--amp") a.amp = r.value();
+    else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--help" || flag == "-h") a.help = true;
-    else KILN_FAIL("gpt2_bench: unknown flag '", flag, "' (--help lists them)");
+    else r.unknown();
   }
   KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
@@ -190,16 +179,4 @@ int run(const Args& args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    Args args = parse_args(argc, argv);
-    if (args.help) {
-      usage(std::cout);
-      return 0;
-    }
-    return run(args);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kiln::examples::example_main(argc, argv, parse_args, usage, run); }
