@@ -217,58 +217,6 @@ __device__ __forceinline__ uint4 narrow16(const A (&f)[kVec<D>]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// A vector of K elements of D to compute type A and back. bf16 widens by a bit shift (two per 32-bit
-// word) and f16 by paired conversion, and both narrow with the paired round-to-nearest-even conversion
-// (same values as element-wise convert). In the bf16 softmax forward at 16384x4096 on an H200 this took
-// the kernel from 0.108 to 0.084 ms; the layer norm kernels, capped at 64 registers, got slower with it
-// and keep element-wise convert.
-// v is taken by value: the caller's one aligned vector load happens at the call (memcpy from a reference
-// into global memory compiles to byte loads).
-template <class A, class D, int K>
-__device__ __forceinline__ void to_compute(const Vec<D, K> v, A (&f)[K]) {
-  if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __nv_bfloat16> && K % 2 == 0) {
-    uint32_t w[K / 2];
-    memcpy(w, &v, sizeof w);
-#pragma unroll
-    for (int i = 0; i < K / 2; ++i) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __half> && K % 2 == 0) {
-    __half2 h[K / 2];
-    memcpy(h, &v, sizeof h);
-#pragma unroll
-    for (int i = 0; i < K / 2; ++i) {
-      float2 t = __half22float2(h[i]);
-      f[2 * i] = t.x;
-      f[2 * i + 1] = t.y;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < K; ++j) f[j] = convert<A>(v.v[j]);
-  }
-}
-
-template <class D, class A, int K>
-__device__ __forceinline__ Vec<D, K> from_compute(const A (&f)[K]) {
-  Vec<D, K> out;
-  if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __nv_bfloat16> && K % 2 == 0) {
-    __nv_bfloat162 h[K / 2];
-#pragma unroll
-    for (int i = 0; i < K / 2; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    memcpy(&out, h, sizeof h);
-  } else if constexpr (std::is_same_v<A, float> && std::is_same_v<D, __half> && K % 2 == 0) {
-    __half2 h[K / 2];
-#pragma unroll
-    for (int i = 0; i < K / 2; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-    memcpy(&out, h, sizeof h);
-  } else {
-#pragma unroll
-    for (int j = 0; j < K; ++j) out.v[j] = convert<D>(f[j]);
-  }
-  return out;
-}
-
 // Writes `value` to row [0, C) lane-strided over G threads, with 16-byte stores where aligned.
 template <class T>
 __device__ __forceinline__ void fill_row(T* row, int64_t C, int lane, int G, T value) {
