@@ -31,89 +31,22 @@
 // with the same dropout mask.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/flash_attention_common.cuh>
 #include <kiln/cuda/nvtx.h>
-#include <kiln/cuda/philox.cuh>
 
 namespace kiln::cuda {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// ---------------------------------------------------------------------------------------------- common
-
-// A (B, H, T, D) view: base pointer and element strides of B, H, T (D has unit stride).
-struct HeadView {
-  const void* ptr;
-  int64_t sb, sh, st;
-};
-HeadView head_view(const Tensor& t) { return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}; }
-
-// Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
-// offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (Backend::attention_forward).
-struct DropoutArgs {
-  uint64_t seed, offset;
-  float keep_below;  // keep when the uniform float < 1 - p (f32, as the CPU)
-  float scale;       // 1 / (1 - p)
-  bool on;
-};
-
-__device__ __forceinline__ uint4 dropout_block(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
-                                               int64_t j) {
-  return philox4x32(d.offset + uint64_t((bh * Tq + i) * ((Tk + 3) / 4) + j / 4), d.seed);
-}
-__device__ __forceinline__ float unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
-__device__ __forceinline__ uint32_t word(uint4 w, int k) { return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w; }
-// Z_ij: 1/(1-p) where kept, 0 where dropped.
-__device__ __forceinline__ float dropout_z(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
-                                           int64_t j) {
-  uint4 w = dropout_block(d, bh, Tq, Tk, i, j);
-  return unit_float(word(w, int(j & 3))) < d.keep_below ? d.scale : 0.0f;
-}
-
-// The keep decisions of a thread's 32 accumulator elements of an (8 n8 tiles x 4) fragment, bit nt·4 + e,
-// element (row(e), col(nt, e)) with row(e) = r0 + (e >= 2 ? 8 : 0), col = c0 + nt·8 + (e & 1) (transposed:
-// the element's query is the col). A rolled loop: the Philox rounds stay out of the unrolled MMA code.
-__device__ __forceinline__ uint32_t dropout_bits(const DropoutArgs& d, int64_t bh, int Tq, int Tk, int r0, int c0,
-                                              bool transposed) {
-  uint32_t bits = 0;
-#pragma unroll 1
-  for (int k = 0; k < 32; ++k) {
-    const int nt = k / 4, e = k % 4;
-    const int row = r0 + (e >= 2 ? 8 : 0), col = c0 + nt * 8 + (e & 1);
-    const int i = transposed ? col : row, j = transposed ? row : col;
-    if (i < Tq && j < Tk && dropout_z(d, bh, Tq, Tk, i, j) != 0.f) bits |= 1u << k;
-  }
-  return bits;
-}
-
-template <class A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// --------------------------------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared; zero-filled when !valid (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+using namespace flash;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -143,18 +76,6 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats rounded to T and packed into one register, x in the low half.
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float x, float y) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
 // Element offset of (row, col) in a swizzled tile with kCols columns of 2-byte elements (col: a multiple
 // of 8 for whole chunks, or any col inside its chunk).
 template <int kCols>
@@ -174,13 +95,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head, int64_t stride
     const T* src = valid ? head + int64_t(row0 + r) * stride + c * 8 : head;
     cp_async16(base + uint32_t(swz<kCols>(r, c * 8)) * 2u, src, valid);
   }
-}
-
-// 2^x by the SFU (ex2.approx.ftz: ~2 ulp, 2^-inf = 0): the softmax's exponent.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // ldmatrix.x4 addressing in a swizzled tile. A lane supplies the row address of one 8x8 matrix of a
@@ -211,14 +125,6 @@ __device__ __forceinline__ uint32_t ldsm_addr(uint32_t base, const LdsmOffsets& 
 
 // ------------------------------------------------------------------------------- forward (tensor cores)
 
-struct FwdParams {
-  HeadView q, k, v, o;
-  float* lse;  // (B, H, Tq)
-  int H, Tq, Tk;
-  float scale_log2;  // scale · log2(e), > 0
-  bool causal;
-  DropoutArgs drop;
-};
 
 // 4 warps x 32 query rows: each K and V fragment read from shared memory feeds two m16 tiles (half the
 // shared-memory traffic per MMA of 16 rows per warp), and at <= 255 registers two CTAs share an SM, so one
@@ -436,16 +342,6 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
 
 // ------------------------------------------------------------------------------ backward (tensor cores)
 
-struct BwdParams {
-  HeadView q, k, v, dout, dk, dv;
-  const float* lse;  // (B, H, Tq)
-  const float* dsum;  // D_i, (B, H, Tq)
-  float* dq_acc;      // (B, H, Tq, D) f32, zeroed; receives dS K (unscaled)
-  int H, Tq, Tk;
-  float scale, scale_log2;
-  bool causal;
-  DropoutArgs drop;
-};
 
 constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
 
@@ -840,6 +736,26 @@ bool tensor_core_path(const Tensor& q, const Tensor& k, const Tensor& v) {
          rows_aligned(v);
 }
 
+// The Hopper kernels run on compute capability 9.0 when built (KILN_WITH_SM90A), unless the environment
+// sets KILN_FLASH_ATTENTION_SM90=0 (the tests use it to check the mma.sync kernels on the same GPU).
+bool use_sm90() {
+#ifdef KILN_WITH_SM90A
+  const char* env = std::getenv("KILN_FLASH_ATTENTION_SM90");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  static thread_local int cached_device = -1;
+  static thread_local bool cached_usable = false;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != cached_device) {
+    cached_usable = sm90_usable();
+    cached_device = dev;
+  }
+  return cached_usable;
+#else
+  return false;
+#endif
+}
+
 int64_t fwd_smem(int64_t D) { return (kFwdRows + 2 * kFwdKeys) * D * 2; }
 int64_t bwd_smem(int64_t D) {
   return (2 * kBwdKeys + 4 * kBwdRows) * D * 2 + kBwdKeys * kBwdRows * 2 + 4 * kBwdRows * 4;
@@ -891,6 +807,10 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
                 H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop};
+    if (use_sm90()) {
+      launch_fwd_sm90(p, B, q.dtype() == DType::bf16, D);
+      return;
+    }
     if (q.dtype() == DType::bf16) {
       if (D == 64) launch_fwd<__nv_bfloat16, 64>(p, B);
       else launch_fwd<__nv_bfloat16, 128>(p, B);
@@ -937,7 +857,8 @@ void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, con
                 static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
                 causal, drop};
-    if (q.dtype() == DType::bf16) {
+    if (use_sm90()) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
+    else if (q.dtype() == DType::bf16) {
       if (D == 64) launch_bwd<__nv_bfloat16, 64>(p, B);
       else launch_bwd<__nv_bfloat16, 128>(p, B);
     } else {

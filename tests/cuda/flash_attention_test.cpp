@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include <kiln/autograd/grad_mode.h>
@@ -134,6 +135,36 @@ TEST(FlashAttention, LongSequencesAndUnequalLengths) {
     check_case({DType::bf16, 2, 2, 100, 257, 128, causal, 0.0, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
     check_case({DType::f16, 2, 2, 257, 100, 64, causal, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
   }
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// On a Hopper GPU the cases above run the wgmma kernels (cuda/flash_attention_sm90.cu); these run the
+// mma.sync kernels, every other GPU's tensor-core path, on the same GPU.
+TEST(FlashAttention, MmaSyncKernelsMatchTheCpuReference) {
+  KILN_REQUIRE_GPU();
+  ScopedEnv env("KILN_FLASH_ATTENTION_SM90", "0");
+  manual_seed(7);
+  int n = 0;
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t D : {64, 128})
+      for (int64_t T : {17, 257})
+        for (bool causal : {false, true}) {
+          Case c{t, 2, 3, T, T, D, causal, causal ? 0.2 : 0.0, (n++ % 2) == 1};
+          check_case(c, out_tol(t), grad_tol(t));
+        }
+  check_case({DType::bf16, 2, 2, 100, 257, 128, true, 0.0, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
+  check_case({DType::f16, 1, 2, 1000, 1000, 64, true, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
 }
 
 TEST(FlashAttention, FallbackKernelForOtherDtypesAndHeadDims) {

@@ -1,0 +1,134 @@
+#pragma once
+// What the flash-attention kernels of cuda/flash_attention.cu (mma.sync, any sm_80+ GPU) and
+// cuda/flash_attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, cp.async, the kernels'
+// arguments, and the entry points of the Hopper kernels.
+#include <cstdint>
+#include <type_traits>
+
+#include <kiln/core/tensor.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/philox.cuh>
+
+namespace kiln::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------------------------- common
+
+// A (B, H, T, D) view: base pointer and element strides of B, H, T (D has unit stride).
+struct HeadView {
+  const void* ptr;
+  int64_t sb, sh, st;
+};
+inline HeadView head_view(const Tensor& t) { return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
+// offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (Backend::attention_forward).
+struct DropoutArgs {
+  uint64_t seed, offset;
+  float keep_below;  // keep when the uniform float < 1 - p (f32, as the CPU)
+  float scale;       // 1 / (1 - p)
+  bool on;
+};
+
+__device__ __forceinline__ uint4 dropout_block(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
+                                               int64_t j) {
+  return philox4x32(d.offset + uint64_t((bh * Tq + i) * ((Tk + 3) / 4) + j / 4), d.seed);
+}
+__device__ __forceinline__ float unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
+__device__ __forceinline__ uint32_t word(uint4 w, int k) { return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w; }
+// Z_ij: 1/(1-p) where kept, 0 where dropped.
+__device__ __forceinline__ float dropout_z(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
+                                           int64_t j) {
+  uint4 w = dropout_block(d, bh, Tq, Tk, i, j);
+  return unit_float(word(w, int(j & 3))) < d.keep_below ? d.scale : 0.0f;
+}
+
+// The keep decisions of a thread's 32 accumulator elements of an (8 n8 tiles x 4) fragment, bit nt·4 + e,
+// element (row(e), col(nt, e)) with row(e) = r0 + (e >= 2 ? 8 : 0), col = c0 + nt·8 + (e & 1) (transposed:
+// the element's query is the col). A rolled loop: the Philox rounds stay out of the unrolled MMA code.
+__device__ __forceinline__ uint32_t dropout_bits(const DropoutArgs& d, int64_t bh, int Tq, int Tk, int r0, int c0,
+                                              bool transposed) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int k = 0; k < 32; ++k) {
+    const int nt = k / 4, e = k % 4;
+    const int row = r0 + (e >= 2 ? 8 : 0), col = c0 + nt * 8 + (e & 1);
+    const int i = transposed ? col : row, j = transposed ? row : col;
+    if (i < Tq && j < Tk && dropout_z(d, bh, Tq, Tk, i, j) != 0.f) bits |= 1u << k;
+  }
+  return bits;
+}
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// --------------------------------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared; zero-filled when !valid (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+
+// Two floats rounded to T and packed into one register, x in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// 2^x by the SFU (ex2.approx.ftz: ~2 ulp, 2^-inf = 0): the softmax's exponent.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The forward kernels' arguments.
+struct FwdParams {
+  HeadView q, k, v, o;
+  float* lse;  // (B, H, Tq)
+  int H, Tq, Tk;
+  float scale_log2;  // scale · log2(e), > 0
+  bool causal;
+  DropoutArgs drop;
+};
+
+// The backward kernels' arguments.
+struct BwdParams {
+  HeadView q, k, v, dout, dk, dv;
+  const float* lse;  // (B, H, Tq)
+  const float* dsum;  // D_i, (B, H, Tq)
+  float* dq_acc;      // (B, H, Tq, D) f32, zeroed; receives dS K (unscaled)
+  int H, Tq, Tk;
+  float scale, scale_log2;
+  bool causal;
+  DropoutArgs drop;
+};
+
+// The Hopper (sm_90a: wgmma) kernels, built when the CUDA architectures include 90 (KILN_WITH_SM90A).
+// `usable` says whether the current device runs them (compute capability 9.0 exactly: sm_90a code runs
+// nowhere else); the launchers take bf16 or f16 (is_bf16), head dim 64 or 128, 16-byte aligned rows.
+bool sm90_usable();
+void launch_fwd_sm90(const FwdParams& p, int B, bool is_bf16, int D);
+void launch_bwd_sm90(const BwdParams& p, int B, bool is_bf16, int D);
+
+}  // namespace kiln::cuda::flash

@@ -1,0 +1,595 @@
+// Flash attention on Hopper: the forward and backward of cuda/flash_attention.cu (same math, same
+// arguments, same dropout mask) with warpgroup MMAs (wgmma, sm_90a; cuda/wgmma.cuh) fed by TMA loads
+// (cuda/tma.cuh). Built only for sm_90a and used only on compute capability 9.0 devices; elsewhere the
+// mma.sync kernels run. The design follows FlashAttention-3 (Shah et al. 2024) in its main points.
+//
+// Tiles live in shared memory in wgmma's 128-byte-swizzled layout, which is what a TMA box of 64
+// two-byte columns with CU_TENSOR_MAP_SWIZZLE_128B writes: a (rows, D) tile is D/64 column blocks of
+// (rows, 64) with 128-byte rows, 16-byte chunk c of row r at chunk c ^ (r mod 8), each block 1024-byte
+// aligned. One layout serves both operand roles: read along D it is K-major (Q Kᵀ: the row's k16 slice at
+// +32 bytes, 8-row groups 1024 bytes apart), read along the rows it is MN-major (P V: k16 steps of 16
+// rows = 2048 bytes, column blocks rows·128 bytes apart).
+//
+//   forward: a CTA of 2 consumer warpgroups and 1 producer warp owns 128 query rows (64 per group) and
+//     walks the keys in 128-key tiles. The producer's TMA loads fill a 2-stage K/V ring (full/empty
+//     mbarriers), so the consumer groups never wait on each other. Per group, the scores of the next
+//     tile (S = Q Kᵀ, m64 x n128) run on the tensor cores while the softmax of the current tile runs on
+//     the ALUs, then O += P V takes P from registers (FA3's intra-warpgroup pipelining).
+//   backward: a CTA of 2 warpgroups owns 128 keys (64 per group) and walks 64-query tiles, Q and dO by
+//     TMA into two buffers, lse and D_i by cp.async. Per group Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (m64 x n64),
+//     Pᵀ and dSᵀ in registers, dV += (Pᵀ ⊙ Z) dO and dK += dSᵀ Q from registers (m64 x nD, held over the
+//     whole walk), dSᵀ to shared memory; after a barrier each group computes half the head dim of
+//     dQ_tile = dS K (A = dSᵀ read transposed), and while its float4 atomics into the f32 dQ scratch
+//     drain, the next tile's Sᵀ and dPᵀ already run.
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <kiln/core/error.h>
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/flash_attention_common.cuh>
+#include <kiln/cuda/tma.cuh>
+#include <kiln/cuda/wgmma.cuh>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash_attention_sm90.cu is compiled for sm_90a only (CMakeLists.txt)"
+#endif
+
+namespace kiln::cuda::flash {
+
+namespace {
+
+constexpr uint32_t kAtomBytes = 1024, kRowBytes = 128;
+
+// Byte offset of (row, 8-element chunk c) in a swizzled tile of kRows rows (column blocks of 64).
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128(int row, int c) {
+  return uint32_t((c / 8) * kRows * kRowBytes + row * kRowBytes + (((c % 8) ^ (row % 8)) << 4));
+}
+
+// Descriptors of a swizzled tile of kRows rows. K-major: rows [r0, ...) as the M or N dimension, the k16
+// slice kk of D. MN-major: rows [16·kk, +16) as the k dimension, columns from col0 (a multiple of 8) as
+// M or N.
+template <int kRows>
+__device__ __forceinline__ uint64_t k_major(uint32_t tile, int r0, int kk) {
+  return wgmma::desc(tile + uint32_t((kk / 4) * kRows * kRowBytes + r0 * kRowBytes + (kk % 4) * 32), 16, kAtomBytes);
+}
+template <int kRows>
+__device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk, int col0) {
+  return wgmma::desc(tile + uint32_t((col0 / 64) * kRows * kRowBytes + (col0 % 64) * 2 + kk * 16 * kRowBytes),
+                     kRows * kRowBytes, kAtomBytes);
+}
+
+// Shared memory rounded up to a 1024-byte boundary (the swizzle atoms' alignment).
+__device__ __forceinline__ uint32_t aligned_smem_base(unsigned char* raw) {
+  return (smem_addr(raw) + kAtomBytes - 1) & ~(kAtomBytes - 1);
+}
+
+// threadIdx.x / 128 through a shuffle, which the compiler knows to be warp-uniform: descriptors built from
+// it then live in uniform registers instead of taking vector registers from the accumulators.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
+
+template <int R>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// Rows [row0, row0 + kRows) of head (b, h) into a swizzled tile: D/64 boxes of (kRows, 64).
+template <int kRows, int D>
+__device__ __forceinline__ void tma_tile(uint32_t tile, const CUtensorMap* map, uint32_t bar, int row0, int h, int b) {
+#pragma unroll
+  for (int cb = 0; cb < D / 64; ++cb) tma::load_4d(tile + uint32_t(cb * kRows) * kRowBytes, map, bar, cb * 64, row0, h, b);
+}
+
+// A (B, H, T, D) view as a 4-d TMA map with (64 x box_rows) boxes, 128-byte swizzle; rows outside the
+// tensor read as zeros.
+CUtensorMap make_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    KILN_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status));
+    KILN_CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr,
+               "attention: the CUDA driver does not provide cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(T), cuuint64_t(H), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(v.st) * 2, cuuint64_t(v.sh) * 2, cuuint64_t(v.sb) * 2};
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(&map, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                            const_cast<void*>(v.ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  KILN_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a (", B, ", ", H, ", ", T,
+             ", ", D, ") view with strides (", v.sb, ", ", v.sh, ", ", v.st, ")");
+  return map;
+}
+
+// ------------------------------------------------------------------------------------------ forward
+
+constexpr int kFwdRows = 128, kFwdKeys = 128;
+// K/V ring depth: as deep as shared memory allows (D = 128: 32 KB Q + 3 x 64 KB), since a tile takes
+// about as long to arrive from L2 as the tensor cores take to consume it.
+constexpr int fwd_stages(int D) { return D <= 64 ? 4 : 3; }
+// 2 consumer warpgroups and a producer warpgroup (of which one thread works). Each of an SM's four
+// quarters holds 16K registers and one warp of every group: the producer gives its registers back
+// (setmaxnreg: 24 a thread) so that the consumers can hold 240.
+constexpr int kFwdConsumers = 256, kFwdThreads = kFwdConsumers + 128;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+struct FwdMaps {
+  CUtensorMap q, k, v;
+};
+
+// One online-softmax step of a group's 64 x 128 score tile (log2 units, row maxima of raw scores: the
+// path needs scale > 0): masks keys >= Tk and, causal, keys > row; updates the running max and sum;
+// returns the factor the running output must be scaled by; writes P (dropout applied; the sum keeps the
+// undropped values) as the register A operand of O += P V (k16 step kk: keys 16kk..16kk+15).
+template <class T>
+__device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t (&pa)[kFwdKeys / 16][4],
+                                             float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
+                                             int64_t bh, int n0, int row_lo, int row_first, int t4) {
+  const int row_hi = row_lo + 8;
+  const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < kFwdKeys / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * j + e];
+      if (need_mask) {
+        const int col = n0 + 8 * j + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
+        if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+      }
+      s[4 * j + e] = x;
+      mx[e / 2] = fmaxf(mx[e / 2], x);
+    }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r] * p.scale_log2);
+    base[r] = mn == -INFINITY ? 0.f : mn;
+    corr[r] = fast_exp2(m[r] - base[r]);
+    m[r] = mn;
+  }
+  float sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < kFwdKeys / 2; ++i) {
+    s[i] = fast_exp2(fmaf(s[i], p.scale_log2, -base[(i / 2) % 2]));
+    sum[(i / 2) % 2] += s[i];
+  }
+  l[0] = l[0] * corr[0] + sum[0];
+  l[1] = l[1] * corr[1] + sum[1];
+  if (p.drop.on) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t bits = dropout_bits(p.drop, bh, p.Tq, p.Tk, row_lo, n0 + 64 * half + 2 * t4, false);
+#pragma unroll
+      for (int k = 0; k < 32; ++k) s[32 * half + k] *= (bits >> k) & 1u ? p.drop.scale : 0.f;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kFwdKeys / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kFwdThreads, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdMaps maps) {
+  using MmaS = wgmma::Mma<kFwdKeys, T>;
+  using MmaO = wgmma::Mma<D, T>;
+  extern __shared__ unsigned char smem_raw[];
+  constexpr int kFwdStages = fwd_stages(D);
+  constexpr uint32_t kTileQ = kFwdRows * D * 2, kTileK = kFwdKeys * D * 2;
+  const uint32_t sQ = aligned_smem_base(smem_raw), sK0 = sQ + kTileQ, sV0 = sK0 + kFwdStages * kTileK,
+                 bars = sV0 + kFwdStages * kTileK;
+  // mbarriers: Q full, then per stage K full, V full, K empty, V empty (K and V are freed separately:
+  // a K tile is done once its scores are in, a tile before its V)
+  const uint32_t q_full = bars;
+  auto k_full = [&](int s) { return bars + 8u * uint32_t(1 + s); };
+  auto v_full = [&](int s) { return bars + 8u * uint32_t(1 + kFwdStages + s); };
+  auto k_empty = [&](int s) { return bars + 8u * uint32_t(1 + 2 * kFwdStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * uint32_t(1 + 3 * kFwdStages + s); };
+  const int tid = int(threadIdx.x);
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int64_t bh = int64_t(b) * p.H + h;
+  const int m0 = (p.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;  // longest first
+  int key_end = p.Tk;
+  if (p.causal) key_end = min(key_end, min(m0 + kFwdRows, p.Tq));
+  const int n_tiles = (key_end + kFwdKeys - 1) / kFwdKeys;
+
+  if (tid == 0) {
+    tma::barrier_init(q_full, 1);
+    for (int s = 0; s < kFwdStages; ++s) {
+      tma::barrier_init(k_full(s), 1);
+      tma::barrier_init(v_full(s), 1);
+      tma::barrier_init(k_empty(s), kFwdConsumers);
+      tma::barrier_init(v_empty(s), kFwdConsumers);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= kFwdConsumers) {  // the producer group: one thread issues every load
+    wgmma::set_max_registers_dec<kProducerRegs>();
+    if (tid == kFwdConsumers) {
+      tma::arrive_expect_tx(q_full, kTileQ);
+      tma_tile<kFwdRows, D>(sQ, &maps.q, q_full, m0, h, b);
+      for (int n = 0; n < n_tiles; ++n) {
+        const int s = n % kFwdStages, use = n / kFwdStages;
+        if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
+        tma::arrive_expect_tx(k_full(s), kTileK);
+        tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), n * kFwdKeys, h, b);
+        if (use > 0) tma::wait(v_empty(s), uint32_t(use - 1) & 1u);
+        tma::arrive_expect_tx(v_full(s), kTileK);
+        tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), n * kFwdKeys, h, b);
+      }
+    }
+    return;
+  }
+
+  wgmma::set_max_registers_inc<kConsumerRegs>();
+  const int wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int row_first = m0 + wg * 64;  // the group's first query row
+  const int row_lo = row_first + wi * 16 + g, row_hi = row_lo + 8;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+  float s[kFwdKeys / 2];
+  uint32_t pa[kFwdKeys / 16][4];
+  // S = Q_group K_sᵀ into s
+  auto issue_scores = [&](int stage) {
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      MmaS::template ss<0, 0>(s, k_major<kFwdRows>(sQ, wg * 64, kk),
+                              k_major<kFwdKeys>(sK0 + uint32_t(stage) * kTileK, 0, kk), kk > 0);
+    wgmma::commit();
+  };
+
+  // O += P V_stage, P from registers
+  auto issue_values = [&](int n) {
+    const int stage = n % kFwdStages;
+    tma::wait(v_full(stage), uint32_t(n / kFwdStages) & 1u);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kFwdKeys / 16; ++kk)
+      MmaO::template rs<1>(o, pa[kk], mn_major<kFwdKeys>(sV0 + uint32_t(stage) * kTileK, kk, 0), 1);
+    wgmma::commit();
+  };
+
+  tma::wait(q_full, 0);
+  if (n_tiles > 0) {  // (Tk = 0: O = 0, lse = -inf)
+    tma::wait(k_full(0), 0);
+    issue_scores(0);
+    wgmma::wait<0>();
+    wgmma::fence_regs(s);
+    tma::arrive(k_empty(0));
+    softmax_step<T>(s, pa, m, l, corr, p, bh, 0, row_lo, row_first, t4);
+    // Every tile but the last: the next tile's scores run on the tensor cores while this tile's O += P V
+    // is issued behind them and the next softmax runs on the ALUs. (No branch inside: ptxas keeps the
+    // wgmmas asynchronous only where it can see which group each register waits for.)
+    for (int n = 0; n + 1 < n_tiles; ++n) {
+      tma::wait(k_full((n + 1) % kFwdStages), uint32_t((n + 1) / kFwdStages) & 1u);
+      issue_scores((n + 1) % kFwdStages);
+      issue_values(n);
+      uint32_t pn[kFwdKeys / 16][4];
+      wgmma::wait<1>();  // the scores are in; O += P V may still run
+      wgmma::fence_regs(s);
+      tma::arrive(k_empty((n + 1) % kFwdStages));
+      softmax_step<T>(s, pn, m, l, corr, p, bh, (n + 1) * kFwdKeys, row_lo, row_first, t4);
+      wgmma::wait<0>();
+      wgmma::fence_regs(o);
+      fence_operands(pa);
+      tma::arrive(v_empty(n % kFwdStages));
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kFwdKeys / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+      // the copies and the rescale stay ahead of the next tile's wgmmas (a register written while a wgmma
+      // is in flight makes ptxas serialize them)
+      fence_operands(pa);
+      wgmma::fence_regs(o);
+    }
+    issue_values(n_tiles - 1);
+    wgmma::wait<0>();
+    wgmma::fence_regs(o);
+  }
+
+  T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = 8 * j + 2 * t4;
+    if (row_lo < p.Tq)
+      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) = pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
+    if (row_hi < p.Tq)
+      *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) =
+          pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
+  }
+  if (t4 == 0) {
+    if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m[0] + log2f(l[0])) * kLn2;
+    if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m[1] + log2f(l[1])) * kLn2;
+  }
+}
+
+// ----------------------------------------------------------------------------------------- backward
+
+constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
+
+struct BwdMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdMaps maps) {
+  using MmaS = wgmma::Mma<kBwdRows, T>;  // Sᵀ, dPᵀ: 64 keys x 64 queries per group
+  using MmaKV = wgmma::Mma<D, T>;       // dK, dV: 64 keys x D
+  using MmaQ = wgmma::Mma<D / 2, T>;    // dQ: 64 queries x D/2 per group
+  // At D = 128 the dK and dV accumulators take 128 registers: the next tile's Sᵀ and dPᵀ (64 more) are
+  // issued after the dQ atomics rather than under them.
+  constexpr bool kScoresUnderAtomics = D <= 64;
+  extern __shared__ unsigned char smem_raw[];
+  constexpr uint32_t kTileK = kBwdKeys * D * 2, kTileQ = kBwdRows * D * 2, kTileS = kBwdKeys * kBwdRows * 2;
+  const uint32_t sK = aligned_smem_base(smem_raw), sV = sK + kTileK, sQ0 = sV + kTileK, sdO0 = sQ0 + 2 * kTileQ,
+                 sdS = sdO0 + 2 * kTileQ, sStat = sdS + kTileS, bars = sStat + 4 * kBwdRows * 4;
+  const uint32_t kv_full = bars;
+  auto rows_full = [&](int buf) { return bars + 8u * uint32_t(1 + buf); };  // Q and dO of a buffer
+  unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
+  const float* const stat = reinterpret_cast<const float*>(smem_generic + (sStat - sK));  // [2][lse 64, D_i 64]
+  unsigned char* const sdS_generic = smem_generic + (sdS - sK);
+  const int tid = int(threadIdx.x), wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
+            t4 = lane % 4;
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int64_t bh = int64_t(b) * p.H + h;
+  const int n0 = int(blockIdx.x) * kBwdKeys;
+  const float* lse = p.lse + bh * p.Tq;
+  const float* dsum = p.dsum + bh * p.Tq;
+  float* dqh = p.dq_acc + bh * p.Tq * D;
+
+  const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
+  const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
+
+  if (tid == 0) {
+    tma::barrier_init(kv_full, 1);
+    tma::barrier_init(rows_full(0), 1);
+    tma::barrier_init(rows_full(1), 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  // Q, dO of query tile m into buffer buf (TMA, one thread); lse, D_i by cp.async (threads 0-127)
+  auto load_rows = [&](int buf, int m) {
+    const int row0 = m * kBwdRows;
+    if (tid == 0) {
+      tma::arrive_expect_tx(rows_full(buf), 2 * kTileQ);
+      tma_tile<kBwdRows, D>(sQ0 + uint32_t(buf) * kTileQ, &maps.q, rows_full(buf), row0, h, b);
+      tma_tile<kBwdRows, D>(sdO0 + uint32_t(buf) * kTileQ, &maps.dout, rows_full(buf), row0, h, b);
+    }
+    if (tid < 2 * kBwdRows) {
+      const int r = row0 + tid % kBwdRows;
+      const float* src = tid < kBwdRows ? lse : dsum;
+      cp_async4(sStat + uint32_t(buf * 2 * kBwdRows + tid) * 4u, r < p.Tq ? src + r : src, r < p.Tq);
+    }
+    cp_async_commit();
+  };
+  if (tid == 0) {
+    tma::arrive_expect_tx(kv_full, 2 * kTileK);
+    tma_tile<kBwdKeys, D>(sK, &maps.k, kv_full, n0, h, b);
+    tma_tile<kBwdKeys, D>(sV, &maps.v, kv_full, n0, h, b);
+  }
+  if (m_begin < m_end) load_rows(0, m_begin);
+
+  const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float st[kBwdRows / 2], dpt[kBwdRows / 2];
+  // Sᵀ = K_group Q_bufᵀ and dPᵀ = V_group dO_bufᵀ, one commit group
+  auto issue_scores = [&](int buf) {
+    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      MmaS::template ss<0, 0>(st, k_major<kBwdKeys>(sK, wg * 64, kk), k_major<kBwdRows>(sQ, 0, kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      MmaS::template ss<0, 0>(dpt, k_major<kBwdKeys>(sV, wg * 64, kk), k_major<kBwdRows>(sdO, 0, kk), kk > 0);
+    wgmma::commit();
+  };
+
+  tma::wait(kv_full, 0);  // also when no query tile follows: nothing may stay in flight at exit
+  if (m_begin < m_end) {
+    tma::wait(rows_full(0), 0);
+    issue_scores(0);
+  }
+  // One query tile; kNext: another follows (its scores are issued here). The last tile is a separate
+  // instance so that no wgmma is issued under a runtime branch (ptxas keeps the wgmmas asynchronous only
+  // where it can see which group each register waits for).
+  auto tile = [&](int m, auto next_tag) {
+    constexpr bool kNext = decltype(next_tag)::value;
+    const int i = m - m_begin, buf = i & 1, m0 = m * kBwdRows;
+    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ;
+    cp_async_wait_all();
+    __syncthreads();  // lse, D_i of tile m landed; every group is done with tile m - 1 (its buffers, sdS)
+    if (kNext) load_rows(buf ^ 1, m + 1);
+    wgmma::wait<0>();  // Sᵀ, dPᵀ of tile m
+    wgmma::fence_regs(st);
+    wgmma::fence_regs(dpt);
+
+    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; the operands Pᵀ ⊙ Z and
+    // dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query); dSᵀ also to shared memory (row = key, col = query) for dQ
+    const bool need_mask = m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
+    const float* cL = stat + buf * 2 * kBwdRows;  // lse of the tile's queries, then D_i
+    const uint32_t bits = p.drop.on ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
+    uint32_t pa[kBwdRows / 16][4];
+#pragma unroll
+    for (int j = 0; j < kBwdRows / 8; ++j) {
+      float pz[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qt = 8 * j + 2 * t4 + (e & 1), qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
+        const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
+        const float pr = valid ? fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -cL[qt] * kLog2e)) : 0.f;
+        const float z = p.drop.on ? ((bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
+        pz[e] = pr * z;
+        ds[e] = pr * (dpt[4 * j + e] * z - cL[kBwdRows + qt]);
+      }
+      const int kk = j / 2, hi = (j & 1) * 2;
+      pa[kk][hi] = pack2<T>(pz[0], pz[1]);
+      pa[kk][hi + 1] = pack2<T>(pz[2], pz[3]);
+      const int r_lo = key_lo - n0, r_hi = r_lo + 8;  // chunk j holds queries 8j..8j+7
+      *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_lo, j) + 4 * t4) = pack2<T>(ds[0], ds[1]);
+      *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_hi, j) + 4 * t4) = pack2<T>(ds[2], ds[3]);
+    }
+
+    // dV_g += (Pᵀ ⊙ Z) dO_m, Pᵀ from registers (k = the tile's 64 queries)
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBwdRows / 16; ++kk) MmaKV::template rs<1>(dv, pa[kk], mn_major<kBwdRows>(sdO, kk, 0), 1);
+    wgmma::commit();
+    wgmma::fence_proxy_async();
+    __syncthreads();  // dSᵀ of both groups in shared memory
+
+    // dK_g += dSᵀ Q_m, dSᵀ read back from shared memory (K-major: the group's 64 key rows), which keeps
+    // registers free for the accumulators
+#pragma unroll
+    for (int kk = 0; kk < kBwdRows / 16; ++kk)
+      MmaKV::template ss<0, 1>(dk, k_major<kBwdKeys>(sdS, wg * 64, kk), mn_major<kBwdRows>(sQ, kk, 0), 1);
+
+    // dQ_m (64 queries x D/2, this group's half) = dS K: A = dSᵀ read MN-major, B = K read MN-major
+    float dq[D / 4];
+#pragma unroll
+    for (int kk = 0; kk < kBwdKeys / 16; ++kk)
+      MmaQ::template ss<1, 1>(dq, mn_major<kBwdKeys>(sdS, kk, 0), mn_major<kBwdKeys>(sK, kk, wg * (D / 2)), kk > 0);
+    wgmma::commit();
+    if constexpr (kNext && kScoresUnderAtomics) {  // the next tile's scores run while the atomics drain
+      tma::wait(rows_full(buf ^ 1), uint32_t((i + 1) / 2) & 1u);
+      issue_scores(buf ^ 1);
+      wgmma::wait<1>();
+    } else {
+      wgmma::wait<0>();
+    }
+    wgmma::fence_regs(dq);
+    wgmma::fence_regs(dk);
+    wgmma::fence_regs(dv);
+    fence_operands(pa);
+
+    // one float4 atomic per lane and n8 block: lanes t4 and t4 ^ 1 swap halves so that the even lane
+    // holds row g, columns 4·(t4/2)..+3 and the odd lane row g + 8, the same columns
+    const bool odd = (t4 & 1) != 0;
+    const int row = m0 + wi * 16 + g + (odd ? 8 : 0);
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 0] : dq[4 * j + 2], 1);
+      const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
+      const float4 v = odd ? make_float4(x0, x1, dq[4 * j + 2], dq[4 * j + 3])
+                           : make_float4(dq[4 * j + 0], dq[4 * j + 1], x0, x1);
+      const int col = wg * (D / 2) + 8 * j + 4 * (t4 / 2);
+      if (row < p.Tq) atomicAdd(reinterpret_cast<float4*>(dqh + int64_t(row) * D + col), v);
+    }
+    if constexpr (kNext && !kScoresUnderAtomics) {
+      tma::wait(rows_full(buf ^ 1), uint32_t((i + 1) / 2) & 1u);
+      issue_scores(buf ^ 1);
+    }
+  };
+  for (int m = m_begin; m + 1 < m_end; ++m) tile(m, std::true_type{});
+  if (m_begin < m_end) tile(m_end - 1, std::false_type{});
+  cp_async_wait_all();
+
+  T* dkh = const_cast<T*>(static_cast<const T*>(p.dk.ptr)) + b * p.dk.sb + h * p.dk.sh;
+  T* dvh = const_cast<T*>(static_cast<const T*>(p.dv.ptr)) + b * p.dv.sb + h * p.dv.sh;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = 8 * j + 2 * t4;
+    if (key_lo < p.Tk) {
+      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_lo) * p.dk.st + col) =
+          pack2<T>(dk[4 * j] * p.scale, dk[4 * j + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_lo) * p.dv.st + col) = pack2<T>(dv[4 * j], dv[4 * j + 1]);
+    }
+    if (key_hi < p.Tk) {
+      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_hi) * p.dk.st + col) =
+          pack2<T>(dk[4 * j + 2] * p.scale, dk[4 * j + 3] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_hi) * p.dv.st + col) = pack2<T>(dv[4 * j + 2], dv[4 * j + 3]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------ launchers
+
+constexpr int kBarrierBytes = 8 * 32;
+constexpr int fwd_smem(int D) { return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes; }
+constexpr int bwd_smem(int D) {
+  return int(kAtomBytes) + (2 * kBwdKeys + 4 * kBwdRows) * D * 2 + kBwdKeys * kBwdRows * 2 + 4 * kBwdRows * 4 +
+         kBarrierBytes;
+}
+
+template <class T, int D>
+void fwd(const FwdParams& p, int B) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const FwdMaps maps{make_map(p.q, B, p.H, p.Tq, D, kBf16, kFwdRows), make_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
+                     make_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
+  auto kernel = flash_fwd_sm90_kernel<T, D>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, fwd_smem(D)));
+  dim3 grid(unsigned((p.Tq + kFwdRows - 1) / kFwdRows), unsigned(p.H), unsigned(B));
+  kernel<<<grid, kFwdThreads, fwd_smem(D), current_stream()>>>(p, maps);
+  KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
+}
+
+template <class T, int D>
+void bwd(const BwdParams& p, int B) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const BwdMaps maps{make_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), make_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
+                     make_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys), make_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows)};
+  auto kernel = flash_bwd_sm90_kernel<T, D>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
+  dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));
+  kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps);
+  KILN_LAUNCH_CHECK("flash_bwd_sm90_kernel", "attention_backward");
+}
+
+}  // namespace
+
+bool sm90_usable() {
+  int dev = 0, major = 0, minor = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
+void launch_fwd_sm90(const FwdParams& p, int B, bool is_bf16, int D) {
+  if (is_bf16) D == 64 ? fwd<__nv_bfloat16, 64>(p, B) : fwd<__nv_bfloat16, 128>(p, B);
+  else D == 64 ? fwd<__half, 64>(p, B) : fwd<__half, 128>(p, B);
+}
+
+void launch_bwd_sm90(const BwdParams& p, int B, bool is_bf16, int D) {
+  if (is_bf16) D == 64 ? bwd<__nv_bfloat16, 64>(p, B) : bwd<__nv_bfloat16, 128>(p, B);
+  else D == 64 ? bwd<__half, 64>(p, B) : bwd<__half, 128>(p, B);
+}
+
+}  // namespace kiln::cuda::flash

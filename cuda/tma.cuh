@@ -1,0 +1,50 @@
+#pragma once
+// Hopper's tensor memory accelerator (TMA) and shared-memory barriers (mbarrier), sm_90a.
+// A TMA load copies a box of a tensor (described by a CUtensorMap built on the host) into shared memory,
+// swizzled as the map says, and counts the bytes it wrote against an mbarrier's transaction count; a
+// thread that waits on the barrier's phase sees the whole box. Rows outside the tensor are zero-filled.
+#include <cstdint>
+
+#include <cuda.h>
+
+namespace kiln::cuda::tma {
+
+// ------------------------------------------------------------------------------------------ mbarrier
+
+__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals));
+}
+// Makes initialized barriers visible to the async proxy (TMA); a __syncthreads must follow.
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+__device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// ----------------------------------------------------------------------------------------- TMA load
+
+// The box at coordinates (c0 innermost .. c3) of a 4-d tensor map into shared memory at dst, completing
+// on barrier bar.
+__device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+}  // namespace kiln::cuda::tma
