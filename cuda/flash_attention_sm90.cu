@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const uint32_t kv_full = bars;
   auto rows_full = [&](int buf) { return bars + 8u * uint32_t(1 + buf); };  // Q and dO of a buffer
   unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
-  const float* const stat = reinterpret_cast<const float*>(smem_generic + (sStat - sK));  // [2][lse 64, D_i 64]
+  const float* const stat = reinterpret_cast<const float*>(smem_generic + (sStat - sK));  // [2][64][lse, D_i]
   unsigned char* const sdS_generic = smem_generic + (sdS - sK);
   const int tid = int(threadIdx.x), wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
             t4 = lane % 4;
@@ -393,7 +393,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (tid < 2 * kBwdRows) {
       const int r = row0 + tid % kBwdRows;
       const float* src = tid < kBwdRows ? lse : dsum;
-      cp_async4(sStat + uint32_t(buf * 2 * kBwdRows + tid) * 4u, r < p.Tq ? src + r : src, r < p.Tq);
+      const int slot = buf * 2 * kBwdRows + 2 * (tid % kBwdRows) + (tid < kBwdRows ? 0 : 1);  // (lse, D_i) pairs
+      cp_async4(sStat + uint32_t(slot) * 4u, r < p.Tq ? src + r : src, r < p.Tq);
     }
     cp_async_commit();
   };
@@ -441,31 +442,51 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma::fence_regs(st);
     wgmma::fence_regs(dpt);
 
-    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; the operands Pᵀ ⊙ Z and
-    // dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query); dSᵀ also to shared memory (row = key, col = query) for dQ
-    const bool need_mask = m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
-    const float* cL = stat + buf * 2 * kBwdRows;  // lse of the tile's queries, then D_i
-    const uint32_t bits = p.drop.on ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
+    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; the operand Pᵀ ⊙ Z in registers and
+    // dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query) to shared memory (row = key, col = query) for dK and dQ
+    const float* cL = stat + buf * 2 * kBwdRows;  // (lse, D_i) of the tile's queries
     uint32_t pa[kBwdRows / 16][4];
+    // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
+    auto elementwise = [&]<bool kMask, bool kDrop>() {
+      const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
 #pragma unroll
-    for (int j = 0; j < kBwdRows / 8; ++j) {
-      float pz[4], ds[4];
+      for (int j = 0; j < kBwdRows / 8; ++j) {
+        float pz[4], ds[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qt = 8 * j + 2 * t4 + (e & 1), qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
-        const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
-        const float pr = valid ? fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -cL[qt] * kLog2e)) : 0.f;
-        const float z = p.drop.on ? ((bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
-        pz[e] = pr * z;
-        ds[e] = pr * (dpt[4 * j + e] * z - cL[kBwdRows + qt]);
+        for (int c = 0; c < 2; ++c) {  // query column 8j + 2·t4 + c, keys key_lo (e = c) and key_hi (e = c + 2)
+          const int qt = 8 * j + 2 * t4 + c;
+          const float2 stats = *reinterpret_cast<const float2*>(cL + 2 * qt);
+          const float neg_lse2 = -stats.x * kLog2e;
+#pragma unroll
+          for (int e = c; e < 4; e += 2) {
+            float pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2));
+            if constexpr (kMask) {
+              const int qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
+              if (!(qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi))) pr = 0.f;
+            }
+            if constexpr (kDrop) {
+              const float z = (bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f;
+              pz[e] = pr * z;
+              ds[e] = pr * (dpt[4 * j + e] * z - stats.y);
+            } else {
+              pz[e] = pr;
+              ds[e] = pr * (dpt[4 * j + e] - stats.y);
+            }
+          }
+        }
+        const int kk = j / 2, hi = (j & 1) * 2;
+        pa[kk][hi] = pack2<T>(pz[0], pz[1]);
+        pa[kk][hi + 1] = pack2<T>(pz[2], pz[3]);
+        const int r_lo = key_lo - n0, r_hi = r_lo + 8;  // chunk j holds queries 8j..8j+7
+        *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_lo, j) + 4 * t4) = pack2<T>(ds[0], ds[1]);
+        *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_hi, j) + 4 * t4) = pack2<T>(ds[2], ds[3]);
       }
-      const int kk = j / 2, hi = (j & 1) * 2;
-      pa[kk][hi] = pack2<T>(pz[0], pz[1]);
-      pa[kk][hi + 1] = pack2<T>(pz[2], pz[3]);
-      const int r_lo = key_lo - n0, r_hi = r_lo + 8;  // chunk j holds queries 8j..8j+7
-      *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_lo, j) + 4 * t4) = pack2<T>(ds[0], ds[1]);
-      *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_hi, j) + 4 * t4) = pack2<T>(ds[2], ds[3]);
-    }
+    };
+    if (p.drop.on) elementwise.template operator()<true, true>();
+    else if (m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
+      elementwise.template operator()<true, false>();
+    else
+      elementwise.template operator()<false, false>();
 
     // dV_g += (Pᵀ ⊙ Z) dO_m, Pᵀ from registers (k = the tile's 64 queries)
     wgmma::fence();
