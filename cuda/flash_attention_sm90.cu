@@ -375,6 +375,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
   const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
 
+  const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  // dK (scaled) and dV of the CTA's keys, from the accumulators
+  auto store_dk_dv = [&] {
+    T* dkh = const_cast<T*>(static_cast<const T*>(p.dk.ptr)) + b * p.dk.sb + h * p.dk.sh;
+    T* dvh = const_cast<T*>(static_cast<const T*>(p.dv.ptr)) + b * p.dv.sb + h * p.dv.sh;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = 8 * j + 2 * t4;
+      if (key_lo < p.Tk) {
+        *reinterpret_cast<uint32_t*>(dkh + int64_t(key_lo) * p.dk.st + col) =
+            pack2<T>(dk[4 * j] * p.scale, dk[4 * j + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvh + int64_t(key_lo) * p.dv.st + col) = pack2<T>(dv[4 * j], dv[4 * j + 1]);
+      }
+      if (key_hi < p.Tk) {
+        *reinterpret_cast<uint32_t*>(dkh + int64_t(key_hi) * p.dk.st + col) =
+            pack2<T>(dk[4 * j + 2] * p.scale, dk[4 * j + 3] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvh + int64_t(key_hi) * p.dv.st + col) = pack2<T>(dv[4 * j + 2], dv[4 * j + 3]);
+      }
+    }
+  };
+  if (m_begin >= m_end) {  // no query sees these keys: dK = dV = 0 (and no load is issued)
+    store_dk_dv();
+    return;
+  }
+
   if (tid == 0) {
     tma::barrier_init(kv_full, 1);
     tma::barrier_init(rows_full(0), 1);
@@ -403,12 +431,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     tma_tile<kBwdKeys, D>(sK, &maps.k, kv_full, n0, h, b);
     tma_tile<kBwdKeys, D>(sV, &maps.v, kv_full, n0, h, b);
   }
-  if (m_begin < m_end) load_rows(0, m_begin);
+  load_rows(0, m_begin);
 
-  const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
-  float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   float st[kBwdRows / 2], dpt[kBwdRows / 2];
   // Sᵀ = K_group Q_bufᵀ and dPᵀ = V_group dO_bufᵀ, one commit group
   auto issue_scores = [&](int buf) {
@@ -423,14 +447,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma::commit();
   };
 
-  tma::wait(kv_full, 0);  // also when no query tile follows: nothing may stay in flight at exit
-  if (m_begin < m_end) {
-    tma::wait(rows_full(0), 0);
-    issue_scores(0);
-  }
+  tma::wait(kv_full, 0);
+  tma::wait(rows_full(0), 0);
+  issue_scores(0);
   // One query tile; kNext: another follows (its scores are issued here). The last tile is a separate
-  // instance so that no wgmma is issued under a runtime branch (ptxas keeps the wgmmas asynchronous only
-  // where it can see which group each register waits for).
+  // instance, and the CTAs without work left before any load, so that no wgmma is issued under a runtime
+  // branch (ptxas keeps the wgmmas asynchronous only where it can see which group each register waits for).
   auto tile = [&](int m, auto next_tag) {
     constexpr bool kNext = decltype(next_tag)::value;
     const int i = m - m_begin, buf = i & 1, m0 = m * kBwdRows;
@@ -539,25 +561,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
   };
   for (int m = m_begin; m + 1 < m_end; ++m) tile(m, std::true_type{});
-  if (m_begin < m_end) tile(m_end - 1, std::false_type{});
+  tile(m_end - 1, std::false_type{});
   cp_async_wait_all();
-
-  T* dkh = const_cast<T*>(static_cast<const T*>(p.dk.ptr)) + b * p.dk.sb + h * p.dk.sh;
-  T* dvh = const_cast<T*>(static_cast<const T*>(p.dv.ptr)) + b * p.dv.sb + h * p.dv.sh;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    const int col = 8 * j + 2 * t4;
-    if (key_lo < p.Tk) {
-      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_lo) * p.dk.st + col) =
-          pack2<T>(dk[4 * j] * p.scale, dk[4 * j + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_lo) * p.dv.st + col) = pack2<T>(dv[4 * j], dv[4 * j + 1]);
-    }
-    if (key_hi < p.Tk) {
-      *reinterpret_cast<uint32_t*>(dkh + int64_t(key_hi) * p.dk.st + col) =
-          pack2<T>(dk[4 * j + 2] * p.scale, dk[4 * j + 3] * p.scale);
-      *reinterpret_cast<uint32_t*>(dvh + int64_t(key_hi) * p.dv.st + col) = pack2<T>(dv[4 * j + 2], dv[4 * j + 3]);
-    }
-  }
+  store_dk_dv();
 }
 
 // ------------------------------------------------------------------------------------------ launchers
