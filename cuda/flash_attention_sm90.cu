@@ -546,14 +546,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // holds row g, columns 4·(t4/2)..+3 and the odd lane row g + 8, the same columns
     const bool odd = (t4 & 1) != 0;
     const int row = m0 + wi * 16 + g + (odd ? 8 : 0);
+    float4 v[D / 16];
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
       const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 0] : dq[4 * j + 2], 1);
       const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
-      const float4 v = odd ? make_float4(x0, x1, dq[4 * j + 2], dq[4 * j + 3])
-                           : make_float4(dq[4 * j + 0], dq[4 * j + 1], x0, x1);
-      const int col = wg * (D / 2) + 8 * j + 4 * (t4 / 2);
-      if (row < p.Tq) atomicAdd(reinterpret_cast<float4*>(dqh + int64_t(row) * D + col), v);
+      v[j] = odd ? make_float4(x0, x1, dq[4 * j + 2], dq[4 * j + 3]) : make_float4(dq[4 * j + 0], dq[4 * j + 1], x0, x1);
+    }
+    if (row < p.Tq) {  // one test for the row, after the shuffles every lane takes part in
+      float* dst = dqh + int64_t(row) * D + wg * (D / 2) + 4 * (t4 / 2);
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) atomicAdd(reinterpret_cast<float4*>(dst + 8 * j), v[j]);
     }
     if constexpr (kNext && !kScoresUnderAtomics) {
       tma::wait(rows_full(buf ^ 1), uint32_t((i + 1) / 2) & 1u);
