@@ -32,6 +32,7 @@
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/flash_attention_common.cuh>
+#include <kiln/cuda/runtime.h>
 #include <kiln/cuda/tma.cuh>
 #include <kiln/cuda/wgmma.cuh>
 
@@ -340,14 +341,33 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 // ----------------------------------------------------------------------------------------- backward
 
 constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
+constexpr int kBwdBuffers = 3;  // Q, dO and the row statistics of three query tiles
+constexpr uint32_t kStatBytes = kBwdRows * 8;  // (-lse·log2e, D_i) per query row
 
 struct BwdMaps {
   CUtensorMap q, k, v, dout;
 };
 
+// The backward's per-row statistics, packed for one bulk copy per tile: stats[bh][i] = (-lse_i·log2e, D_i)
+// for i < Tq, zeros up to Tq_pad (a multiple of the query tile), so that a tile's rows past Tq hold
+// finite values that the mask multiplies by zero.
+__global__ void pack_bwd_stats_kernel(const float* lse, const float* dsum, float2* stats, int Tq, int Tq_pad,
+                                      int64_t n) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t bh = idx / Tq_pad, i = idx % Tq_pad;
+    stats[idx] = i < Tq ? make_float2(-lse[bh * Tq + i] * kLog2e, dsum[bh * Tq + i]) : make_float2(0.f, 0.f);
+  }
+}
+
+// One barrier per query tile: the two groups meet once dSᵀ is complete (the dQ product reads both halves).
+// Everything else is ordered by that barrier or by mbarriers: Q, dO and the statistics of tile m + 2 are
+// fetched after the barrier of tile m, into the buffer tile m - 1 used (three buffers); dSᵀ alternates
+// between two buffers, so tile m writes the one whose last readers (tile m - 2) finished before the
+// barrier of tile m - 1.
 template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdMaps maps) {
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdMaps maps,
+                          const float2* __restrict__ stats, int Tq_pad) {
   using MmaS = wgmma::Mma<kBwdRows, T>;  // Sᵀ, dPᵀ: 64 keys x 64 queries per group
   using MmaKV = wgmma::Mma<D, T>;       // dK, dV: 64 keys x D
   using MmaQ = wgmma::Mma<D / 2, T>;    // dQ: 64 queries x D/2 per group
@@ -356,20 +376,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr bool kScoresUnderAtomics = D <= 64;
   extern __shared__ unsigned char smem_raw[];
   constexpr uint32_t kTileK = kBwdKeys * D * 2, kTileQ = kBwdRows * D * 2, kTileS = kBwdKeys * kBwdRows * 2;
-  const uint32_t sK = aligned_smem_base(smem_raw), sV = sK + kTileK, sQ0 = sV + kTileK, sdO0 = sQ0 + 2 * kTileQ,
-                 sdS = sdO0 + 2 * kTileQ, sStat = sdS + kTileS, bars = sStat + 4 * kBwdRows * 4;
+  const uint32_t sK = aligned_smem_base(smem_raw), sV = sK + kTileK, sQ0 = sV + kTileK,
+                 sdO0 = sQ0 + kBwdBuffers * kTileQ, sdS0 = sdO0 + kBwdBuffers * kTileQ, sStat = sdS0 + 2 * kTileS,
+                 bars = sStat + kBwdBuffers * kStatBytes;
   const uint32_t kv_full = bars;
-  auto rows_full = [&](int buf) { return bars + 8u * uint32_t(1 + buf); };  // Q and dO of a buffer
+  auto rows_full = [&](int buf) { return bars + 8u * uint32_t(1 + buf); };  // Q, dO, statistics of a buffer
   unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
-  const float* const stat = reinterpret_cast<const float*>(smem_generic + (sStat - sK));  // [2][64][lse, D_i]
-  unsigned char* const sdS_generic = smem_generic + (sdS - sK);
   const int tid = int(threadIdx.x), wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
             t4 = lane % 4;
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
   const int n0 = int(blockIdx.x) * kBwdKeys;
-  const float* lse = p.lse + bh * p.Tq;
-  const float* dsum = p.dsum + bh * p.Tq;
   float* dqh = p.dq_acc + bh * p.Tq * D;
 
   const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
@@ -405,33 +422,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   if (tid == 0) {
     tma::barrier_init(kv_full, 1);
-    tma::barrier_init(rows_full(0), 1);
-    tma::barrier_init(rows_full(1), 1);
+    for (int i = 0; i < kBwdBuffers; ++i) tma::barrier_init(rows_full(i), 1);
     tma::fence_barrier_init();
   }
   __syncthreads();
-  // Q, dO of query tile m into buffer buf (TMA, one thread); lse, D_i by cp.async (threads 0-127)
+  // Q, dO and the statistics of query tile m into buffer buf (thread 0)
   auto load_rows = [&](int buf, int m) {
-    const int row0 = m * kBwdRows;
-    if (tid == 0) {
-      tma::arrive_expect_tx(rows_full(buf), 2 * kTileQ);
-      tma_tile<kBwdRows, D>(sQ0 + uint32_t(buf) * kTileQ, &maps.q, rows_full(buf), row0, h, b);
-      tma_tile<kBwdRows, D>(sdO0 + uint32_t(buf) * kTileQ, &maps.dout, rows_full(buf), row0, h, b);
-    }
-    if (tid < 2 * kBwdRows) {
-      const int r = row0 + tid % kBwdRows;
-      const float* src = tid < kBwdRows ? lse : dsum;
-      const int slot = buf * 2 * kBwdRows + 2 * (tid % kBwdRows) + (tid < kBwdRows ? 0 : 1);  // (lse, D_i) pairs
-      cp_async4(sStat + uint32_t(slot) * 4u, r < p.Tq ? src + r : src, r < p.Tq);
-    }
-    cp_async_commit();
+    const uint32_t bar = rows_full(buf);
+    tma::arrive_expect_tx(bar, 2 * kTileQ + kStatBytes);
+    tma_tile<kBwdRows, D>(sQ0 + uint32_t(buf) * kTileQ, &maps.q, bar, m * kBwdRows, h, b);
+    tma_tile<kBwdRows, D>(sdO0 + uint32_t(buf) * kTileQ, &maps.dout, bar, m * kBwdRows, h, b);
+    tma::load_bytes(sStat + uint32_t(buf) * kStatBytes, stats + bh * Tq_pad + m * kBwdRows, kStatBytes, bar);
   };
   if (tid == 0) {
     tma::arrive_expect_tx(kv_full, 2 * kTileK);
     tma_tile<kBwdKeys, D>(sK, &maps.k, kv_full, n0, h, b);
     tma_tile<kBwdKeys, D>(sV, &maps.v, kv_full, n0, h, b);
+    load_rows(0, m_begin);
+    if (m_begin + 1 < m_end) load_rows(1, m_begin + 1);
   }
-  load_rows(0, m_begin);
 
   float st[kBwdRows / 2], dpt[kBwdRows / 2];
   // Sᵀ = K_group Q_bufᵀ and dPᵀ = V_group dO_bufᵀ, one commit group
@@ -446,28 +455,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       MmaS::template ss<0, 0>(dpt, k_major<kBwdKeys>(sV, wg * 64, kk), k_major<kBwdRows>(sdO, 0, kk), kk > 0);
     wgmma::commit();
   };
+  // waits for tile i's rows (buffer i mod 3, that buffer's (i / 3)-th use), then issues its scores
+  auto scores_of = [&](int i) {
+    tma::wait(rows_full(i % kBwdBuffers), uint32_t(i / kBwdBuffers) & 1u);
+    issue_scores(i % kBwdBuffers);
+  };
 
   tma::wait(kv_full, 0);
-  tma::wait(rows_full(0), 0);
-  issue_scores(0);
+  scores_of(0);
   // One query tile; kNext: another follows (its scores are issued here). The last tile is a separate
   // instance, and the CTAs without work left before any load, so that no wgmma is issued under a runtime
   // branch (ptxas keeps the wgmmas asynchronous only where it can see which group each register waits for).
   auto tile = [&](int m, auto next_tag) {
     constexpr bool kNext = decltype(next_tag)::value;
-    const int i = m - m_begin, buf = i & 1, m0 = m * kBwdRows;
-    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ;
-    cp_async_wait_all();
-    __syncthreads();  // lse, D_i of tile m landed; every group is done with tile m - 1 (its buffers, sdS)
-    if (kNext) load_rows(buf ^ 1, m + 1);
+    const int i = m - m_begin, buf = i % kBwdBuffers, m0 = m * kBwdRows;
+    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ,
+                   sdS = sdS0 + uint32_t(i % 2) * kTileS;
     wgmma::wait<0>();  // Sᵀ, dPᵀ of tile m
     wgmma::fence_regs(st);
     wgmma::fence_regs(dpt);
 
     // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; the operand Pᵀ ⊙ Z in registers and
     // dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query) to shared memory (row = key, col = query) for dK and dQ
-    const float* cL = stat + buf * 2 * kBwdRows;  // (lse, D_i) of the tile's queries
+    const float2* stats_m = reinterpret_cast<const float2*>(smem_generic + (sStat + uint32_t(buf) * kStatBytes - sK));
     uint32_t pa[kBwdRows / 16][4];
+    unsigned char* const sdS_m = smem_generic + (sdS0 + uint32_t(i % 2) * kTileS - sK);
     // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
     auto elementwise = [&]<bool kMask, bool kDrop>() {
       const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
@@ -477,8 +489,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {  // query column 8j + 2·t4 + c, keys key_lo (e = c) and key_hi (e = c + 2)
           const int qt = 8 * j + 2 * t4 + c;
-          const float2 stats = *reinterpret_cast<const float2*>(cL + 2 * qt);
-          const float neg_lse2 = -stats.x * kLog2e;
+          const float2 row_stats = stats_m[qt];  // (-lse·log2e, D_i)
+          const float neg_lse2 = row_stats.x;
 #pragma unroll
           for (int e = c; e < 4; e += 2) {
             float pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2));
@@ -489,10 +501,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             if constexpr (kDrop) {
               const float z = (bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f;
               pz[e] = pr * z;
-              ds[e] = pr * (dpt[4 * j + e] * z - stats.y);
+              ds[e] = pr * (dpt[4 * j + e] * z - row_stats.y);
             } else {
               pz[e] = pr;
-              ds[e] = pr * (dpt[4 * j + e] - stats.y);
+              ds[e] = pr * (dpt[4 * j + e] - row_stats.y);
             }
           }
         }
@@ -500,8 +512,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         pa[kk][hi] = pack2<T>(pz[0], pz[1]);
         pa[kk][hi + 1] = pack2<T>(pz[2], pz[3]);
         const int r_lo = key_lo - n0, r_hi = r_lo + 8;  // chunk j holds queries 8j..8j+7
-        *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_lo, j) + 4 * t4) = pack2<T>(ds[0], ds[1]);
-        *reinterpret_cast<uint32_t*>(sdS_generic + sw128<kBwdKeys>(r_hi, j) + 4 * t4) = pack2<T>(ds[2], ds[3]);
+        *reinterpret_cast<uint32_t*>(sdS_m + sw128<kBwdKeys>(r_lo, j) + 4 * t4) = pack2<T>(ds[0], ds[1]);
+        *reinterpret_cast<uint32_t*>(sdS_m + sw128<kBwdKeys>(r_hi, j) + 4 * t4) = pack2<T>(ds[2], ds[3]);
       }
     };
     if (p.drop.on) elementwise.template operator()<true, true>();
@@ -516,10 +528,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int kk = 0; kk < kBwdRows / 16; ++kk) MmaKV::template rs<1>(dv, pa[kk], mn_major<kBwdRows>(sdO, kk, 0), 1);
     wgmma::commit();
     wgmma::fence_proxy_async();
-    __syncthreads();  // dSᵀ of both groups in shared memory
+    __syncthreads();  // dSᵀ of both groups in shared memory; both groups are done with tile m - 1
+    if (tid == 0 && m + 2 < m_end) load_rows((i + 2) % kBwdBuffers, m + 2);
 
     // dK_g += dSᵀ Q_m, dSᵀ read back from shared memory (K-major: the group's 64 key rows), which keeps
     // registers free for the accumulators
+    wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBwdRows / 16; ++kk)
       MmaKV::template ss<0, 1>(dk, k_major<kBwdKeys>(sdS, wg * 64, kk), mn_major<kBwdRows>(sQ, kk, 0), 1);
@@ -531,8 +545,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       MmaQ::template ss<1, 1>(dq, mn_major<kBwdKeys>(sdS, kk, 0), mn_major<kBwdKeys>(sK, kk, wg * (D / 2)), kk > 0);
     wgmma::commit();
     if constexpr (kNext && kScoresUnderAtomics) {  // the next tile's scores run while the atomics drain
-      tma::wait(rows_full(buf ^ 1), uint32_t((i + 1) / 2) & 1u);
-      issue_scores(buf ^ 1);
+      scores_of(i + 1);
       wgmma::wait<1>();
     } else {
       wgmma::wait<0>();
@@ -558,14 +571,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int j = 0; j < D / 16; ++j) atomicAdd(reinterpret_cast<float4*>(dst + 8 * j), v[j]);
     }
-    if constexpr (kNext && !kScoresUnderAtomics) {
-      tma::wait(rows_full(buf ^ 1), uint32_t((i + 1) / 2) & 1u);
-      issue_scores(buf ^ 1);
-    }
+    if constexpr (kNext && !kScoresUnderAtomics) scores_of(i + 1);
   };
   for (int m = m_begin; m + 1 < m_end; ++m) tile(m, std::true_type{});
   tile(m_end - 1, std::false_type{});
-  cp_async_wait_all();
   store_dk_dv();
 }
 
@@ -574,8 +583,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 constexpr int kBarrierBytes = 8 * 32;
 constexpr int fwd_smem(int D) { return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes; }
 constexpr int bwd_smem(int D) {
-  return int(kAtomBytes) + (2 * kBwdKeys + 4 * kBwdRows) * D * 2 + kBwdKeys * kBwdRows * 2 + 4 * kBwdRows * 4 +
-         kBarrierBytes;
+  return int(kAtomBytes) + (2 * kBwdKeys + 2 * kBwdBuffers * kBwdRows) * D * 2 + 2 * kBwdKeys * kBwdRows * 2 +
+         kBwdBuffers * int(kStatBytes) + kBarrierBytes;
 }
 
 template <class T, int D>
@@ -595,10 +604,17 @@ void bwd(const BwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const BwdMaps maps{make_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), make_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
                      make_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys), make_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows)};
+  const int Tq_pad = (p.Tq + kBwdRows - 1) / kBwdRows * kBwdRows;
+  const int64_t n_stats = int64_t(B) * p.H * Tq_pad;
+  Tensor stats = empty({n_stats * 2}, {.dtype = DType::f32, .device = Device::cuda(current_device())});
+  float2* stats_ptr = reinterpret_cast<float2*>(stats.raw_data());
+  pack_bwd_stats_kernel<<<blocks_for(n_stats), 256, 0, current_stream()>>>(p.lse, p.dsum, stats_ptr, p.Tq, Tq_pad,
+                                                                           n_stats);
+  KILN_LAUNCH_CHECK("pack_bwd_stats_kernel", "attention_backward");
   auto kernel = flash_bwd_sm90_kernel<T, D>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
   dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));
-  kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps);
+  kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps, stats_ptr, Tq_pad);
   KILN_LAUNCH_CHECK("flash_bwd_sm90_kernel", "attention_backward");
 }
 
