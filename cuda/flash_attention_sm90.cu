@@ -52,6 +52,16 @@ __device__ __forceinline__ uint32_t sw128(int row, int c) {
   return uint32_t((c / 8) * kRows * kRowBytes + row * kRowBytes + (((c % 8) ^ (row % 8)) << 4));
 }
 
+// Byte offset of f32 element (row, c < 32) in a 128-byte-swizzled box of 32 f32 columns.
+__device__ __forceinline__ uint32_t sw128_f32(int row, int c) {
+  return uint32_t(row * kRowBytes + (((c / 4) ^ (row % 8)) << 4) + (c % 4) * 4);
+}
+
+// bar.sync on a named barrier (id 1..15) among `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Descriptors of a swizzled tile of kRows rows. K-major: rows [r0, ...) as the M or N dimension, the k16
 // slice kk of D. MN-major: rows [16·kk, +16) as the k dimension, columns from col0 (a multiple of 8) as
 // M or N.
@@ -89,9 +99,10 @@ __device__ __forceinline__ void tma_tile(uint32_t tile, const CUtensorMap* map, 
   for (int cb = 0; cb < D / 64; ++cb) tma::load_4d(tile + uint32_t(cb * kRows) * kRowBytes, map, bar, cb * 64, row0, h, b);
 }
 
-// A (B, H, T, D) view as a 4-d TMA map with (64 x box_rows) boxes, 128-byte swizzle; rows outside the
-// tensor read as zeros.
-CUtensorMap make_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16, int box_rows) {
+// A (B, H, T, D) view as a 4-d TMA map with (box_cols x box_rows) boxes, 128-byte swizzle (box_cols
+// elements make 128 bytes); rows outside the tensor read as zeros and are not written.
+CUtensorMap make_map(const HeadView& v, int B, int H, int T, int D, CUtensorMapDataType type, int elem_bytes,
+                     int box_cols, int box_rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -102,15 +113,20 @@ CUtensorMap make_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16
   }();
   CUtensorMap map;
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(T), cuuint64_t(H), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(v.st) * 2, cuuint64_t(v.sh) * 2, cuuint64_t(v.sb) * 2};
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(&map, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                            const_cast<void*>(v.ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+  const cuuint64_t strides[3] = {cuuint64_t(v.st) * elem_bytes, cuuint64_t(v.sh) * elem_bytes,
+                                 cuuint64_t(v.sb) * elem_bytes};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(&map, type, 4, const_cast<void*>(v.ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   KILN_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a (", B, ", ", H, ", ", T,
              ", ", D, ") view with strides (", v.sb, ", ", v.sh, ", ", v.st, ")");
   return map;
+}
+// A bf16/f16 head in (64 x box_rows) boxes.
+CUtensorMap head_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16, int box_rows) {
+  return make_map(v, B, H, T, D, is_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, 64,
+                  box_rows);
 }
 
 // ------------------------------------------------------------------------------------------ forward
@@ -346,6 +362,7 @@ constexpr uint32_t kStatBytes = kBwdRows * 8;  // (-lse·log2e, D_i) per query r
 
 struct BwdMaps {
   CUtensorMap q, k, v, dout;
+  CUtensorMap dq_acc;  // f32, (32-column x 64-row) boxes, 128-byte swizzle: the dQ reductions
 };
 
 // The backward's per-row statistics, packed for one bulk copy per tile: stats[bh][i] = (-lse_i·log2e, D_i)
@@ -376,9 +393,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr bool kScoresUnderAtomics = D <= 64;
   extern __shared__ unsigned char smem_raw[];
   constexpr uint32_t kTileK = kBwdKeys * D * 2, kTileQ = kBwdRows * D * 2, kTileS = kBwdKeys * kBwdRows * 2;
+  constexpr uint32_t kTileDq = kBwdRows * (D / 2) * 4;  // a group's f32 dQ half, staged for the reduction
   const uint32_t sK = aligned_smem_base(smem_raw), sV = sK + kTileK, sQ0 = sV + kTileK,
-                 sdO0 = sQ0 + kBwdBuffers * kTileQ, sdS0 = sdO0 + kBwdBuffers * kTileQ, sStat = sdS0 + 2 * kTileS,
-                 bars = sStat + kBwdBuffers * kStatBytes;
+                 sdO0 = sQ0 + kBwdBuffers * kTileQ, sdS0 = sdO0 + kBwdBuffers * kTileQ, sdQ0 = sdS0 + 2 * kTileS,
+                 sStat = sdQ0 + 2 * kTileDq, bars = sStat + kBwdBuffers * kStatBytes;
   const uint32_t kv_full = bars;
   auto rows_full = [&](int buf) { return bars + 8u * uint32_t(1 + buf); };  // Q, dO, statistics of a buffer
   unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
@@ -387,7 +405,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
   const int n0 = int(blockIdx.x) * kBwdKeys;
-  float* dqh = p.dq_acc + bh * p.Tq * D;
 
   const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
   const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
@@ -555,26 +572,35 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma::fence_regs(dv);
     fence_operands(pa);
 
-    // one float4 atomic per lane and n8 block: lanes t4 and t4 ^ 1 swap halves so that the even lane
-    // holds row g, columns 4·(t4/2)..+3 and the odd lane row g + 8, the same columns
-    const bool odd = (t4 & 1) != 0;
-    const int row = m0 + wi * 16 + g + (odd ? 8 : 0);
-    float4 v[D / 16];
+    // dQ_m += this group's half, by a TMA reduction (the L2 adds whole lines, where per-thread float4
+    // atomics cost a quarter of the kernel's time). The group's staging buffer is free once the previous
+    // tile's reduction has read it (one thread waits, the group's named barrier tells the rest).
+    const uint32_t sdQ = sdQ0 + uint32_t(wg) * kTileDq;
+    const bool issuer = tid % 128 == 0;
+    if (issuer) tma::bulk_wait_read();
+    named_barrier_sync(1 + wg, 128);
+    unsigned char* const sdQ_generic = smem_generic + (sdQ - sK);
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 0] : dq[4 * j + 2], 1);
-      const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
-      v[j] = odd ? make_float4(x0, x1, dq[4 * j + 2], dq[4 * j + 3]) : make_float4(dq[4 * j + 0], dq[4 * j + 1], x0, x1);
-    }
-    if (row < p.Tq) {  // one test for the row, after the shuffles every lane takes part in
-      float* dst = dqh + int64_t(row) * D + wg * (D / 2) + 4 * (t4 / 2);
+    for (int j = 0; j < D / 16; ++j)
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j) atomicAdd(reinterpret_cast<float4*>(dst + 8 * j), v[j]);
+      for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the warp's 16
+        const int r = wi * 16 + g + 8 * half, c = 8 * j + 2 * t4;  // column within the group's D/2
+        const uint32_t off = uint32_t(c / 32) * kBwdRows * kRowBytes + sw128_f32(r, c % 32);
+        *reinterpret_cast<float2*>(sdQ_generic + off) = make_float2(dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+      }
+    wgmma::fence_proxy_async();
+    named_barrier_sync(1 + wg, 128);
+    if (issuer) {
+#pragma unroll
+      for (int box = 0; box < D / 64; ++box)
+        tma::reduce_add_4d(&maps.dq_acc, sdQ + uint32_t(box) * kBwdRows * kRowBytes, wg * (D / 2) + 32 * box, m0, h, b);
+      tma::bulk_commit();
     }
     if constexpr (kNext && !kScoresUnderAtomics) scores_of(i + 1);
   };
   for (int m = m_begin; m + 1 < m_end; ++m) tile(m, std::true_type{});
   tile(m_end - 1, std::false_type{});
+  if (tid % 128 == 0) tma::bulk_wait();  // the last reduction has landed before the CTA leaves
   store_dk_dv();
 }
 
@@ -584,14 +610,14 @@ constexpr int kBarrierBytes = 8 * 32;
 constexpr int fwd_smem(int D) { return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes; }
 constexpr int bwd_smem(int D) {
   return int(kAtomBytes) + (2 * kBwdKeys + 2 * kBwdBuffers * kBwdRows) * D * 2 + 2 * kBwdKeys * kBwdRows * 2 +
-         kBwdBuffers * int(kStatBytes) + kBarrierBytes;
+         2 * kBwdRows * (D / 2) * 4 + kBwdBuffers * int(kStatBytes) + kBarrierBytes;
 }
 
 template <class T, int D>
 void fwd(const FwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const FwdMaps maps{make_map(p.q, B, p.H, p.Tq, D, kBf16, kFwdRows), make_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
-                     make_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
+  const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kFwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
+                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
   auto kernel = flash_fwd_sm90_kernel<T, D>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, fwd_smem(D)));
   dim3 grid(unsigned((p.Tq + kFwdRows - 1) / kFwdRows), unsigned(p.H), unsigned(B));
@@ -602,8 +628,10 @@ void fwd(const FwdParams& p, int B) {
 template <class T, int D>
 void bwd(const BwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const BwdMaps maps{make_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), make_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
-                     make_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys), make_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows)};
+  const HeadView dq_acc{p.dq_acc, int64_t(p.H) * p.Tq * D, int64_t(p.Tq) * D, D};  // contiguous f32
+  const BwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
+                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys), head_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows),
+                     make_map(dq_acc, B, p.H, p.Tq, D, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, kBwdRows)};
   const int Tq_pad = (p.Tq + kBwdRows - 1) / kBwdRows * kBwdRows;
   const int64_t n_stats = int64_t(B) * p.H * Tq_pad;
   Tensor stats = empty({n_stats * 2}, {.dtype = DType::f32, .device = Device::cuda(current_device())});

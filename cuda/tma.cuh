@@ -55,4 +55,20 @@ __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32
                : "memory");
 }
 
+// ------------------------------------------------------------------------------ TMA reduce (store)
+
+// global box at (c0 .. c3) of a 4-d f32 map += the box in shared memory at src (bulk group).
+__device__ __forceinline__ void reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until every committed bulk group has read its shared memory (the buffers may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until every committed bulk group has completed.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 }  // namespace kiln::cuda::tma
