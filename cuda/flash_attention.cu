@@ -555,6 +555,61 @@ __global__ void dq_convert_kernel(const float* acc, HeadView dq, int H, int Tq, 
   }
 }
 
+// 16-byte words of 2-byte elements (bf16/f16 rows, 16-byte aligned, D a multiple of 8): the D_i and dQ
+// kernels of the tensor-core path read and write whole words (the element-wise kernels below took about
+// five times their floor at GPT-2's shapes).
+template <class T>
+__device__ __forceinline__ void widen8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+}
+
+// D_i = Σ_d dO_id O_id, kLanes = D/8 threads per row (one 16-byte word each), f32.
+template <class T, int kLanes>
+__global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, float* dsum, int H, int Tq, int64_t rows) {
+  const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
+  const int part = int(threadIdx.x) % kLanes;
+  float acc = 0.f;
+  if (r < rows) {
+    const int64_t bh = r / Tq, i = r % Tq;
+    const T* a = static_cast<const T*>(dout.ptr) + (bh / H) * dout.sb + (bh % H) * dout.sh + i * dout.st + part * 8;
+    const T* o = static_cast<const T*>(out.ptr) + (bh / H) * out.sb + (bh % H) * out.sh + i * out.st + part * 8;
+    float fa[8], fo[8];
+    widen8<T>(__ldg(reinterpret_cast<const uint4*>(a)), fa);
+    widen8<T>(__ldg(reinterpret_cast<const uint4*>(o)), fo);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc = fmaf(fa[k], fo[k], acc);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (r < rows && part == 0) dsum[r] = acc;
+}
+
+// dq (strided, T) = scale · dq_acc (f32 contiguous (B, H, Tq, D)), 8 elements per step.
+template <class T>
+__global__ void dq_convert_words_kernel(const float* acc, HeadView dq, int H, int Tq, int D, float scale,
+                                        int64_t n_words) {
+  T* out = const_cast<T*>(static_cast<const T*>(dq.ptr));
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < n_words; v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = v * 8, d = e % D, r = e / D, t = r % Tq, bh = r / Tq;
+    const float4 x0 = __ldg(reinterpret_cast<const float4*>(acc + e));
+    const float4 x1 = __ldg(reinterpret_cast<const float4*>(acc + e + 4));
+    const uint4 w{pack2<T>(x0.x * scale, x0.y * scale), pack2<T>(x0.z * scale, x0.w * scale),
+                  pack2<T>(x1.x * scale, x1.y * scale), pack2<T>(x1.z * scale, x1.w * scale)};
+    *reinterpret_cast<uint4*>(out + (bh / H) * dq.sb + (bh % H) * dq.sh + t * dq.st + d) = w;
+  }
+}
+
 // ---------------------------------------------------------------------------------- any dtype, D <= 256
 
 constexpr int kMaxPerLane = 8;  // D <= 256
@@ -845,7 +900,19 @@ void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, con
   const Tensor dout = tc && !rows_aligned(dout_in) ? dout_in.contiguous() : dout_in;
   const int64_t rows = int64_t(B) * H * Tq;
   Tensor dsum = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  if (rows > 0) {
+  if (rows > 0 && tc && rows_aligned(out)) {  // bf16/f16, D = 64 or 128, aligned rows: whole words
+    const bool bf16 = q.dtype() == DType::bf16;
+    const unsigned grid = unsigned((rows * (D / 8) + 255) / 256);
+    float* ds = static_cast<float*>(dsum.raw_data());
+    auto launch = [&](auto* kernel) {
+      kernel<<<grid, 256, 0, current_stream()>>>(head_view(dout), head_view(out), ds, H, Tq, rows);
+    };
+    if (D == 64)
+      bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 8>) : launch(attention_dsum_words_kernel<__half, 8>);
+    else
+      bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 16>) : launch(attention_dsum_words_kernel<__half, 16>);
+    KILN_LAUNCH_CHECK("attention_dsum_words_kernel", "attention_backward");
+  } else if (rows > 0) {
     KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
       attention_dsum_kernel<scalar_t><<<blocks_for(rows * 32, 256, 65535LL * 4), 256, 0, current_stream()>>>(
           head_view(dout), head_view(out), static_cast<compute_t<scalar_t>*>(dsum.raw_data()), H, Tq, D, rows);
@@ -867,7 +934,16 @@ void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, con
       if (D == 64) launch_bwd<__half, 64>(p, B);
       else launch_bwd<__half, 128>(p, B);
     }
-    if (rows > 0) {
+    if (rows > 0 && rows_aligned(dq)) {
+      const int64_t n_words = rows * D / 8;
+      const float* a = static_cast<const float*>(acc.raw_data());
+      auto launch = [&](auto* kernel) {
+        kernel<<<blocks_for(n_words), 256, 0, current_stream()>>>(a, head_view(dq), H, Tq, D, float(scale), n_words);
+      };
+      if (q.dtype() == DType::bf16) launch(dq_convert_words_kernel<__nv_bfloat16>);
+      else launch(dq_convert_words_kernel<__half>);
+      KILN_LAUNCH_CHECK("dq_convert_words_kernel", "attention_backward");
+    } else if (rows > 0) {
       const int64_t n = rows * D;
       KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
         dq_convert_kernel<scalar_t><<<blocks_for(n), 256, 0, current_stream()>>>(

@@ -101,7 +101,8 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[R][4]) {
 template <int kRows, int D>
 __device__ __forceinline__ void tma_tile(uint32_t tile, const CUtensorMap* map, uint32_t bar, int row0, int h, int b) {
 #pragma unroll
-  for (int cb = 0; cb < D / 64; ++cb) tma::load_4d(tile + uint32_t(cb * kRows) * kRowBytes, map, bar, cb * 64, row0, h, b);
+  for (int cb = 0; cb < D / 64; ++cb)
+    tma::load_4d(tile + uint32_t(cb * kRows) * kRowBytes, map, bar, cb * 64, row0, h, b);
 }
 
 // A (B, H, T, D) view as a 4-d TMA map with (box_cols x box_rows) boxes, 128-byte swizzle (box_cols
@@ -122,8 +123,8 @@ CUtensorMap make_map(const HeadView& v, int B, int H, int T, int D, CUtensorMapD
                                  cuuint64_t(v.sb) * elem_bytes};
   const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1}, elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(&map, type, 4, const_cast<void*>(v.ptr), dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   KILN_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (", int(r), ") for a (", B, ", ", H, ", ", T,
              ", ", D, ") view with strides (", v.sb, ", ", v.sh, ", ", v.st, ")");
   return map;
@@ -348,7 +349,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   for (int j = 0; j < D / 8; ++j) {
     const int col = 8 * j + 2 * t4;
     if (row_lo < p.Tq)
-      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) = pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) =
+          pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
     if (row_hi < p.Tq)
       *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) =
           pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
@@ -612,7 +614,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 // ------------------------------------------------------------------------------------------ launchers
 
 constexpr int kBarrierBytes = 8 * 32;
-constexpr int fwd_smem(int D) { return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes; }
+constexpr int fwd_smem(int D) {
+  return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes;
+}
 constexpr int bwd_smem(int D) {
   return int(kAtomBytes) + (2 * kBwdKeys + 2 * kBwdBuffers * kBwdRows) * D * 2 + 2 * kBwdKeys * kBwdRows * 2 +
          2 * kBwdRows * (D / 2) * 4 + kBwdBuffers * int(kStatBytes) + kBarrierBytes;
@@ -635,7 +639,8 @@ void bwd(const BwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const HeadView dq_acc{p.dq_acc, int64_t(p.H) * p.Tq * D, int64_t(p.Tq) * D, D};  // contiguous f32
   const BwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
-                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys), head_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows),
+                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys),
+                     head_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows),
                      make_map(dq_acc, B, p.H, p.Tq, D, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, kBwdRows)};
   const int Tq_pad = (p.Tq + kBwdRows - 1) / kBwdRows * kBwdRows;
   const int64_t n_stats = int64_t(B) * p.H * Tq_pad;
