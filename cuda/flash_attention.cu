@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include <kiln/cuda/check.h>
@@ -813,6 +814,15 @@ bool use_sm90() {
 #endif
 }
 
+// TMA describes a view by its strides, which must be positive: broadcast (stride 0) views take the
+// mma.sync kernels.
+bool tma_describable(std::initializer_list<const Tensor*> views) {
+  for (const Tensor* t : views)
+    for (int d = 0; d < 3; ++d)
+      if (t->stride(d) <= 0) return false;
+  return true;
+}
+
 int64_t fwd_smem(int64_t D) { return (kFwdRows + 2 * kFwdKeys) * D * 2; }
 int64_t bwd_smem(int64_t D) {
   return (2 * kBwdKeys + 4 * kBwdRows) * D * 2 + kBwdKeys * kBwdRows * 2 + 4 * kBwdRows * 4;
@@ -864,7 +874,7 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
                 H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop};
-    if (use_sm90()) {
+    if (use_sm90() && tma_describable({&q, &k, &v})) {
       launch_fwd_sm90(p, B, q.dtype() == DType::bf16, D);
       return;
     }
@@ -926,7 +936,7 @@ void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, con
                 static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
                 causal, drop};
-    if (use_sm90()) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
+    if (use_sm90() && tma_describable({&q, &k, &v, &dout})) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else if (q.dtype() == DType::bf16) {
       if (D == 64) launch_bwd<__nv_bfloat16, 64>(p, B);
       else launch_bwd<__nv_bfloat16, 128>(p, B);

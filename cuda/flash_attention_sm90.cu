@@ -89,6 +89,8 @@ __device__ __forceinline__ uint32_t aligned_smem_base(unsigned char* raw) {
 // it then live in uniform registers instead of taking vector registers from the accumulators.
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
 
+// An empty asm that reads and writes register A operands: placed after the wait that retires their wgmma,
+// it keeps the compiler from reusing or rewriting those registers while the wgmma may still read them.
 template <int R>
 __device__ __forceinline__ void fence_operands(uint32_t (&a)[R][4]) {
 #pragma unroll

@@ -167,6 +167,24 @@ TEST(FlashAttention, MmaSyncKernelsMatchTheCpuReference) {
   check_case({DType::f16, 1, 2, 1000, 1000, 64, true, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
 }
 
+// K and V broadcast over the heads (stride 0, as a grouped-query model's expand makes them): TMA cannot
+// describe such a view, so the mma.sync kernels take it on a Hopper GPU.
+TEST(FlashAttention, BroadcastKeysAndValuesMatchTheCpuReference) {
+  KILN_REQUIRE_GPU();
+  manual_seed(8);
+  const int64_t B = 2, H = 4, T = 130, D = 64;
+  for (bool causal : {false, true}) {
+    Tensor q = cast(randn({B, H, T, D}), DType::bf16), k1 = cast(randn({B, 1, T, D}), DType::bf16),
+           v1 = cast(randn({B, 1, T, D}), DType::bf16);
+    Tensor want = F::scaled_dot_product_attention(cast(q, DType::f64), cast(k1, DType::f64).expand({B, H, T, D}),
+                                                  cast(v1, DType::f64).expand({B, H, T, D}), causal);
+    Tensor kg = k1.to(gpu()).expand({B, H, T, D}), vg = v1.to(gpu()).expand({B, H, T, D});
+    EXPECT_EQ(kg.stride(1), 0);
+    Tensor got = F::scaled_dot_product_attention(q.to(gpu()), kg, vg, causal);
+    EXPECT_LT(rel_err(got, want), out_tol(DType::bf16)) << "causal " << causal;
+  }
+}
+
 TEST(FlashAttention, FallbackKernelForOtherDtypesAndHeadDims) {
   KILN_REQUIRE_GPU();
   manual_seed(3);
