@@ -37,5 +37,7 @@ echo "==== gpu_check summary ($(cat "$out/gpu.txt"))"
 grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1
 grep -E "ERROR SUMMARY" "$out/memcheck.log" 2>/dev/null | tail -1
 [ -f "$out/bench_table.txt" ] && cat "$out/bench_table.txt"
+# the attention rows the transformer issue's bar names (the whole table: bench_attention_table.txt)
+[ -f "$out/bench_attention_table.txt" ] && grep -E "d128_n4096|d64_n1024_causal" "$out/bench_attention_table.txt"
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^FAIL'
