@@ -1,7 +1,7 @@
 #pragma once
 // What the flash-attention kernels of cuda/flash_attention.cu (mma.sync, any sm_80+ GPU) and
-// cuda/flash_attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, cp.async, the kernels'
-// arguments, and the entry points of the Hopper kernels.
+// cuda/flash_attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, the kernels' arguments,
+// and the entry points of the Hopper kernels.
 #include <cstdint>
 #include <type_traits>
 
@@ -61,27 +61,9 @@ __device__ __forceinline__ uint32_t dropout_bits(const DropoutArgs& d, int64_t b
   return bits;
 }
 
-template <class A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // --------------------------------------------------------------------------------------- PTX wrappers
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared; zero-filled when !valid (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 
 // Two floats rounded to T and packed into one register, x in the low half.
 template <class T>
