@@ -9,20 +9,23 @@
 
 namespace kiln::autograd {
 
-Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs) {
   if (!is_grad_enabled()) return fn(inputs);
   GeneratorState rng = default_generator().state();
-  Tensor out;
+  std::vector<Tensor> outs;
   {
     NoGradGuard ng;
-    out = fn(inputs);
+    outs = fn(inputs);
   }
-  KILN_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
-  out = out.detach();
+  KILN_CHECK(!outs.empty(), "checkpoint: the function returned no tensors");
+  for (Tensor& out : outs) {
+    KILN_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
+    out = out.detach();
+  }
   // Record even when no input requires grad: parameters inside fn may.
   std::vector<bool> needs;
   for (const auto& t : inputs) needs.push_back(t.defined() && t.requires_grad());
-  record("checkpoint", inputs, {out}, [fn, rng, inputs, needs](const std::vector<Tensor>& grads) {
+  record("checkpoint", inputs, outs, [fn, rng, inputs, needs](const std::vector<Tensor>& grads) {
     std::vector<Tensor> detached;
     for (size_t i = 0; i < inputs.size(); ++i) {
       Tensor d = inputs[i].defined() ? inputs[i].detach() : Tensor();
@@ -31,19 +34,32 @@ Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
     }
     GeneratorState now = default_generator().state();
     default_generator().set_state(rng);
-    Tensor replay;
+    std::vector<Tensor> replay;
     {
       EnableGradGuard eg;
       replay = fn(detached);
     }
     default_generator().set_state(now);
-    if (replay.requires_grad()) run_backward({replay}, {grads[0]}, false);
+    KILN_CHECK(replay.size() == grads.size(), "checkpoint: the replay returned ", replay.size(),
+               " tensors where the forward pass returned ", grads.size());
+    std::vector<Tensor> roots, root_grads;
+    for (size_t i = 0; i < replay.size(); ++i)
+      if (replay[i].requires_grad()) {
+        roots.push_back(replay[i]);
+        root_grads.push_back(grads[i]);
+      }
+    if (!roots.empty()) run_backward(roots, root_grads, false);
     std::vector<Tensor> result;
     for (size_t i = 0; i < detached.size(); ++i) result.push_back(needs[i] ? detached[i].grad() : Tensor());
     return result;
   });
-  // The output needs a graph even if no input required grad, so that backward reaches the node.
-  return out;
+  // The outputs need a graph even if no input required grad, so that backward reaches the node.
+  return outs;
+}
+
+Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
+  return checkpoint(CheckpointMultiFn([fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }),
+                    inputs)[0];
 }
 
 }  // namespace kiln::autograd

@@ -11,4 +11,9 @@ namespace kiln::autograd {
 using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
 Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
 
+// The same for a function of several outputs (a transformer block that hands on its residual stream and
+// its last branch's output). Undefined inputs are passed through as undefined.
+using CheckpointMultiFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs);
+
 }  // namespace kiln::autograd

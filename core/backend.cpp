@@ -32,4 +32,16 @@ Backend& backend(Device device) {
   return *b;
 }
 
+// The fused kernels are optional: a backend without them reports false and the caller composes the op.
+bool Backend::add_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, const Tensor&,
+                             const Tensor&, const Tensor&, const Tensor&) const {
+  return false;
+}
+
+bool Backend::add_layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&) const {
+  return false;
+}
+
 }  // namespace kiln

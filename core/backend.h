@@ -100,11 +100,25 @@ class Backend {
   // dw, db (C) may be undefined (no affine params); they are overwritten, not accumulated.
   virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const = 0;
+  // Fused kernels a backend may have; each returns false (and does nothing) when it has none for these
+  // tensors, and the caller composes the same result from the ops above.
+  // Residual add + layer norm under mixed precision (nn::functional::add_layer_norm): x, h (M, C) f32;
+  // delta (M, C) in y's dtype or undefined (then h = x and h is not written); y (M, C) bf16 or f16;
+  // weight, bias (C) f32 or undefined; mean, rstd (M) f32.
+  virtual bool add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                              double eps, const Tensor& h, const Tensor& y, const Tensor& mean,
+                              const Tensor& rstd) const;
+  // Its backward: dh = gh + d(layer norm)/dh · dy (f32; gh undefined means zero), ddelta = dh in dy's dtype
+  // (or undefined), dw and db (f32, or undefined) overwritten.
+  virtual bool add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
+                                       const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
+                                       const Tensor& dw, const Tensor& db) const;
   // logits (N, C) contiguous, target (N) i64. loss (N) stat dtype: per-row loss (0 for ignored rows);
   // lse (N) stat dtype: log-sum-exp of each row, saved for backward.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                              const Tensor& loss, const Tensor& lse) const = 0;
-  // grad_logits (N, C) = grad_loss[n] * d loss[n] / d logits[n, :]; grad_loss (N) stat dtype.
+  // grad_logits (N, C) = grad_loss[n] * d loss[n] / d logits[n, :]; grad_loss (N) stat dtype. grad_logits
+  // may be logits itself (each element is read before it is overwritten).
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                       const Tensor& grad_loss, int64_t ignore_index, double label_smoothing,
                                       const Tensor& grad_logits) const = 0;

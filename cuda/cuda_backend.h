@@ -26,6 +26,11 @@ class CudaBackend final : public Backend {
                   const Tensor& mean, const Tensor& rstd) const override;
   void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
+  bool add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias, double eps,
+                      const Tensor& h, const Tensor& y, const Tensor& mean, const Tensor& rstd) const override;
+  bool add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
+                               const Tensor& dw, const Tensor& db) const override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      const Tensor& loss, const Tensor& lse) const override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& grad_loss,

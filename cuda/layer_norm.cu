@@ -464,29 +464,6 @@ __global__ void layer_norm_cols_kernel(const device_t<S>* dy, const device_t<S>*
   }
 }
 
-// out[c] = Σ_p part[p][c] in a fixed order; block (32, 32), blockIdx.y picks dw (0) or db (1). 32 row
-// strides per column keep enough loads in flight for a few hundred partial rows (L2-resident).
-template <class S>
-__global__ void column_sum_kernel(const compute_t<S>* part_dw, const compute_t<S>* part_db, int64_t nparts, int64_t C,
-                                  device_t<S>* dw, device_t<S>* db) {
-  using A = compute_t<S>;
-  __shared__ A sm[32][33];
-  const compute_t<S>* part = blockIdx.y == 0 ? part_dw : part_db;
-  device_t<S>* out = blockIdx.y == 0 ? dw : db;
-  if (!out) return;  // uniform over the block
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = blockIdx.x * 32LL + tx;
-  A s = 0;
-  if (c < C)
-    for (int64_t p = ty; p < nparts; p += 32) s += part[p * C + c];
-  sm[ty][tx] = s;
-  __syncthreads();
-  if (ty == 0 && c < C) {
-    for (int k = 1; k < 32; ++k) s += sm[k][tx];
-    out[c] = convert<device_t<S>>(s);
-  }
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 bool same_alignment(const void* a, const void* b) {
   return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15) == 0;

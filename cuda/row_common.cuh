@@ -317,6 +317,30 @@ __device__ __forceinline__ void group_allreduce_sums(A (&v)[K], int G, A* smem) 
   }
 }
 
+// Column sums of per-group partial rows (the layer norms' dw and db): out[c] = Σ_p part[p][c] in a fixed
+// order; block (32, 32), blockIdx.y picks dw (0) or db (1). 32 row strides per column keep enough loads in
+// flight for a few hundred partial rows (L2-resident).
+template <class S>
+__global__ void column_sum_kernel(const compute_t<S>* part_dw, const compute_t<S>* part_db, int64_t nparts, int64_t C,
+                                  device_t<S>* dw, device_t<S>* db) {
+  using A = compute_t<S>;
+  __shared__ A sm[32][33];
+  const compute_t<S>* part = blockIdx.y == 0 ? part_dw : part_db;
+  device_t<S>* out = blockIdx.y == 0 ? dw : db;
+  if (!out) return;  // uniform over the block
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * 32LL + tx;
+  A s = 0;
+  if (c < C)
+    for (int64_t p = ty; p < nparts; p += 32) s += part[p * C + c];
+  sm[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int k = 1; k < 32; ++k) s += sm[k][tx];
+    out[c] = convert<device_t<S>>(s);
+  }
+}
+
 // Host: launch plan of a ring-fed row kernel (one row per group of G threads, P 16-byte pieces of each of
 // `tensors` inputs per thread, `stages` tiles of shared memory, a persistent grid of what fits at once).
 // ok is false where the row does not fit (or `eligible` is false: misaligned rows); then use a fallback.

@@ -3,6 +3,7 @@
 // one backward where the math allows), usable without modules: nn::functional::linear(x, w, b).
 #include <array>
 #include <optional>
+#include <utility>
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -30,6 +31,15 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 
+// The pre-LayerNorm residual step: h = x + delta (delta may be undefined: h = x) and
+// y = layer_norm(h, {C}, weight, bias, eps) over the last dim C, returned as {h, y}. Under autocast y comes
+// in the autocast dtype (the cast the matmul reading it would make); h keeps the promoted dtype of x and
+// delta. On the GPU, for an f32 x under bf16/f16 autocast, it is one kernel forward and one backward (the
+// norm's backward, the sum with h's gradient and delta's gradient in its dtype in one pass); elsewhere,
+// and for other dtypes, the composition of add, layer_norm and the cast.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight = Tensor(),
+                                         const Tensor& bias = Tensor(), double eps = 1e-5);
+
 // Rows of weight picked by integer indices of any shape: output shape = indices.shape + [dim].
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 
@@ -42,6 +52,12 @@ struct CrossEntropyOptions {
 // Fused log-softmax + negative log-likelihood. logits (N, C) or (N, C, d...) with class dim 1, target
 // integer class indices. The mean is over targets that are not ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt = {});
+// cross_entropy(linear(x, weight), target, opt) with the logits' gradient computed in the forward pass
+// and kept in the logits' own buffer: the (N, C) logits exist once instead of twice, and the backward is
+// the two GEMMs. x (..., K), weight (C, K) (a language model's tied embedding), target of x's leading
+// shape. For the 'none' reduction, or when no gradient is needed, it is the plain composition.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
+                            const CrossEntropyOptions& opt = {});
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
 struct Conv2dOptions {

@@ -65,9 +65,15 @@ GPTBlock::GPTBlock(const GPTConfig& c)
   register_module("mlp", mlp);
 }
 
+std::pair<Tensor, Tensor> GPTBlock::forward_residual(const Tensor& x_in, const Tensor& delta) {
+  auto [x, y] = functional::add_layer_norm(x_in, delta, ln_1.weight, ln_1.bias, ln_1.eps());
+  auto [h, y2] = functional::add_layer_norm(x, drop(attn(y)), ln_2.weight, ln_2.bias, ln_2.eps());
+  return {h, mlp(y2)};
+}
+
 Tensor GPTBlock::forward(const Tensor& x) {
-  Tensor h = add(x, drop(attn(ln_1(x))));
-  return add(h, mlp(ln_2(h)));
+  auto [h, m] = forward_residual(x, Tensor());
+  return add(h, m);
 }
 
 // ---- GPT ----
@@ -111,7 +117,7 @@ void GPT::reset_parameters() {
   norm(ln_f);
 }
 
-Tensor GPT::forward(const Tensor& idx_in) {
+Tensor GPT::hidden(const Tensor& idx_in) {
   KILN_CHECK(idx_in.defined(), repr(), ": the input is undefined");
   KILN_CHECK(idx_in.dtype() == DType::i64 || idx_in.dtype() == DType::i32, repr(),
              ": expected integer token ids (i32 or i64), got ", idx_in.str());
@@ -126,9 +132,10 @@ Tensor GPT::forward(const Tensor& idx_in) {
 
   const bool checkpointing = config_.checkpoint && is_training() && autograd::is_grad_enabled();
   const DeviceType dev_type = x.device().type;
+  Tensor delta;  // the last block's MLP output, added to x inside the next layer norm
   for (GPTBlock* block : blocks_) {
     if (!checkpointing) {
-      x = (*block)(x);
+      std::tie(x, delta) = block->forward_residual(x, delta);
       continue;
     }
     // The recomputation runs during backward, outside the caller's autocast scope: carry the forward
@@ -136,23 +143,32 @@ Tensor GPT::forward(const Tensor& idx_in) {
     const bool amp_on = amp::is_enabled(dev_type);
     const DType amp_dtype = amp::dtype(dev_type);
     const Device device = x.device();
-    x = autograd::checkpoint(
-        [block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
+    std::vector<Tensor> out = autograd::checkpoint(
+        autograd::CheckpointMultiFn([block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
           amp::Autocast autocast(device, amp_dtype, amp_on);
-          return (*block)(in[0]);
-        },
-        {x});
+          auto [h, m] = block->forward_residual(in[0], in[1]);
+          return std::vector<Tensor>{h, m};
+        }),
+        {x, delta});
+    x = out[0];
+    delta = out[1];
   }
+  return functional::add_layer_norm(x, delta, ln_f.weight, ln_f.bias, ln_f.eps()).second;
+}
+
+Tensor GPT::forward(const Tensor& idx_in) {
+  const bool batched = idx_in.defined() && idx_in.dim() == 2;
   // lm_head: the token embedding, transposed (tied weights).
-  Tensor logits = functional::linear(ln_f(x), wte.weight);
+  Tensor logits = functional::linear(hidden(idx_in), wte.weight);
   return batched ? logits : logits.squeeze(0);
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   KILN_CHECK(targets.defined() && targets.sizes() == idx.sizes(), repr(), ": targets ", targets.str(),
              " must have the shape of the input ", idx.str());
-  Tensor logits = forward(idx);
-  return functional::cross_entropy(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  // The lm_head and the loss as one node: the logits' gradient is computed in the forward pass, in place.
+  Tensor y = hidden(idx);
+  return functional::linear_cross_entropy(y, wte.weight, targets.reshape({y.size(0), y.size(1)}));
 }
 
 Tensor GPT::generate(const Tensor& idx_in, int64_t max_new_tokens, double temperature, int64_t top_k,

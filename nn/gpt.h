@@ -18,12 +18,17 @@
 // Parameter names follow the module tree: wte.weight, wpe.weight, h.0.ln_1.weight, h.0.attn.in_proj.weight,
 // h.0.attn.out_proj.weight, h.0.ln_2.weight, h.0.mlp.fc.weight, h.0.mlp.proj.weight, ..., ln_f.weight.
 //
+// The forward pass chains GPTBlock::forward_residual, so each residual add runs inside the layer norm
+// that follows it (one kernel each way on the GPU under autocast); the values are those of the plain
+// composition above.
+//
 // Gradient checkpointing (config.checkpoint or set_checkpointing(true)): in training mode with grad
-// enabled, each block runs through autograd::checkpoint, so only the block inputs (B, T, E) are kept
+// enabled, each block runs through autograd::checkpoint, so only the block inputs (x and delta) are kept
 // between forward and backward and each block's activations are recomputed during backward (about one
 // more forward pass of the blocks). Dropout draws the same masks in the recomputation (checkpoint
 // rewinds the generator), and the autocast state at forward time is restored for it.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <kiln/core/random.h>
@@ -68,6 +73,11 @@ class GPTBlock : public Module {
  public:
   explicit GPTBlock(const GPTConfig& config);
   Tensor forward(const Tensor& x) override;
+  // The block with its residual adds fused into the layer norms that read them (functional::
+  // add_layer_norm): given the residual stream x and the previous block's pending branch output delta
+  // (undefined for the first block), returns {h, m} with h = x + delta + drop(attn(ln_1(x + delta))) and
+  // m = mlp(ln_2(h)); the block's output is h + m, which the next block (or ln_f) adds in its own norm.
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& delta);
 
   LayerNorm ln_1;
   MultiheadAttention attn;  // causal self-attention
@@ -111,6 +121,9 @@ class GPT : public Module {
   void pretty_print(std::ostream& os) const override;
 
  private:
+  // ln_f of the last block's output (B, T, E), B = 1 for unbatched ids: what the lm_head reads.
+  Tensor hidden(const Tensor& idx);
+
   GPTConfig config_;
 
  public:

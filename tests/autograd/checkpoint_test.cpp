@@ -53,6 +53,37 @@ TEST(Checkpoint, SameGradientsAsWithout) {
   EXPECT_TRUE(AllClose(w2.grad().to_vector<double>(), g2, 1e-12));
 }
 
+// A function of two outputs (as a transformer block handing on its residual stream and its branch),
+// with an undefined input passed through: the same values and gradients as the plain run.
+TEST(Checkpoint, SeveralOutputsAndAnUndefinedInput) {
+  Tensor w1 = param({4, 6}, 11), w2 = param({6, 4}, 12), x0 = param({3, 4}, 13);
+  auto two = [&](const std::vector<Tensor>& in) {
+    EXPECT_FALSE(in[1].defined());
+    Tensor h = block(in[0], w1, w2);
+    return std::vector<Tensor>{h, tanh(h)};
+  };
+  auto loss = [](const std::vector<Tensor>& out) { return (out[0] * out[0]).sum() + (out[1] * 3.0).sum(); };
+  std::vector<Tensor> plain = two({x0, Tensor()});
+  loss(plain).backward();
+  auto gx = x0.grad().to_vector<double>(), g1 = w1.grad().to_vector<double>();
+  x0.set_grad(Tensor());
+  w1.set_grad(Tensor());
+  w2.set_grad(Tensor());
+  std::vector<Tensor> ckpt = autograd::checkpoint(autograd::CheckpointMultiFn(two), {x0, Tensor()});
+  ASSERT_EQ(ckpt.size(), 2u);
+  EXPECT_TRUE(AllClose(ckpt[1].to_vector<double>(), plain[1].to_vector<double>(), 1e-12));
+  loss(ckpt).backward();
+  EXPECT_TRUE(AllClose(x0.grad().to_vector<double>(), gx, 1e-12));
+  EXPECT_TRUE(AllClose(w1.grad().to_vector<double>(), g1, 1e-12));
+  // Only one output reaching the loss: the other's gradient counts as zero.
+  Tensor xr = x0.detach().requires_grad_();
+  (two({xr, Tensor()})[1] * 3.0).sum().backward();
+  x0.set_grad(Tensor());
+  std::vector<Tensor> again = autograd::checkpoint(autograd::CheckpointMultiFn(two), {x0, Tensor()});
+  (again[1] * 3.0).sum().backward();
+  EXPECT_TRUE(AllClose(x0.grad().to_vector<double>(), xr.grad().to_vector<double>(), 1e-12));
+}
+
 TEST(Checkpoint, GradientReachesLeavesCapturedInsideFn) {
   Tensor w1 = param({4, 6}, 4), w2 = param({6, 4}, 5);
   Tensor x = param({2, 4}, 6);

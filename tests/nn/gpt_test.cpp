@@ -164,6 +164,22 @@ TEST(GPT, CheckpointingKeepsTheAutocastPrecision) {
   expect_close(ckpt_grad, plain_grad, 1e-7, "in_proj.weight.grad");
 }
 
+// The block runs as forward_residual (the residual adds inside the layer norms): its output equals the
+// plain composition of its modules, and a pending delta is the same as adding it to the input first.
+TEST(GPT, ResidualFormEqualsThePlainBlock) {
+  manual_seed(7);
+  GPTConfig c{.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8, .dtype = DType::f64};
+  GPTBlock block(c);
+  for (Tensor p : block.parameters())
+    if (p.dim() == 1) init::uniform_(p, -0.5, 0.5);
+  Tensor x = randn({2, 3, 8}, {.dtype = DType::f64}), delta = randn({2, 3, 8}, {.dtype = DType::f64});
+  Tensor h = add(x, block.drop(block.attn(block.ln_1(x))));
+  Tensor plain = add(h, block.mlp(block.ln_2(h)));
+  expect_close(values(block(x)), values(plain), 1e-12, "block(x)");
+  auto [h2, m2] = block.forward_residual(x, delta);
+  expect_close(values(add(h2, m2)), values(block(add(x, delta))), 1e-12, "forward_residual(x, delta)");
+}
+
 TEST(GPT, BlockGradcheck) {
   manual_seed(6);
   GPTConfig c{.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4, .dtype = DType::f64};

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
 #include <kiln/nn/loss.h>
 
 #include "nn_test_util.h"
@@ -46,6 +48,37 @@ TEST(CrossEntropyLoss, BadTargetsNameTheLoss) {
   msg = error_message([&] { criterion(zeros({4, 10}), from_vector<int64_t>({1, 2, 3}, {3})); });
   EXPECT_NE(msg.find("i64[3]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("f32[4, 10]"), std::string::npos) << msg;
+}
+
+// linear_cross_entropy equals cross_entropy(linear(x, w)) in value and gradients, also when the loss is
+// scaled downstream (the upstream gradient multiplies the gradient computed ahead in the forward pass),
+// with ignored targets, a 3-D x, label smoothing and the sum reduction.
+TEST(LinearCrossEntropy, EqualsTheComposition) {
+  manual_seed(3);
+  using Options = functional::CrossEntropyOptions;
+  for (const Options& opt : {Options{}, Options{.ignore_index = 4, .label_smoothing = 0.1},
+                             Options{.reduction = Reduction::sum}}) {
+    Tensor x = randn({2, 3, 4}, {.dtype = DType::f64}), w = randn({6, 4}, {.dtype = DType::f64});
+    Tensor target = from_vector<int64_t>({1, 4, 5, 0, 4, 2}, {2, 3});
+    auto grads = [&](bool fused) {
+      Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_();
+      Tensor loss = fused ? functional::linear_cross_entropy(xl, wl, target, opt)
+                          : functional::cross_entropy(functional::linear(xl, wl).reshape({6, 6}), target.reshape({6}), opt);
+      mul(loss, 2.5).backward();
+      return std::make_tuple(loss.item<double>(), values(xl.grad()), values(wl.grad()));
+    };
+    auto [lf, gxf, gwf] = grads(true);
+    auto [lc, gxc, gwc] = grads(false);
+    EXPECT_NEAR(lf, lc, 1e-12);
+    testing::expect_close(gxf, gxc, 1e-12, "dx");
+    testing::expect_close(gwf, gwc, 1e-12, "dw");
+  }
+  // Bad targets are reported as by cross_entropy.
+  EXPECT_NE(error_message([] {
+              functional::linear_cross_entropy(randn({2, 4}).requires_grad_(), randn({3, 4}),
+                                               from_vector<int64_t>({0, 7}, {2}));
+            }).find("linear_cross_entropy"),
+            std::string::npos);
 }
 
 TEST(MSELoss, MeanAndSumOfSquaredErrors) {

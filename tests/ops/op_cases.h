@@ -82,10 +82,20 @@ inline std::vector<OpCase> cases() {
       {"log_softmax", {{2, 3, 4}}, [](const Inputs& x) { return log_softmax(x[0], 1); }},
       {"layer_norm", {{3, 6}, {6}, {6}}, [](const Inputs& x) { return F::layer_norm(x[0], {6}, x[1], x[2]); }},
       {"layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::layer_norm(x[0], {2, 6}); }},
+      {"add_layer_norm", {{3, 8}, {3, 8}, {8}, {8}}, [](const Inputs& x) {
+         auto [h, y] = F::add_layer_norm(x[0], x[1], x[2], x[3]);
+         return add(h, mul(y, 2.0));  // both outputs reach the result
+       }},
+      {"add_layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::add_layer_norm(x[0], Tensor()).second; }},
       {"embedding", {{5, 3}}, [](const Inputs& x) { return F::embedding(idx({4, 0, 4, 2}, {2, 2}), x[0]); }},
       {"dropout", {{4, 5}}, [](const Inputs& x) {
          Generator g(7);  // the same mask on every evaluation
          return F::dropout(x[0], 0.4, true, &g);
+       }},
+      {"linear_cross_entropy", {{4, 3}, {5, 3}},
+       [](const Inputs& x) { return F::linear_cross_entropy(x[0], x[1], idx({1, 0, 4, 2}, {4})); }},
+      {"linear_cross_entropy", {{2, 2, 3}, {5, 3}}, [](const Inputs& x) {
+         return F::linear_cross_entropy(x[0], x[1], idx({1, -100, 4, 2}, {2, 2}), {.label_smoothing = 0.2});
        }},
       {"cross_entropy", {{4, 5}}, [](const Inputs& x) { return F::cross_entropy(x[0], idx({1, 0, 4, 2}, {4})); }},
       {"cross_entropy", {{4, 5}}, [](const Inputs& x) {

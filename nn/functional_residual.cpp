@@ -1,0 +1,85 @@
+// add_layer_norm: the pre-LayerNorm transformer's residual add and the norm that reads its sum, one
+// autograd node where the backend has the fused kernel (CUDA, f32 residual stream, bf16/f16 autocast).
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/backend.h>
+#include <kiln/core/shape.h>
+#include <kiln/nn/functional.h>
+
+namespace kiln::nn::functional {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+// The composition the fused node stands for: the add, the layer norm (f32 under autocast), and the cast
+// the next matmul would make under autocast.
+std::pair<Tensor, Tensor> composed(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+                                   double eps) {
+  Tensor h = delta.defined() ? add(x, delta) : x;
+  Tensor y = layer_norm(h, {h.size(-1)}, weight, bias, eps);
+  return {h, amp::to_lower_precision(y)};
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                         const Tensor& bias, double eps) {
+  KILN_CHECK(x.defined() && x.dim() >= 1 && is_floating(x.dtype()), "add_layer_norm: expected a floating-point x, got ",
+             x.str());
+  KILN_CHECK(!delta.defined() || (delta.sizes() == x.sizes() && delta.device() == x.device() &&
+                                  is_floating(delta.dtype())),
+             "add_layer_norm: delta ", delta.str(), " must be a floating-point tensor of x's shape and device, x ",
+             x.str());
+  const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
+  for (const Tensor* p : {&weight, &bias})
+    KILN_CHECK(!p->defined() || (p->dim() == 1 && p->size(0) == C && p->device() == x.device()),
+               "add_layer_norm: parameter ", p->str(), " must be a vector of ", C, " (x's last dim) on ",
+               x.device().str(), ", x ", x.str());
+  const DeviceType type = x.device().type;
+  if (!amp::is_enabled(type)) return composed(x, delta, weight, bias, eps);
+  // Under autocast the fused kernel may serve: y straight in the autocast dtype.
+  const DType low = amp::dtype(type);
+  Tensor xc, dc, h, y, mean, rstd;
+  bool fused = false;
+  {
+    NoGradGuard ng;
+    xc = x.contiguous().reshape({M, C});
+    dc = delta.defined() ? delta.contiguous().reshape({M, C}) : Tensor();
+    TensorOptions f32{.dtype = DType::f32, .device = x.device()};
+    h = delta.defined() ? empty({M, C}, f32) : xc;
+    y = empty({M, C}, {.dtype = low, .device = x.device()});
+    mean = empty({M}, f32);
+    rstd = empty({M}, f32);
+    fused = backend(x.device()).add_layer_norm(xc, dc, weight, bias, eps, h, y, mean, rstd);
+  }
+  if (!fused) return composed(x, delta, weight, bias, eps);
+  h = h.reshape(x.sizes());
+  y = y.reshape(x.sizes());
+  if (!any_requires_grad({x, delta, weight, bias})) return {delta.defined() ? h : x, y};
+  const bool has_delta = delta.defined(), want_delta = has_delta && delta.requires_grad();
+  const bool want_w = weight.defined() && weight.requires_grad(), want_b = bias.defined() && bias.requires_grad();
+  // Without delta, h is x itself, so the node has one output (y) and x's gradient is only the norm's.
+  std::vector<Tensor> outputs = has_delta ? std::vector<Tensor>{h, y} : std::vector<Tensor>{y};
+  record("add_layer_norm", {x, delta, weight, bias}, outputs,
+         [sh = SavedTensor(has_delta ? h.reshape({M, C}) : xc), sw = weight.defined() ? SavedTensor(weight) : SavedTensor(), mean, rstd, has_delta, want_delta, want_w,
+          want_b, low, M, C, shape = x.sizes()](const Grads& g) {
+           Tensor hh = sh.unpack("add_layer_norm"), ww = sw.defined() ? sw.unpack("add_layer_norm") : Tensor();
+           Tensor dy = cast(g.back(), low).contiguous().reshape({M, C});
+           Tensor gh = has_delta ? g[0].contiguous().reshape({M, C}) : Tensor();
+           TensorOptions f32{.dtype = DType::f32, .device = hh.device()};
+           Tensor dh = empty({M, C}, f32);
+           Tensor dd = want_delta ? empty({M, C}, {.dtype = low, .device = hh.device()}) : Tensor();
+           Tensor dw = want_w ? empty({C}, f32) : Tensor(), db = want_b ? empty({C}, f32) : Tensor();
+           KILN_CHECK(backend(hh.device()).add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db),
+                      "add_layer_norm: the backend ran the forward kernel but has no backward for ", hh.str());
+           return Grads{dh.reshape(shape), want_delta ? dd.reshape(shape) : Tensor(), dw, db};
+         });
+  return {has_delta ? h : x, y};
+}
+
+}  // namespace kiln::nn::functional

@@ -1,0 +1,107 @@
+// CUDA add_layer_norm (residual add + layer norm, one kernel each way under autocast) against the CPU's
+// composition of add, the f32 layer norm and the autocast cast: h, y and every gradient (x, delta, w, b),
+// with and without delta, affine parameters and a gradient on h.
+#include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
+
+#include "cuda_compare.h"
+#include "cuda_test_util.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+namespace F = kiln::nn::functional;
+
+namespace {
+
+struct Inputs {
+  Tensor x, delta, w, b, gh, gy;
+};
+struct Result {
+  Tensor h, y, dx, ddelta, dw, db;
+};
+
+Result run(const Inputs& in, DType low, Device dev) {
+  auto leaf = [&](const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    Tensor l = t.to(dev).detach();
+    l.requires_grad_(true);
+    return l;
+  };
+  Tensor x = leaf(in.x), delta = leaf(in.delta), w = leaf(in.w), b = leaf(in.b);
+  Tensor h, y;
+  {
+    amp::Autocast autocast(dev, low);
+    std::tie(h, y) = F::add_layer_norm(x, delta, w, b, 1e-5);
+  }
+  if (in.gh.defined() && delta.defined())
+    autograd::run_backward({h, y}, {in.gh.to(dev), in.gy.to(dev)}, false);
+  else
+    autograd::run_backward({y}, {in.gy.to(dev)}, false);
+  auto grad = [](const Tensor& t) { return t.defined() ? t.grad() : Tensor(); };
+  return {h.detach(), y.detach(), grad(x), grad(delta), grad(w), grad(b)};
+}
+
+void check(int64_t M, int64_t C, DType low, bool with_delta, bool affine, bool with_gh, const std::string& what) {
+  Inputs in;
+  in.x = add(rand_cpu({M, C}, DType::f32, 2.0), 0.5);  // a nonzero mean
+  in.delta = with_delta ? rand_cpu({M, C}, low) : Tensor();
+  in.w = affine ? add(rand_cpu({C}, DType::f32, 0.5), 1.0) : Tensor();
+  in.b = affine ? rand_cpu({C}, DType::f32) : Tensor();
+  in.gh = with_gh ? rand_cpu({M, C}, DType::f32) : Tensor();
+  in.gy = rand_cpu({M, C}, low);
+  Result rc = run(in, low, Device::cpu()), rg = run(in, low, gpu());
+  ASSERT_EQ(rg.y.dtype(), low) << what;
+  ASSERT_EQ(rg.h.dtype(), DType::f32) << what;
+  expect_close(rc.h, rg.h, "h " + what);
+  expect_close(rc.y, rg.y, "y " + what);
+  expect_close(rc.dx, rg.dx, "dx " + what, -1, 1.0);
+  if (with_delta) expect_close(rc.ddelta, rg.ddelta, "ddelta " + what, -1, 1.0);
+  if (affine) {
+    expect_close(rc.dw, rg.dw, "dw " + what, -1, 1.0);
+    expect_close(rc.db, rg.db, "db " + what, -1, 1.0);
+  }
+}
+
+}  // namespace
+
+TEST(CudaAddLayerNorm, TransformerWidthsMatchTheCpuComposition) {
+  KILN_REQUIRE_GPU();
+  manual_seed(41);
+  for (DType low : {DType::bf16, DType::f16})
+    for (int64_t C : {384, 768, 1024, 1536, 4096}) {
+      const std::string what = name(low) + " C=" + std::to_string(C);
+      check(37, C, low, true, true, true, what + " delta, affine, gh");
+      check(37, C, low, true, true, false, what + " delta, affine, no gh");
+      check(37, C, low, false, true, false, what + " no delta");
+    }
+}
+
+TEST(CudaAddLayerNorm, PartialRowsAndNoAffineParameters) {
+  KILN_REQUIRE_GPU();
+  manual_seed(42);
+  // C = 8 and 200: fewer chunks than lanes; 1000: a ragged last chunk column of the group; no w and b.
+  for (int64_t C : {8, 200, 1000}) check(5, C, DType::bf16, true, false, true, "bf16 C=" + std::to_string(C));
+  check(3000, 768, DType::bf16, true, true, true, "bf16 3000x768 (many rows per group)");
+}
+
+TEST(CudaAddLayerNorm, ShapesWithoutAKernelTakeTheComposition) {
+  KILN_REQUIRE_GPU();
+  manual_seed(43);
+  // C = 13 is not a multiple of 8 and C = 8192 is wider than the kernel's rows: the composed ops serve.
+  check(7, 13, DType::bf16, true, true, true, "bf16 C=13");
+  check(3, 8192, DType::bf16, true, true, true, "bf16 C=8192");
+}
+
+TEST(CudaAddLayerNorm, ParameterGradientsAreDeterministic) {
+  KILN_REQUIRE_GPU();
+  manual_seed(44);
+  Inputs in{add(rand_cpu({4000, 768}, DType::f32), 0.5), rand_cpu({4000, 768}, DType::bf16),
+            rand_cpu({768}, DType::f32), rand_cpu({768}, DType::f32), rand_cpu({4000, 768}, DType::f32),
+            rand_cpu({4000, 768}, DType::bf16)};
+  Result a = run(in, DType::bf16, gpu()), c = run(in, DType::bf16, gpu());
+  EXPECT_EQ(a.dw.cpu().to_vector<float>(), c.dw.cpu().to_vector<float>());
+  EXPECT_EQ(a.db.cpu().to_vector<float>(), c.db.cpu().to_vector<float>());
+}
