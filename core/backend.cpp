@@ -44,4 +44,8 @@ bool Backend::add_layer_norm_backward(const Tensor&, const Tensor&, const Tensor
   return false;
 }
 
+bool Backend::linear_backward_dgelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) const {
+  return false;
+}
+
 }  // namespace kiln

@@ -113,6 +113,11 @@ class Backend {
   virtual bool add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
                                        const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
                                        const Tensor& dw, const Tensor& db) const;
+  // The input gradient of a linear layer whose input was gelu_tanh(pre), through the GELU: dz (M, N) =
+  // (dy (M, K) · w (K, N)) ⊙ gelu_tanh'(pre), and db (N) = Σ_rows dz when defined (the bias gradient of
+  // the layer that produced pre). All contiguous, one dtype.
+  virtual bool linear_backward_dgelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz,
+                                     const Tensor& db) const;
   // logits (N, C) contiguous, target (N) i64. loss (N) stat dtype: per-row loss (0 for ignored rows);
   // lse (N) stat dtype: log-sum-exp of each row, saved for backward.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,

@@ -20,6 +20,8 @@ class CudaBackend final : public Backend {
               const Tensor& pre_activation) const override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation, Epilogue ep,
                        const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
+  bool linear_backward_dgelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz,
+                             const Tensor& db) const override;
   void softmax(const Tensor& in, const Tensor& out, bool log) const override;
   void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,

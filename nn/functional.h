@@ -17,6 +17,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
 // for backward only when a gradient is needed.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// A transformer MLP, linear(gelu(linear(x, w1, b1), tanh), w2, b2), as one autograd node: the backward
+// pass puts the GELU derivative and b1's gradient into the GEMM that produces the hidden gradient
+// (cuBLASLt's DGELU_BGRAD epilogue on the GPU). x (..., K), w1 (H, K), w2 (N, H); biases may be undefined.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
 inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }

@@ -82,6 +82,9 @@ inline std::vector<OpCase> cases() {
       {"log_softmax", {{2, 3, 4}}, [](const Inputs& x) { return log_softmax(x[0], 1); }},
       {"layer_norm", {{3, 6}, {6}, {6}}, [](const Inputs& x) { return F::layer_norm(x[0], {6}, x[1], x[2]); }},
       {"layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::layer_norm(x[0], {2, 6}); }},
+      {"gelu_mlp", {{3, 4}, {8, 4}, {8}, {5, 8}, {5}},
+       [](const Inputs& x) { return F::gelu_mlp(x[0], x[1], x[2], x[3], x[4]); }},
+      {"gelu_mlp", {{2, 3, 4}, {8, 4}, {5, 8}}, [](const Inputs& x) { return F::gelu_mlp(x[0], x[1], Tensor(), x[2], Tensor()); }},
       {"add_layer_norm", {{3, 8}, {3, 8}, {8}, {8}}, [](const Inputs& x) {
          auto [h, y] = F::add_layer_norm(x[0], x[1], x[2], x[3]);
          return add(h, mul(y, 2.0));  // both outputs reach the result
