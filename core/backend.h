@@ -74,6 +74,9 @@ class Backend {
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
   // in contiguous (M, R); out contiguous (M): reduces each row. argmax writes i64 (first maximum).
   virtual void reduce(ReduceOp op, const Tensor& in, const Tensor& out) const = 0;
+  // Optional (false: not served, use reduce on the permuted copy): out (M) = Σ_i in[i, :] over the rows of
+  // a contiguous (R, M) in, the layout of a gradient summed over its leading (broadcast) dims.
+  virtual bool sum_leading(const Tensor& in, const Tensor& out) const;
   // out (B, M, N) contiguous = a (B, M, K) · b (B, K, N). a and b have unit stride in one of their two
   // matrix dims (row- or column-major matrices); their batch stride may be 0 (broadcast).
   virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const = 0;
@@ -113,11 +116,6 @@ class Backend {
   virtual bool add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
                                        const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
                                        const Tensor& dw, const Tensor& db) const;
-  // The input gradient of a linear layer whose input was gelu_tanh(pre), through the GELU: dz (M, N) =
-  // (dy (M, K) · w (K, N)) ⊙ gelu_tanh'(pre), and db (N) = Σ_rows dz when defined (the bias gradient of
-  // the layer that produced pre). All contiguous, one dtype.
-  virtual bool linear_backward_dgelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz,
-                                     const Tensor& db) const;
   // logits (N, C) contiguous, target (N) i64. loss (N) stat dtype: per-row loss (0 for ignored rows);
   // lse (N) stat dtype: log-sum-exp of each row, saved for backward.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,

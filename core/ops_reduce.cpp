@@ -56,8 +56,15 @@ Tensor reduce_raw(ReduceOp op, const Tensor& a, const ReducePlan& p, bool keepdi
     if (!p.reduced[size_t(d)]) perm.push_back(d);
   for (int64_t d = 0; d < a.dim(); ++d)
     if (p.reduced[size_t(d)]) perm.push_back(d);
-  Tensor m = (a.dim() ? a.permute(perm) : a).contiguous().reshape({p.rows, p.cols});
   Tensor out = empty({p.rows}, {.dtype = out_dtype, .device = a.device()});
+  // A sum over leading dims of a contiguous tensor (a broadcast's gradient) reads its columns in place.
+  int64_t lead = 0;
+  while (lead < a.dim() && p.reduced[size_t(lead)]) ++lead;
+  const bool leading = lead > 0 && std::all_of(p.reduced.begin() + lead, p.reduced.end(), [](bool r) { return !r; });
+  if (op == ReduceOp::sum && leading && p.rows > 1 && p.cols > 0 && a.is_contiguous() && out_dtype == a.dtype() &&
+      backend(a.device()).sum_leading(a.reshape({p.cols, p.rows}), out))
+    return out.reshape(keepdim ? p.keep_shape : p.out_shape);
+  Tensor m = (a.dim() ? a.permute(perm) : a).contiguous().reshape({p.rows, p.cols});
   if (p.cols == 0) backend(a.device()).fill(out, 0.0);
   else backend(a.device()).reduce(op, m, out);
   return out.reshape(keepdim ? p.keep_shape : p.out_shape);

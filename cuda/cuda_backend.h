@@ -15,13 +15,12 @@ class CudaBackend final : public Backend {
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) const override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const override;
   void reduce(ReduceOp op, const Tensor& in, const Tensor& out) const override;
+  bool sum_leading(const Tensor& in, const Tensor& out) const override;
   void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
               const Tensor& pre_activation) const override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation, Epilogue ep,
                        const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
-  bool linear_backward_dgelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz,
-                             const Tensor& db) const override;
   void softmax(const Tensor& in, const Tensor& out, bool log) const override;
   void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,

@@ -20,9 +20,9 @@
 //   backward  dz = dy · gelu_tanh'(z) (the elementwise kernel: DGELU is an epilogue of the GEMM that
 //             *produces* dy, which belongs to the next layer's node), dx = dz · w, and dw = dzᵀ · x with
 //             the BGRADB epilogue reducing dz over the GEMM's k = M dim into db in the same kernel.
-//   linear_backward_dgelu: that DGELU GEMM, for a node that holds both layers (functional::gelu_mlp):
-//             dz = (dy · w) ⊙ gelu_tanh'(z) with the bias gradient Σ_rows dz in the same kernel
-//             (DGELU_BGRAD, z the aux matrix).
+//             (A node holding both MLP layers could ask the GEMM producing dy for the DGELU_BGRAD epilogue;
+//             on an H100 with cuBLAS 13 that ran as the GEMM plus a separate 350 us epilogue kernel at GPT-2's
+//             16384 x 3072, three times the elementwise kernel, so the GELU derivative stays elementwise.)
 // f64 (no epilogue kernels) and shapes cuBLASLt has no epilogue algorithm for take the unfused path:
 // GEMM, then the elementwise bias add / GELU kernels, and db as a ones-vector product.
 #include <algorithm>
@@ -390,32 +390,6 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     fill(ones, 1.0);
     bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
   }
-}
-
-bool CudaBackend::linear_backward_dgelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz,
-                                        const Tensor& db) const {
-  const DType dt = dz.dtype();
-  if (dt == DType::f64) return false;  // no epilogue kernels
-  KILN_CHECK(dy.dim() == 2 && w.dim() == 2 && dz.dim() == 2 && dy.size(1) == w.size(0) && dz.size(0) == dy.size(0) &&
-                 dz.size(1) == w.size(1) && pre.sizes() == dz.sizes() && dy.is_contiguous() && pre.is_contiguous() &&
-                 dz.is_contiguous() && (!db.defined() || (db.numel() == dz.size(1) && db.is_contiguous())),
-             "linear_backward_dgelu: expected contiguous dy (M, K), w (K, N), pre and dz (M, N), db (N), got ", dy.str(),
-             ", ", w.str(), ", ", pre.str(), ", ", dz.str(), ", ", db.str());
-  for (const Tensor* t : {&dy, &w, &pre, &db})
-    KILN_CHECK(!t->defined() || (t->dtype() == dt && t->device() == dz.device()), "linear_backward_dgelu: ", t->str(),
-               " does not match dz ", dz.str(), " in dtype and device");
-  const int64_t N = dz.size(1);
-  if (dz.numel() == 0 || dy.size(1) == 0 || N % 8 != 0) return false;  // the aux leading dim: a multiple of 8
-  NvtxRange range("linear_backward_dgelu");
-  DeviceGuard guard(dz.device().index);
-  Operand oa, ob;
-  Tensor a = as_operand(dy.unsqueeze(0), &oa), b = as_operand(w.unsqueeze(0), &ob);
-  EpilogueSpec e;
-  e.kind = db.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-  e.bias = db.defined() ? db.raw_data() : nullptr;
-  e.aux = pre.raw_data();
-  e.aux_ld = N;
-  return try_gemm(a, oa, b, ob, dz.unsqueeze(0), e);
 }
 
 }  // namespace kiln::cuda

@@ -191,4 +191,24 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) const
   KILN_CUDA_DISPATCH_ALL(in.dtype(), "reduce", launch_reduce<scalar_t>(op, in, out, M, R));
 }
 
+// f32/f64 only: column_sum_kernel reads the compute type. 32 columns a block, 32 threads down each.
+bool CudaBackend::sum_leading(const Tensor& in, const Tensor& out) const {
+  if ((in.dtype() != DType::f32 && in.dtype() != DType::f64) || in.dim() != 2 || !in.is_contiguous() ||
+      out.dtype() != in.dtype() || !out.is_contiguous() || out.numel() != in.size(1) || out.device() != in.device() ||
+      in.numel() == 0)
+    return false;
+  NvtxRange range("sum_leading");
+  DeviceGuard guard(in.device().index);
+  const int64_t R = in.size(0), M = in.size(1);
+  const dim3 grid(unsigned((M + 31) / 32), 1), block(32, 32);
+  if (in.dtype() == DType::f32)
+    column_sum_kernel<float><<<grid, block, 0, current_stream()>>>(static_cast<const float*>(in.raw_data()), nullptr, R,
+                                                                   M, static_cast<float*>(out.raw_data()), nullptr);
+  else
+    column_sum_kernel<double><<<grid, block, 0, current_stream()>>>(static_cast<const double*>(in.raw_data()), nullptr,
+                                                                    R, M, static_cast<double*>(out.raw_data()), nullptr);
+  KILN_LAUNCH_CHECK("column_sum_kernel", "sum_leading");
+  return true;
+}
+
 }  // namespace kiln::cuda

@@ -17,10 +17,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
 // for backward only when a gradient is needed.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
-// A transformer MLP, linear(gelu(linear(x, w1, b1), tanh), w2, b2), as one autograd node: the backward
-// pass puts the GELU derivative and b1's gradient into the GEMM that produces the hidden gradient
-// (cuBLASLt's DGELU_BGRAD epilogue on the GPU). x (..., K), w1 (H, K), w2 (N, H); biases may be undefined.
-Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
 inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }
@@ -93,6 +89,13 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                     bool training = false, Generator* gen = nullptr);
+// Self-attention over packed projections: qkv (B, T, 3, H, D), as one in_proj GEMM lays them out, holds
+// q, k and v as its slices (qkv.select(2, i).transpose(1, 2) is (B, H, T, D)). The same values as
+// scaled_dot_product_attention on those views, as one node whose backward writes dq, dk and dv into one
+// packed gradient (separate views would each get a zero-filled full-size gradient, then be summed).
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, bool causal = false,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
 // The same function composed of matmul, where, softmax, dropout and matmul (materializes the Tq x Tk
 // scores; its dropout mask is dropout()'s, not the fused op's). The reference the fused op is tested against.
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,

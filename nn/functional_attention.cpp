@@ -67,60 +67,114 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
   return matmul(attn, v);
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
-                                    std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
-  check_attention_args(q_in, k_in, v_in, dropout_p);
-  // Under autocast the products run in the autocast dtype (the softmax statistics stay f32 inside the
-  // kernels); the casts are differentiable, so f32 inputs get f32 gradients.
-  Tensor ql = amp::to_lower_precision(q_in), kl = amp::to_lower_precision(k_in), vl = amp::to_lower_precision(v_in);
+namespace {
+
+// Whether the fused node serves these (autocast-cast) inputs; otherwise the reference composite runs.
+bool fusable(const Tensor& ql, const Tensor& kl, const Tensor& vl, double dropout_p) {
   const int64_t D = ql.size(-1), Tq = ql.size(-2), Tk = kl.size(-2);
   const Shape lead(ql.sizes().begin(), ql.sizes().end() - 2);
   const bool same_lead = Shape(kl.sizes().begin(), kl.sizes().end() - 2) == lead &&
                          Shape(vl.sizes().begin(), vl.sizes().end() - 2) == lead;
   const bool same_device = kl.device() == ql.device() && vl.device() == ql.device();
   const bool floating = is_floating(ql.dtype()) && is_floating(kl.dtype()) && is_floating(vl.dtype());
-  const bool fused = same_lead && same_device && floating && vl.size(-1) == D && D > 0 && Tq > 0 && Tk > 0 &&
-                     shape_numel(lead) > 0 && dropout_p < 1.0 &&
-                     (!ql.device().is_cuda() || D <= kMaxCudaHeadDim);
-  if (!fused) return scaled_dot_product_attention_reference(ql, kl, vl, causal, scale, dropout_p, training, gen);
+  return same_lead && same_device && floating && vl.size(-1) == D && D > 0 && Tq > 0 && Tk > 0 &&
+         shape_numel(lead) > 0 && dropout_p < 1.0 && (!ql.device().is_cuda() || D <= kMaxCudaHeadDim);
+}
 
+// The fused forward on 4-D (B, H, T, D) views of one dtype, and what its backward needs.
+struct AttentionForward {
+  Tensor out, lse;
+  double scale = 0, p = 0;
+  uint64_t seed = 0, offset = 0;
+};
+
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                   std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+  AttentionForward f;
+  f.scale = scale.value_or(1.0 / std::sqrt(double(D)));
+  f.p = training ? dropout_p : 0.0;
+  if (f.p > 0.0) {
+    Generator& g = gen ? *gen : default_generator();
+    f.seed = g.seed();
+    f.offset = g.reserve(uint64_t(B * H * Tq * ((Tk + 3) / 4)));
+  }
+  NoGradGuard ng;
+  f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
+  f.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
+  backend(q.device()).attention_forward(q, k, v, f.out, f.lse, causal, f.scale, f.p, f.seed, f.offset);
+  return f;
+}
+
+// The three views (B, H, T, D) of a packed (B, T, 3, H, D) tensor.
+Tensor packed_view(const Tensor& qkv, int64_t i) { return qkv.select(2, i).transpose(1, 2); }
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
+                                    std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
+  check_attention_args(q_in, k_in, v_in, dropout_p);
+  // Under autocast the products run in the autocast dtype (the softmax statistics stay f32 inside the
+  // kernels); the casts are differentiable, so f32 inputs get f32 gradients.
+  Tensor ql = amp::to_lower_precision(q_in), kl = amp::to_lower_precision(k_in), vl = amp::to_lower_precision(v_in);
+  if (!fusable(ql, kl, vl, dropout_p))
+    return scaled_dot_product_attention_reference(ql, kl, vl, causal, scale, dropout_p, training, gen);
+  const int64_t Tq = ql.size(-2), D = ql.size(-1);
+  const Shape lead(ql.sizes().begin(), ql.sizes().end() - 2);
   const DType t = promote_types(promote_types(ql.dtype(), kl.dtype()), vl.dtype());
   const Tensor q = to_4d(cast(ql, t)), k = to_4d(cast(kl, t)), v = to_4d(cast(vl, t));
-  const int64_t B = q.size(0), H = q.size(1);
-  const double s = scale.value_or(1.0 / std::sqrt(double(D)));
-  const double p = training ? dropout_p : 0.0;
-  uint64_t seed = 0, offset = 0;
-  if (p > 0.0) {
-    Generator& g = gen ? *gen : default_generator();
-    seed = g.seed();
-    offset = g.reserve(uint64_t(B * H * Tq * ((Tk + 3) / 4)));
-  }
-  const Device dev = q.device();
-  Tensor out, lse;
-  {
-    NoGradGuard ng;
-    out = empty_bthd(B, H, Tq, D, {.dtype = t, .device = dev});
-    lse = empty({B, H, Tq}, {.dtype = stat_dtype(t), .device = dev});
-    backend(dev).attention_forward(q, k, v, out, lse, causal, s, p, seed, offset);
-  }
+  const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
   if (any_requires_grad({q, k, v}))
-    record("scaled_dot_product_attention", {q, k, v}, {out},
-           [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(out), lse, causal, s, p,
-            seed, offset](const Grads& g) {
+    record("scaled_dot_product_attention", {q, k, v}, {f.out},
+           [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), f,
+            causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention";
              Tensor qq = sq.unpack(op), kk = sk.unpack(op), vv = sv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
-             backend(qq.device()).attention_backward(dout, qq, kk, vv, oo, lse, dq, dk, dv, causal, s, p, seed, offset);
+             backend(qq.device()).attention_backward(dout, qq, kk, vv, oo, f.lse, dq, dk, dv, causal, f.scale, f.p,
+                                                     f.seed, f.offset);
              return Grads{dq, dk, dv};
            });
-  if (q_in.dim() == 4) return out;
+  if (q_in.dim() == 4) return f.out;
   Shape shape = lead;
   shape.push_back(Tq);
   shape.push_back(D);
-  return out.reshape(shape);
+  return f.out.reshape(shape);
+}
+
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal, std::optional<double> scale,
+                                              double dropout_p, bool training, Generator* gen) {
+  KILN_CHECK(qkv_in.defined() && qkv_in.dim() == 5 && qkv_in.size(2) == 3,
+             "scaled_dot_product_attention_qkvpacked: expected qkv (B, T, 3, H, D), got ", qkv_in.str());
+  const Tensor qkv = amp::to_lower_precision(qkv_in);
+  Tensor q, k, v;
+  {
+    NoGradGuard ng;  // the kernels' views; the node's input is qkv itself
+    q = packed_view(qkv, 0), k = packed_view(qkv, 1), v = packed_view(qkv, 2);
+  }
+  check_attention_args(q, k, v, dropout_p);
+  if (!fusable(q, k, v, dropout_p) || q.stride(3) != 1)
+    return scaled_dot_product_attention(packed_view(qkv, 0), packed_view(qkv, 1), packed_view(qkv, 2), causal, scale,
+                                        dropout_p, training, gen);
+  const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
+  if (any_requires_grad({qkv}))
+    record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
+           [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), f, causal](const Grads& g) {
+             const char* op = "scaled_dot_product_attention_qkvpacked";
+             Tensor packed = sqkv.unpack(op), oo = so.unpack(op);
+             Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
+             // The three gradients land in their slices of one packed gradient: nothing to zero or sum.
+             Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
+             backend(packed.device()).attention_backward(
+                 dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), oo, f.lse,
+                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, f.scale, f.p, f.seed,
+                 f.offset);
+             return Grads{dqkv};
+           });
+  return f.out;
 }
 
 }  // namespace kiln::nn::functional

@@ -46,7 +46,7 @@ GPTMLP::GPTMLP(const GPTConfig& c)
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  return drop(functional::gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias));
+  return drop(proj(functional::linear_gelu(x, fc.weight, fc.bias)));
 }
 
 // ---- GPTBlock ----

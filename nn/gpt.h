@@ -56,9 +56,8 @@ struct GPTConfig {
   Device device = Device::cpu();
 };
 
-// Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout. The two Linears and the GELU are one
-// functional::gelu_mlp node (on the GPU: GEMMs with GELU and bias epilogues forward, and the GELU
-// derivative in the epilogue of the hidden gradient's GEMM backward).
+// Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout. The first Linear and the GELU are one
+// functional::linear_gelu call (a cuBLASLt GEMM with a GELU epilogue on the GPU).
 class GPTMLP : public Module {
  public:
   explicit GPTMLP(const GPTConfig& config);

@@ -65,21 +65,21 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   const int64_t B = q_in.size(0), Tq = q_in.size(1), Tk = k_in.size(1);
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
-  Tensor q, k, v;
+  Tensor attn;
   if (query.is_same(key) && key.is_same(value)) {
-    Tensor qkv = in_proj(q_in).view({B, Tq, 3, H, D});  // one GEMM for the three projections
-    q = qkv.select(2, 0).transpose(1, 2);
-    k = qkv.select(2, 1).transpose(1, 2);
-    v = qkv.select(2, 2).transpose(1, 2);
+    // one GEMM for the three projections, and one packed gradient for it in backward
+    Tensor qkv = in_proj(q_in).view({B, Tq, 3, H, D});
+    attn = functional::scaled_dot_product_attention_qkvpacked(qkv, options_.causal, std::nullopt, options_.dropout,
+                                                              is_training());
   } else {
     auto block = [&](const Tensor& t, int64_t i) { return t.defined() ? t.narrow(0, i * E, E) : Tensor(); };
     auto heads = [&](const Tensor& t, int64_t T) { return t.view({B, T, H, D}).transpose(1, 2); };
-    q = heads(functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0)), Tq);
-    k = heads(functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1)), Tk);
-    v = heads(functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2)), Tk);
+    Tensor q = heads(functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0)), Tq);
+    Tensor k = heads(functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1)), Tk);
+    Tensor v = heads(functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2)), Tk);
+    attn = functional::scaled_dot_product_attention(q, k, v, options_.causal, std::nullopt, options_.dropout,
+                                                    is_training());
   }
-  Tensor attn = functional::scaled_dot_product_attention(q, k, v, options_.causal, std::nullopt, options_.dropout,
-                                                         is_training());
   // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view
   Tensor merged = attn.transpose(1, 2).reshape({B, Tq, E});
   Tensor out = out_proj(merged);

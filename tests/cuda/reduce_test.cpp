@@ -121,3 +121,19 @@ TEST(CudaReduce, MeanAndSumBackward) {
   s.backward(g.to(gpu()));
   expect_close(g.reshape({33, 1}).expand({33, 77}).contiguous(), leaf.grad().contiguous(), "sum backward");
 }
+
+// Sums over leading dims of a contiguous f32/f64 tensor (a broadcast's gradient, e.g. a position
+// embedding's over the batch) take the column kernel; the results match the CPU, with and without keepdim.
+TEST(CudaReduce, SumOverLeadingDimsReadsColumnsInPlace) {
+  KILN_REQUIRE_GPU();
+  manual_seed(61);
+  for (DType t : {DType::f32, DType::f64}) {
+    Tensor x = rand_cpu({16, 33, 70}, t);
+    Tensor xg = x.to(gpu());
+    expect_close(sum(x, {0}), sum(xg, {0}), "sum over dim 0 " + name(t));
+    expect_close(sum(x, {0, 1}), sum(xg, {0, 1}), "sum over dims 0, 1 " + name(t));
+    expect_close(sum(x, {0}, true), sum(xg, {0}, true), "sum over dim 0 keepdim " + name(t));
+    Tensor tall = rand_cpu({3000, 5}, t);  // many rows per column
+    expect_close(sum(tall, {0}), sum(tall.to(gpu()), {0}), "sum of 3000 rows " + name(t));
+  }
+}

@@ -82,9 +82,6 @@ inline std::vector<OpCase> cases() {
       {"log_softmax", {{2, 3, 4}}, [](const Inputs& x) { return log_softmax(x[0], 1); }},
       {"layer_norm", {{3, 6}, {6}, {6}}, [](const Inputs& x) { return F::layer_norm(x[0], {6}, x[1], x[2]); }},
       {"layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::layer_norm(x[0], {2, 6}); }},
-      {"gelu_mlp", {{3, 4}, {8, 4}, {8}, {5, 8}, {5}},
-       [](const Inputs& x) { return F::gelu_mlp(x[0], x[1], x[2], x[3], x[4]); }},
-      {"gelu_mlp", {{2, 3, 4}, {8, 4}, {5, 8}}, [](const Inputs& x) { return F::gelu_mlp(x[0], x[1], Tensor(), x[2], Tensor()); }},
       {"add_layer_norm", {{3, 8}, {3, 8}, {8}, {8}}, [](const Inputs& x) {
          auto [h, y] = F::add_layer_norm(x[0], x[1], x[2], x[3]);
          return add(h, mul(y, 2.0));  // both outputs reach the result
@@ -142,6 +139,11 @@ inline std::vector<OpCase> cases() {
       {"scaled_dot_product_attention", {{1, 3, 6, 4}, {1, 3, 6, 4}, {1, 3, 6, 4}}, [](const Inputs& x) {
          return F::scaled_dot_product_attention(x[0].transpose(1, 2).contiguous().transpose(1, 2), x[1], x[2], true);
        }},
+      {"scaled_dot_product_attention_qkvpacked", {{2, 5, 3, 2, 4}},
+       [](const Inputs& x) { return F::scaled_dot_product_attention_qkvpacked(x[0], true); }},
+      // D = 64: the tensor-core kernels on the GPU's half-precision columns, reading and writing rows 3HD apart
+      {"scaled_dot_product_attention_qkvpacked", {{1, 17, 3, 2, 64}},
+       [](const Inputs& x) { return F::scaled_dot_product_attention_qkvpacked(x[0], false); }},
       {"scaled_dot_product_attention_reference", {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](const Inputs& x) {
          return F::scaled_dot_product_attention_reference(x[0], x[1], x[2], true);
        }},
