@@ -46,4 +46,6 @@ bool Backend::add_layer_norm_backward(const Tensor&, const Tensor&, const Tensor
 
 bool Backend::sum_leading(const Tensor&, const Tensor&) const { return false; }
 
+bool Backend::matmul_accumulate_f32(const Tensor&, const Tensor&, const Tensor&, bool) const { return false; }
+
 }  // namespace kiln

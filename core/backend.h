@@ -77,6 +77,9 @@ class Backend {
   // Optional (false: not served, use reduce on the permuted copy): out (M) = Σ_i in[i, :] over the rows of
   // a contiguous (R, M) in, the layout of a gradient summed over its leading (broadcast) dims.
   virtual bool sum_leading(const Tensor& in, const Tensor& out) const;
+  // Optional (false: not served): out (M, N) f32 = a (M, K) · b (K, N), plus out's old value when
+  // accumulate; a and b of one dtype (bf16/f16: products accumulated and written in f32, no rounding).
+  virtual bool matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) const;
   // out (B, M, N) contiguous = a (B, M, K) · b (B, K, N). a and b have unit stride in one of their two
   // matrix dims (row- or column-major matrices); their batch stride may be 0 (broadcast).
   virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const = 0;

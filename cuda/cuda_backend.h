@@ -16,6 +16,7 @@ class CudaBackend final : public Backend {
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const override;
   void reduce(ReduceOp op, const Tensor& in, const Tensor& out) const override;
   bool sum_leading(const Tensor& in, const Tensor& out) const override;
+  bool matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) const override;
   void bmm(const Tensor& a, const Tensor& b, const Tensor& out) const override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
               const Tensor& pre_activation) const override;

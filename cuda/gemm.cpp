@@ -100,7 +100,8 @@ struct EpilogueSpec {
 
 struct PlanKey {
   int device;
-  int dtype;
+  int dtype;     // of the output
+  int in_dtype;  // of a and b: the output's, or bf16/f16 with an f32 output
   bool tf32;
   int64_t batch, m, n, k;
   bool a_row, b_row;
@@ -143,8 +144,9 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes, const EpilogueSpec& ep) {
-  TypeInfo ti = type_info(dt, key.tf32);
+Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t workspace_bytes, const EpilogueSpec& ep) {
+  TypeInfo ti = type_info(in_dt, key.tf32);
+  const cudaDataType_t c_type = type_info(out_dt, false).data;
   Plan p;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, ti.compute, ti.scale));
   // cuBLASLt A = our b: row-major (K x N) is column-major (N x K), used as is; column-major needs op T.
@@ -170,7 +172,7 @@ Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes, const Epil
                    : make_layout(ti.data, key.k, key.n, key.ldb, key.batch, key.sb);
   p.lb = key.a_row ? make_layout(ti.data, key.k, key.m, key.lda, key.batch, key.sa)
                    : make_layout(ti.data, key.m, key.k, key.lda, key.batch, key.sa);
-  p.lc = make_layout(ti.data, key.n, key.m, key.n, key.batch, key.m * key.n);
+  p.lc = make_layout(c_type, key.n, key.m, key.n, key.batch, key.m * key.n);
 
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -198,28 +200,29 @@ Plan build_plan(const PlanKey& key, DType dt, size_t workspace_bytes, const Epil
   return p;
 }
 
-// out (B, M, N) = a · b with the epilogue ep, launched on the current stream. Returns false, launching
-// nothing, when cuBLASLt has no algorithm for it.
+// out (B, M, N) = a · b (+ out when accumulate) with the epilogue ep, launched on the current stream.
+// Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
+// output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep) {
+              const EpilogueSpec& ep, bool accumulate = false) {
   int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
-  DType dt = out.dtype();
-  bool tf32 = dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
+  DType dt = out.dtype(), in_dt = a.dtype();
+  bool tf32 = in_dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
   size_t ws_bytes = 0;
   void* ws = cublaslt_workspace(&ws_bytes);
-  PlanKey key{out.device().index, int(dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
+  PlanKey key{out.device().index, int(dt), int(in_dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
               oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
               alignment_of(out.raw_data()), uint32_t(ep.kind), ep.aux ? ep.aux_ld : 0,
               ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0};
-  float alpha_f = 1.0f, beta_f = 0.0f;
-  double alpha_d = 1.0, beta_d = 0.0;
+  float alpha_f = 1.0f, beta_f = accumulate ? 1.0f : 0.0f;
+  double alpha_d = 1.0, beta_d = accumulate ? 1.0 : 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
   // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
   // cublasLtMatmul only enqueues (microseconds) and reads the descriptor before returning.
   std::unique_lock<std::mutex> lock(plan_mutex());
   auto it = plans().find(key);
-  if (it == plans().end()) it = plans().emplace(key, build_plan(key, dt, ws_bytes, ep)).first;
+  if (it == plans().end()) it = plans().emplace(key, build_plan(key, in_dt, dt, ws_bytes, ep)).first;
   const Plan& plan = it->second;
   if (!plan.found) return false;
   if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
@@ -390,6 +393,20 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     fill(ones, 1.0);
     bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
   }
+}
+
+bool CudaBackend::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) const {
+  const DType t = a.dtype();
+  if (out.dtype() != DType::f32 || b.dtype() != t || (t != DType::bf16 && t != DType::f16 && t != DType::f32) ||
+      a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() || a.size(1) != b.size(0) ||
+      out.size(0) != a.size(0) || out.size(1) != b.size(1) || a.device() != out.device() || b.device() != out.device() ||
+      a.size(1) == 0 || out.numel() == 0)
+    return false;
+  NvtxRange range("matmul_accumulate_f32");
+  DeviceGuard guard(out.device().index);
+  Operand oa, ob;
+  Tensor a3 = as_operand(a.unsqueeze(0), &oa), b3 = as_operand(b.unsqueeze(0), &ob);
+  return try_gemm(a3, oa, b3, ob, out.unsqueeze(0), EpilogueSpec{}, accumulate);
 }
 
 }  // namespace kiln::cuda

@@ -52,10 +52,11 @@ struct CrossEntropyOptions {
 // Fused log-softmax + negative log-likelihood. logits (N, C) or (N, C, d...) with class dim 1, target
 // integer class indices. The mean is over targets that are not ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt = {});
-// cross_entropy(linear(x, weight), target, opt) with the logits' gradient computed in the forward pass
-// and kept in the logits' own buffer: the (N, C) logits exist once instead of twice, and the backward is
-// the two GEMMs. x (..., K), weight (C, K) (a language model's tied embedding), target of x's leading
-// shape. For the 'none' reduction, or when no gradient is needed, it is the plain composition.
+// cross_entropy(linear(x, weight), target, opt) with the gradients computed in the forward pass, a chunk
+// of rows (at most ~256 MiB of logits) at a time: the (N, C) logits never exist whole, and the backward
+// only scales the saved dx and dw by the upstream gradient. x (..., K), weight (C, K) (a language model's
+// tied embedding), target of x's leading shape; weight's gradient accumulates in f32 (f64 for f64). For
+// the 'none' reduction, or when no gradient is needed, it is the plain composition.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
                             const CrossEntropyOptions& opt = {});
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);

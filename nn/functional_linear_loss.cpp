@@ -1,12 +1,16 @@
-// linear_cross_entropy: a language model's output projection and its loss as one autograd node whose
-// logits gradient is computed during the forward pass, in the logits' own buffer.
+// linear_cross_entropy: a language model's output projection and its loss as one autograd node that
+// computes its gradients during the forward pass, a chunk of rows at a time.
 //
 // For logits z = x · wᵀ (N, C) and the mean (or sum) reduction, dL/dz does not depend on anything the
-// backward pass brings except the upstream scalar s: dL/dz = s · (softmax(z) - onehot(t)) / count. So the
-// forward runs the GEMM, the cross-entropy kernel (loss and log-sum-exp), then the cross-entropy backward
-// kernel in place with s = 1 (the logits' buffer now holds the unit gradient), and the backward pass is
-// the two GEMMs dx = s · (dz · w) and dw = s · (dzᵀ · x). The (N, C) logits exist once instead of twice
-// (GPT-2's lm_head at B·T = 16384: 1.65 GB in bf16), and the backward no longer re-reads them for the loss.
+// backward pass brings except the upstream scalar s: dL/dz = s · (softmax(z) - onehot(t)) · row weight
+// (1 / count for the mean). So the forward pass takes the rows in chunks of at most ~256 MiB of logits;
+// for each it runs the GEMM, the cross-entropy kernel (loss and log-sum-exp), the cross-entropy backward
+// in place with s = 1 (the chunk's buffer now holds its unit gradient), dx rows = dz · w, and
+// dw += dzᵀ · x (accumulated in f32 by the GEMM itself where the backend can). The backward pass only
+// scales dx and dw by s. The (N, C) logits never exist whole: GPT-2's lm_head at B·T = 16384 held
+// 1.65 GB of bf16 logits until the backward; now a 256 MiB chunk, plus dw in f32 (154 MB) and dx.
+#include <algorithm>
+
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/autocast.h>
@@ -36,56 +40,63 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   if (opt.reduction == Reduction::none || !any_requires_grad({x_in, weight_in}))
     return cross_entropy(linear(x_in, weight_in).reshape({-1, weight_in.size(0)}), target.reshape({-1}), opt)
         .reshape(opt.reduction == Reduction::none ? lead : Shape{});
-  // As linear: under autocast both operands in its dtype (the casts are differentiable).
+  // As linear: under autocast both operands in its dtype. The node's inputs are the caller's tensors, so
+  // the weight's gradient reaches an f32 master weight in f32 straight from the accumulating GEMM.
   const Tensor xl = amp::to_lower_precision(x_in), wl = amp::to_lower_precision(weight_in);
   const DType t = promote_types(xl.dtype(), wl.dtype());
-  const Tensor x = cast(xl, t), w = cast(wl, t);
-  const int64_t C = w.size(0), K = w.size(1), N = shape_numel(lead);
-  Tensor x2, w2, grad_logits, tgt, result;
+  const DType acc = t == DType::f64 ? DType::f64 : DType::f32;  // dw's accumulator
+  const int64_t C = wl.size(0), K = wl.size(1), N = shape_numel(lead);
+  const bool rx = x_in.requires_grad(), rw = weight_in.requires_grad();
+  const Device dev = x_in.device();
+  Tensor dx, dw, result;
   {
     NoGradGuard ng;
-    x2 = x.reshape({N, K}).contiguous();
-    w2 = w.contiguous();
-    grad_logits = empty({N, C}, {.dtype = t, .device = x.device()});
-    if (grad_logits.numel() > 0) backend(x.device()).linear(x2, w2, Tensor(), Epilogue::none, grad_logits, Tensor());
-    tgt = target.to(DType::i64).contiguous().reshape({N});
-    if (x.device().is_cpu()) {
+    const Tensor x2 = cast(xl, t).reshape({N, K}).contiguous(), w2 = cast(wl, t).contiguous();
+    const Tensor tgt = target.to(DType::i64).contiguous().reshape({N});
+    if (dev.is_cpu()) {
       const int64_t* tp = tgt.data_ptr<int64_t>();
       for (int64_t i = 0; i < N; ++i)
         KILN_CHECK(tp[i] == opt.ignore_index || (tp[i] >= 0 && tp[i] < C), "linear_cross_entropy: target ", tp[i],
                    " is out of range for ", C, " classes");
     }
-    TensorOptions stat{.dtype = stat_dtype(t), .device = x.device()};
-    Tensor loss = empty({N}, stat), lse = empty({N}, stat);
-    Backend& be = backend(x.device());
-    be.cross_entropy(grad_logits, tgt, opt.ignore_index, opt.label_smoothing, loss, lse);
+    TensorOptions stat{.dtype = stat_dtype(t), .device = dev};
     // Each row's weight in the reduction: 1 for the sum, 1 / (rows that count) for the mean, computed on
     // the device (no synchronization).
-    Tensor row_weight = ones({N}, stat);
+    Tensor row_weight = ones({N}, stat), counted;
     if (opt.reduction == Reduction::mean) {
-      Tensor counted = sum(cast(ne(tgt, full({}, double(opt.ignore_index), {.dtype = DType::i64, .device = x.device()})),
-                                stat_dtype(t)));
+      counted = sum(cast(ne(tgt, full({}, double(opt.ignore_index), {.dtype = DType::i64, .device = dev})), stat_dtype(t)));
       row_weight = div(row_weight, counted);
-      result = div(sum(loss), counted);
-    } else {
-      result = sum(loss);
     }
-    be.cross_entropy_backward(grad_logits, tgt, lse, row_weight, opt.ignore_index, opt.label_smoothing, grad_logits);
+    Tensor loss = empty({N}, stat), lse = empty({N}, stat);
+    dx = rx ? empty({N, K}, {.dtype = t, .device = dev}) : Tensor();
+    dw = rw ? (N > 0 && C > 0 ? empty({C, K}, {.dtype = acc, .device = dev}) : zeros({C, K}, {.dtype = acc, .device = dev}))
+            : Tensor();
+    Backend& be = backend(dev);
+    const int64_t bytes_per_row = std::max<int64_t>(C * int64_t(element_size(t)), 1);
+    int64_t chunk = std::clamp<int64_t>((int64_t(256) << 20) / bytes_per_row, 1, std::max<int64_t>(N, 1));
+    if (chunk >= 128 && chunk < N) chunk = chunk / 128 * 128;  // whole GEMM tiles
+    Tensor buffer = empty({std::min(chunk, N), C}, {.dtype = t, .device = dev});
+    for (int64_t r0 = 0; r0 < N && C > 0; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N - r0);
+      const Tensor z = buffer.narrow(0, 0, rows), xc = x2.narrow(0, r0, rows), tc = tgt.narrow(0, r0, rows);
+      const Tensor lc = loss.narrow(0, r0, rows), sc = lse.narrow(0, r0, rows);
+      be.linear(xc, w2, Tensor(), Epilogue::none, z, Tensor());
+      be.cross_entropy(z, tc, opt.ignore_index, opt.label_smoothing, lc, sc);
+      be.cross_entropy_backward(z, tc, sc, row_weight.narrow(0, r0, rows), opt.ignore_index, opt.label_smoothing, z);
+      if (rx) be.linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
+      if (rw && !be.matmul_accumulate_f32(z.t(), xc, dw, r0 > 0)) {
+        Tensor part = cast(matmul(z.t(), xc), acc);
+        dw = r0 > 0 ? add(dw, part) : part;
+      }
+    }
+    result = opt.reduction == Reduction::mean ? div(sum(loss), counted) : sum(loss);
   }
-  record("linear_cross_entropy", {x, w}, {result},
-         [sg = SavedTensor(grad_logits), sx = w.requires_grad() ? SavedTensor(x2) : SavedTensor(),
-          sw = x.requires_grad() ? SavedTensor(w2) : SavedTensor(), rx = x.requires_grad(), rw = w.requires_grad(),
-          xs = x.sizes()](const Grads& g) {
-           Tensor dz = sg.unpack("linear_cross_entropy");
-           Tensor xx = rw ? sx.unpack("linear_cross_entropy") : Tensor();
-           Tensor ww = rx ? sw.unpack("linear_cross_entropy") : Tensor();
-           TensorOptions to{.dtype = dz.dtype(), .device = dz.device()};
-           Tensor dx = rx ? empty({dz.size(0), ww.size(1)}, to) : Tensor();
-           Tensor dw = rw ? empty({dz.size(1), xx.size(1)}, to) : Tensor();
-           backend(dz.device()).linear_backward(dz, xx, ww, Tensor(), Epilogue::none, dx, dw, Tensor());
-           // The upstream scalar, in the gradients' dtype (exact for 1 and for a loss scaler's powers of two).
-           Tensor s = cast(g[0], dz.dtype());
-           return Grads{rx ? mul(dx, s).reshape(xs) : Tensor(), rw ? mul(dw, s) : Tensor()};
+  record("linear_cross_entropy", {x_in, weight_in}, {result},
+         [dx, dw, rx, rw, xs = x_in.sizes(), xdt = x_in.dtype(), wdt = weight_in.dtype()](const Grads& g) {
+           // The upstream scalar s scales the unit gradients (in dx's dtype: exact for 1 and for a loss
+           // scaler's powers of two).
+           return Grads{rx ? cast(mul(dx, cast(g[0], dx.dtype())), xdt).reshape(xs) : Tensor(),
+                        rw ? cast(mul(dw, cast(g[0], dw.dtype())), wdt) : Tensor()};
          });
   return result;
 }
