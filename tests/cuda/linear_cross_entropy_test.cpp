@@ -37,7 +37,7 @@ TEST(CudaLinearCrossEntropy, MatchesTheCompositionAcrossChunks) {
   const int64_t N = 3000, C = 50304, K = 64;
   for (DType t : {DType::bf16, DType::f32}) {
     Tensor x = randn({N, K}).to(gpu()), w = mul(randn({C, K}), 0.1).to(gpu());
-    std::vector<int64_t> ids(size_t(N));
+    std::vector<int64_t> ids(static_cast<size_t>(N));
     Generator gen(5);
     for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = i % 17 == 0 ? -100 : int64_t(gen.next_u32() % uint32_t(C));
     Tensor target = from_vector(ids, {N}).to(gpu());
