@@ -53,7 +53,7 @@ struct CrossEntropyOptions {
 // integer class indices. The mean is over targets that are not ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& opt = {});
 // cross_entropy(linear(x, weight), target, opt) with the gradients computed in the forward pass, a chunk
-// of rows (at most ~256 MiB of logits) at a time: the (N, C) logits never exist whole, and the backward
+// of rows (at most 1 GiB of logits) at a time: the (N, C) logits never exist whole, and the backward
 // only scales the saved dx and dw by the upstream gradient. x (..., K), weight (C, K) (a language model's
 // tied embedding), target of x's leading shape; weight's gradient accumulates in f32 (f64 for f64). For
 // the 'none' reduction, or when no gradient is needed, it is the plain composition.

@@ -3,12 +3,13 @@
 //
 // For logits z = x · wᵀ (N, C) and the mean (or sum) reduction, dL/dz does not depend on anything the
 // backward pass brings except the upstream scalar s: dL/dz = s · (softmax(z) - onehot(t)) · row weight
-// (1 / count for the mean). So the forward pass takes the rows in chunks of at most ~256 MiB of logits;
+// (1 / count for the mean). So the forward pass takes the rows in equal chunks of at most 1 GiB of logits;
 // for each it runs the GEMM, the cross-entropy kernel (loss and log-sum-exp), the cross-entropy backward
 // in place with s = 1 (the chunk's buffer now holds its unit gradient), dx rows = dz · w, and
 // dw += dzᵀ · x (accumulated in f32 by the GEMM itself where the backend can). The backward pass only
 // scales dx and dw by s. The (N, C) logits never exist whole: GPT-2's lm_head at B·T = 16384 held
-// 1.65 GB of bf16 logits until the backward; now a 256 MiB chunk, plus dw in f32 (154 MB) and dx.
+// 1.65 GB of bf16 logits until the backward; now two chunks of 0.82 GB in turn, then dw in f32
+// (154 MB) and dx (25 MB).
 #include <algorithm>
 
 #include <kiln/autograd/grad_mode.h>
@@ -24,6 +25,10 @@ using autograd::any_requires_grad;
 using autograd::record;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;
+
+namespace {
+constexpr int64_t kChunkBytes = int64_t(1) << 30;  // logits per chunk
+}  // namespace
 
 Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const Tensor& target,
                             const CrossEntropyOptions& opt) {
@@ -72,9 +77,13 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     dw = rw ? (N > 0 && C > 0 ? empty({C, K}, {.dtype = acc, .device = dev}) : zeros({C, K}, {.dtype = acc, .device = dev}))
             : Tensor();
     Backend& be = backend(dev);
-    const int64_t bytes_per_row = std::max<int64_t>(C * int64_t(element_size(t)), 1);
-    int64_t chunk = std::clamp<int64_t>((int64_t(256) << 20) / bytes_per_row, 1, std::max<int64_t>(N, 1));
-    if (chunk >= 128 && chunk < N) chunk = chunk / 128 * 128;  // whole GEMM tiles
+    // Equal chunks of at most kChunkBytes, in whole 128-row GEMM tiles. Each chunk after the first reads
+    // and writes dw once more in the accumulating GEMM (2 x 154 MB for GPT-2's lm_head), so chunks are
+    // as large as the memory saving allows.
+    const int64_t bytes = std::max<int64_t>(N * C * int64_t(element_size(t)), 1);
+    const int64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+    int64_t chunk = std::max<int64_t>((N + chunks - 1) / chunks, 1);
+    if (chunks > 1) chunk = std::min((chunk + 127) / 128 * 128, N);
     Tensor buffer = empty({std::min(chunk, N), C}, {.dtype = t, .device = dev});
     for (int64_t r0 = 0; r0 < N && C > 0; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
