@@ -48,4 +48,11 @@ bool Backend::sum_leading(const Tensor&, const Tensor&) const { return false; }
 
 bool Backend::matmul_accumulate_f32(const Tensor&, const Tensor&, const Tensor&, bool) const { return false; }
 
+void Backend::cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                     double label_smoothing, const Tensor& grad_loss, const Tensor& loss,
+                                     const Tensor& lse) const {
+  cross_entropy(logits, target, ignore_index, label_smoothing, loss, lse);
+  cross_entropy_backward(logits, target, lse, grad_loss, ignore_index, label_smoothing, logits);
+}
+
 }  // namespace kiln

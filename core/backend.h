@@ -128,6 +128,12 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                       const Tensor& grad_loss, int64_t ignore_index, double label_smoothing,
                                       const Tensor& grad_logits) const = 0;
+  // loss and lse as cross_entropy, and logits overwritten by grad_loss[n] · d loss[n] / d logits[n, :]:
+  // the gradient computed ahead, for a loss whose upstream gradient is known up to a scalar. The default
+  // runs cross_entropy, then cross_entropy_backward in place; a backend may do both in one pass.
+  virtual void cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                      double label_smoothing, const Tensor& grad_loss, const Tensor& loss,
+                                      const Tensor& lse) const;
   // Fills contiguous out: element i from Philox block (offset + i / 4) (uniform) or (offset + i / 2)
   // (normal, Box-Muller on two words). uniform: [a, b); normal: mean a, std b.
   virtual void random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const = 0;

@@ -281,6 +281,74 @@ __global__ void __launch_bounds__(kCeThreads)
   cp_async_wait(0);  // only empty groups can remain
 }
 
+// Loss, log-sum-exp and the gradient in one pass, in place (cross_entropy_in_place), for rows that fit
+// in shared memory (GPT-2's 50304 bf16 logits: 98 KiB): a block of kRowThreads owns a row; each thread
+// copies its own 16-byte pieces of the row into shared memory with cp.async (the whole row in flight at
+// once), waits for its own copies only, and reduces them with a running max; after the block's max and
+// sum, each thread overwrites its pieces with g (exp(x - lse) - ε/C - (1-ε)[c = t]), reading them back
+// from shared memory. The logits are read once and written once (the two-kernel path reads them twice).
+constexpr int kRowThreads = 512;
+
+template <class S>
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_in_place_kernel(device_t<S>* x, const int64_t* target, const compute_t<S>* row_weight, int64_t C,
+                                  int64_t ignore_index, compute_t<S> eps, compute_t<S>* loss, compute_t<S>* lse_out,
+                                  DeviceError* err) {
+  using D = device_t<S>;
+  using A = compute_t<S>;
+  constexpr int K = kVec<D>;
+  extern __shared__ uint4 row_smem[];
+  __shared__ A red[3 * kRowThreads / 32];
+  const int64_t row = blockIdx.x, nvec = C / K, t = target[row];
+  D* xr = x + row * C;
+  for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) cp_async16(&row_smem[v], xr + v * K);
+  cp_async_commit();
+  const A g = row_weight[row];
+  cp_async_wait(0);
+  A m = -INFINITY, s = 0, sx = 0, xt = 0;
+  const bool smooth = eps != A(0);
+  for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) {
+    A f[K];
+    widen16<D>(row_smem[v], f);
+    A pm = f[0];
+#pragma unroll
+    for (int j = 1; j < K; ++j) pm = MaxOp()(pm, f[j]);
+    if (pm > m) {
+      s = s == A(0) ? A(0) : s * fast_exp(m - pm);
+      m = pm;
+    }
+    const A c = shift_of(m);
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      s += exp_shifted(f[j], c);
+      if (smooth) sx += f[j];
+    }
+    if (uint64_t(t - v * K) < uint64_t(K)) xt = f[t - v * K];
+  }
+  const A gm = group_allreduce(m, kRowThreads, red, MaxOp());
+  A sums[3] = {s == A(0) ? A(0) : s * fast_exp(m - gm), sx, xt};
+  group_allreduce_sums<3>(sums, kRowThreads, red);
+  const A lse = gm + acc_log(sums[0]);
+  const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= C);
+  if (threadIdx.x == 0) {
+    lse_out[row] = lse;
+    if (bad) report_device_error(err, DeviceErrorCode::cross_entropy_target, t, C);
+    loss[row] = ignored ? A(0) : bad ? A(NAN) : lse - (A(1) - eps) * sums[2] - eps / A(C) * sums[1];
+  }
+  const A off = eps / A(C), hit = A(1) - eps, c = shift_of(lse);
+  for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) {
+    A f[K];
+    widen16<D>(row_smem[v], f);
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      A d = exp_shifted(f[j], c) - off;
+      if (v * K + j == t) d -= hit;
+      f[j] = ignored ? A(0) : g * d;
+    }
+    store16(xr + v * K, narrow16<D>(f));
+  }
+}
+
 // Ring-path launch geometry: persistent blocks, as many as fit (64 KiB of shared memory each).
 bool ce_pipe_plan(const void* kernel, int64_t N, int64_t C, int vec, const void* a, const void* b, unsigned* grid,
                   size_t* smem) {
@@ -388,6 +456,35 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
       KILN_LAUNCH_CHECK("cross_entropy_backward_kernel", "cross_entropy_backward");
     }
   });
+}
+
+void CudaBackend::cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                         double label_smoothing, const Tensor& grad_loss, const Tensor& loss,
+                                         const Tensor& lse) const {
+  check_ce_args(logits, target, "cross_entropy_in_place");
+  for (const Tensor* s : {&grad_loss, &loss, &lse}) check_ce_stat(*s, logits, "cross_entropy_in_place");
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const bool two_byte = logits.dtype() == DType::bf16 || logits.dtype() == DType::f16;
+  const size_t row_bytes = size_t(C) * logits.element_size();
+  // Two rows per multiprocessor must fit, so one block loads while the other writes.
+  const bool fits = two_byte && C > 0 && C % 8 == 0 && (reinterpret_cast<uintptr_t>(logits.raw_data()) & 15) == 0 &&
+                    2 * (row_bytes + 1024) <= max_smem_per_block() + 1024;
+  if (!fits || N == 0) return Backend::cross_entropy_in_place(logits, target, ignore_index, label_smoothing, grad_loss,
+                                                              loss, lse);
+  NvtxRange range("cross_entropy_in_place");
+  DeviceGuard guard(logits.device().index);
+  auto launch = [&](auto* kernel, auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    (void)blocks_per_sm(reinterpret_cast<const void*>(kernel), kRowThreads, row_bytes);  // raises the smem limit
+    kernel<<<unsigned(N), kRowThreads, row_bytes, current_stream()>>>(
+        static_cast<device_t<S>*>(logits.raw_data()), static_cast<const int64_t*>(target.raw_data()),
+        static_cast<const A*>(grad_loss.raw_data()), C, ignore_index, A(label_smoothing),
+        static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()), device_error_word());
+    KILN_LAUNCH_CHECK("cross_entropy_in_place_kernel", "cross_entropy_in_place");
+  };
+  if (logits.dtype() == DType::bf16) launch(cross_entropy_in_place_kernel<BFloat16>, BFloat16{});
+  else launch(cross_entropy_in_place_kernel<Half>, Half{});
 }
 
 }  // namespace kiln::cuda

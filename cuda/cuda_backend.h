@@ -35,6 +35,8 @@ class CudaBackend final : public Backend {
                                const Tensor& dw, const Tensor& db) const override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      const Tensor& loss, const Tensor& lse) const override;
+  void cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                              const Tensor& grad_loss, const Tensor& loss, const Tensor& lse) const override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& grad_loss,
                               int64_t ignore_index, double label_smoothing, const Tensor& grad_logits) const override;
   void random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const override;

@@ -90,8 +90,7 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
       const Tensor z = buffer.narrow(0, 0, rows), xc = x2.narrow(0, r0, rows), tc = tgt.narrow(0, r0, rows);
       const Tensor lc = loss.narrow(0, r0, rows), sc = lse.narrow(0, r0, rows);
       be.linear(xc, w2, Tensor(), Epilogue::none, z, Tensor());
-      be.cross_entropy(z, tc, opt.ignore_index, opt.label_smoothing, lc, sc);
-      be.cross_entropy_backward(z, tc, sc, row_weight.narrow(0, r0, rows), opt.ignore_index, opt.label_smoothing, z);
+      be.cross_entropy_in_place(z, tc, opt.ignore_index, opt.label_smoothing, row_weight.narrow(0, r0, rows), lc, sc);
       if (rx) be.linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
       if (rw && !be.matmul_accumulate_f32(z.t(), xc, dw, r0 > 0)) {
         Tensor part = cast(matmul(z.t(), xc), acc);
