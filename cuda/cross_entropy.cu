@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(kCeThreads)
 constexpr int kRowThreads = 512;
 
 template <class S>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, 2)
     cross_entropy_in_place_kernel(device_t<S>* x, const int64_t* target, const compute_t<S>* row_weight, int64_t C,
                                   int64_t ignore_index, compute_t<S> eps, compute_t<S>* loss, compute_t<S>* lse_out,
                                   DeviceError* err) {
@@ -323,7 +323,9 @@ __global__ void __launch_bounds__(kRowThreads)
       s += exp_shifted(f[j], c);
       if (smooth) sx += f[j];
     }
-    if (uint64_t(t - v * K) < uint64_t(K)) xt = f[t - v * K];
+#pragma unroll
+    for (int j = 0; j < K; ++j)  // unrolled compares keep f in registers (an indexed read would spill it)
+      if (v * K + j == t) xt = f[j];
   }
   const A gm = group_allreduce(m, kRowThreads, red, MaxOp());
   A sums[3] = {s == A(0) ? A(0) : s * fast_exp(m - gm), sx, xt};

@@ -69,4 +69,10 @@ class CudaBackend final : public Backend {
 
 Backend& cuda_backend();
 
+// The backward of a linear layer's GELU epilogue with its bias gradient in the same pass (gemm.cpp's
+// linear_backward): dz = dy ⊙ gelu_tanh'(pre) and db = Σ_rows dz (of the rounded dz, which the GEMMs
+// read). Returns false (doing nothing) unless dy, pre, dz are contiguous bf16/f16 (M, N), N a multiple of
+// 8, 16-byte aligned, db (N) of their dtype.
+bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db);
+
 }  // namespace kiln::cuda

@@ -369,12 +369,15 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   int64_t M = dy.size(0), N = dy.size(1);
   TensorOptions to{.dtype = dt, .device = dy.device()};
   Tensor dz = dy;
+  bool db_done = !db.defined();
   if (gelu) {  // dz = dy · gelu_tanh'(z), rounded to the dtype: it feeds both GEMMs
     dz = empty({M, N}, to);
-    binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
+    // with the bias gradient in the same pass where the kernel serves (bf16/f16: cuBLASLt's BGRADB ran as
+    // a separate kernel re-reading dz)
+    if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
+    else binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
   }
   if (dx.defined()) bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
-  bool db_done = !db.defined();
   if (dw.defined()) {  // (N, M) · (M, K), the bias gradient reduced over the same k = M in the epilogue
     Operand oa, ob;
     Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
