@@ -13,9 +13,8 @@
 // A group of G threads (one warp for C <= 1024, four for C <= 4096) owns a row, each thread up to kChunks
 // chunks of 8 columns (one 16-byte vector of T, two of f32) held in registers, all loads issued before the
 // first use. The backward runs on a persistent grid: each group keeps dw/db sums for its columns in
-// registers over the rows it visits, the groups of a block add theirs in shared memory in a fixed order,
-// and the block writes one partial row; column_sum_kernel adds the partials in a fixed order (no
-// atomics, deterministic).
+// registers over the rows it visits and writes one partial row; column_sum_kernel adds the partials in a
+// fixed order (no atomics, deterministic).
 #include <algorithm>
 
 #include <kiln/cuda/check.h>
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(kBlock, 1)
   constexpr int kGroups = kBlock / G;
   __shared__ float red[2][2][kBlock / 32];
   const int lane = int(threadIdx.x) % G;
-  const int64_t chunks = C / 8;
+  const int64_t chunks = C / 8, group = int64_t(blockIdx.x) * kGroups + threadIdx.x / G;
   auto have = [&](int k) { return lane + k * G < chunks; };
   float sum_w[kChunks][8], sum_b[kChunks][8];  // this thread's columns: Σ dy x̂, Σ dy
 #pragma unroll
@@ -208,26 +207,12 @@ __global__ void __launch_bounds__(kBlock, 1)
         if (ddelta) store16(ddelta + at, narrow16<T>(g));
       }
   }
-  // The block's groups add their column sums into shared memory one after another (a fixed order), and
-  // the block writes one partial row: fewer partial rows for column_sum_kernel to read.
-  __shared__ float block_w[kMaxColumns], block_b[kMaxColumns];
-  for (int turn = 0; turn < kGroups; ++turn) {
-    if (int(threadIdx.x) / G == turn)
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k)
-        if (have(k))
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int64_t c = (lane + k * G) * 8 + j;
-            block_w[c] = (turn == 0 ? 0.0f : block_w[c]) + sum_w[k][j];
-            block_b[c] = (turn == 0 ? 0.0f : block_b[c]) + sum_b[k][j];
-          }
-    __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < C; c += kBlock) {
-    part_dw[int64_t(blockIdx.x) * C + c] = block_w[c];
-    part_db[int64_t(blockIdx.x) * C + c] = block_b[c];
-  }
+  for (int k = 0; k < kChunks; ++k)
+    if (have(k)) {
+      store_f32x8(part_dw + group * C + (lane + k * G) * 8, sum_w[k]);
+      store_f32x8(part_db + group * C + (lane + k * G) * 8, sum_b[k]);
+    }
 }
 
 bool aligned16(const Tensor& t) { return !t.defined() || (reinterpret_cast<uintptr_t>(t.raw_data()) & 15) == 0; }
@@ -279,7 +264,7 @@ void launch_backward(const Tensor& dy, const Tensor& h, const Tensor& w, const T
   const int per_sm = std::max(1, blocks_per_sm(reinterpret_cast<const void*>(kernel), kBlock, 0));
   const int64_t groups_per_block = kBlock / G;
   const int64_t grid = std::min<int64_t>(int64_t(per_sm) * sm_count(), (M + groups_per_block - 1) / groups_per_block);
-  const int64_t parts = grid;  // one partial row per block
+  const int64_t parts = grid * groups_per_block;
   TensorOptions f32{.dtype = DType::f32, .device = h.device()};
   Tensor part_dw = empty({parts, C}, f32), part_db = empty({parts, C}, f32);
   kernel<<<unsigned(grid), kBlock, 0, current_stream()>>>(ptr<T>(dy), ptr<float>(h), ptr<float>(w), ptr<float>(mean),
