@@ -133,6 +133,8 @@ TEST(CudaReduce, SumOverLeadingDimsReadsColumnsInPlace) {
     expect_close(sum(x, {0}), sum(xg, {0}), "sum over dim 0 " + name(t));
     expect_close(sum(x, {0, 1}), sum(xg, {0, 1}), "sum over dims 0, 1 " + name(t));
     expect_close(sum(x, {0}, true), sum(xg, {0}, true), "sum over dim 0 keepdim " + name(t));
+    Tensor wide = rand_cpu({8, 512, 384}, t);  // few rows of many columns (f32: 4 columns a thread)
+    expect_close(sum(wide, {0}), sum(wide.to(gpu()), {0}), "sum of 8 wide rows " + name(t));
     Tensor tall = rand_cpu({3000, 5}, t);  // many rows per column
     expect_close(sum(tall, {0}), sum(tall.to(gpu()), {0}), "sum of 3000 rows " + name(t));
   }
