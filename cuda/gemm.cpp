@@ -17,12 +17,14 @@
 //   forward   out (M, N) = ep(x (M, K) · wᵀ + b): BIAS, GELU_BIAS (tanh GELU), or GELU_AUX_BIAS, which
 //             also writes the pre-activation z (the "aux" matrix, leading dim N, which must be a multiple
 //             of 8) for backward. One kernel: reads M·K + N·K + N, writes M·N (2·M·N with aux) elements.
-//   backward  dz = dy · gelu_tanh'(z) (the elementwise kernel: DGELU is an epilogue of the GEMM that
+//   backward  dz = dy · gelu_tanh'(z) (an elementwise kernel: DGELU is an epilogue of the GEMM that
 //             *produces* dy, which belongs to the next layer's node), dx = dz · w, and dw = dzᵀ · x with
-//             the BGRADB epilogue reducing dz over the GEMM's k = M dim into db in the same kernel.
+//             the BGRADB epilogue reducing dz over the GEMM's k = M dim into db. With cuBLAS 13 on an H100
+//             BGRADB runs as a separate kernel that re-reads dz, so for bf16/f16 the GELU kernel also sums
+//             db (gelu_tanh_backward_with_bias, elementwise.cu) and the dw GEMM has no epilogue.
 //             (A node holding both MLP layers could ask the GEMM producing dy for the DGELU_BGRAD epilogue;
-//             on an H100 with cuBLAS 13 that ran as the GEMM plus a separate 350 us epilogue kernel at GPT-2's
-//             16384 x 3072, three times the elementwise kernel, so the GELU derivative stays elementwise.)
+//             that too ran as the GEMM plus a separate epilogue kernel, 350 us at GPT-2's 16384 x 3072,
+//             three times the elementwise kernel.)
 // f64 (no epilogue kernels) and shapes cuBLASLt has no epilogue algorithm for take the unfused path:
 // GEMM, then the elementwise bias add / GELU kernels, and db as a ones-vector product.
 #include <algorithm>
