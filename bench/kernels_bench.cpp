@@ -13,6 +13,8 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/backend.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -113,6 +115,35 @@ int main() {
     });
     // forward reads the logits once; backward reads them again and writes the gradient
     report("cross_entropy_fwd_bwd_bf16_8192x50304", ms, 3 * n * 2, 6 * n);
+  });
+  run("cross_entropy_in_place_bf16_8192x50304", [] {
+    // loss, lse and the gradient in one pass over the logits, in place (linear_cross_entropy's kernel)
+    Tensor logits = gpu_randn({8192, 50304}, DType::bf16);
+    Tensor target = randint(0, 50304, {8192}, {.dtype = DType::i64, .device = kGpu});
+    TensorOptions f32{.dtype = DType::f32, .device = kGpu};
+    Tensor weight = full({8192}, 1.0 / 8192, f32), loss = empty({8192}, f32), lse = empty({8192}, f32);
+    double n = 8192.0 * 50304;
+    double ms = median_ms([&] { backend(kGpu).cross_entropy_in_place(logits, target, -100, 0.0, weight, loss, lse); });
+    report("cross_entropy_in_place_bf16_8192x50304", ms, 2 * n * 2, 6 * n);
+  });
+  run("add_layer_norm_fwd_bwd_bf16_16384x768", [] {
+    // GPT-2's residual step under bf16 autocast: h = x + delta (f32), y = layer_norm(h) in bf16, and back
+    EnableGradGuard eg;
+    const int64_t M = 16384, C = 768;
+    Tensor x = gpu_randn({M, C}, DType::f32).requires_grad_(true), delta = gpu_randn({M, C}, DType::bf16).requires_grad_(true);
+    Tensor w = gpu_randn({C}, DType::f32).requires_grad_(true), b = gpu_randn({C}, DType::f32).requires_grad_(true);
+    Tensor gh = gpu_randn({M, C}, DType::f32), gy = gpu_randn({M, C}, DType::bf16);
+    double ms = median_ms([&] {
+      Tensor h, y;
+      {
+        amp::Autocast autocast(kGpu, DType::bf16);
+        std::tie(h, y) = F::add_layer_norm(x, delta, w, b);
+      }
+      autograd::run_backward({h, y}, {gh, gy}, false);
+    });
+    // forward reads x, delta and writes h, y; backward reads dy, h, gh and writes dx, ddelta (+ dw, db)
+    const double row = double(M) * C;
+    report("add_layer_norm_fwd_bwd_bf16_16384x768", ms, row * (12 + 16), row * 20);
   });
   run("adamw_step_124M_f32", [] {
     // GPT-2 small's parameter shapes

@@ -62,7 +62,30 @@ def ce_autocast():
 # f32): that is the reference. Plain bf16 PyTorch (log-probabilities rounded to bf16) is the second row.
 report("cross_entropy_fwd_bwd_bf16_8192x50304", median_ms(ce_autocast))
 report("cross_entropy_fwd_bwd_bf16_8192x50304@plain_bf16", median_ms(ce))
+# the same work (loss and the logits' gradient) for Kiln's one-pass in-place kernel
+report("cross_entropy_in_place_bf16_8192x50304", median_ms(ce_autocast))
 del logits
+
+# GPT-2's residual step under bf16 autocast: h = x + delta, y = layer_norm(h) (f32 under autocast, cast to
+# bf16 by the next matmul: here explicitly), forward and backward with gradients on h and y.
+M, C = 16384, 768
+x = torch.randn(M, C, device=dev, requires_grad=True)
+delta = torch.randn(M, C, device=dev, dtype=torch.bfloat16, requires_grad=True)
+w = torch.randn(C, device=dev, requires_grad=True)
+b = torch.randn(C, device=dev, requires_grad=True)
+gh = torch.randn(M, C, device=dev)
+gy = torch.randn(M, C, device=dev, dtype=torch.bfloat16)
+
+
+def add_ln():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h = x + delta
+        y = F.layer_norm(h, (C,), w, b).to(torch.bfloat16)
+    torch.autograd.backward([h, y], [gh, gy])
+
+
+report("add_layer_norm_fwd_bwd_bf16_16384x768", median_ms(add_ln))
+del x, delta, w, b, gh, gy
 
 shapes = [(50304, 768), (1024, 768)]
 for _ in range(12):
