@@ -78,6 +78,7 @@ gy = torch.randn(M, C, device=dev, dtype=torch.bfloat16)
 
 
 def add_ln():
+    x.grad = delta.grad = w.grad = b.grad = None  # gradients assigned, not accumulated
     with torch.autocast("cuda", dtype=torch.bfloat16):
         h = x + delta
         y = F.layer_norm(h, (C,), w, b).to(torch.bfloat16)
