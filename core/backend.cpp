@@ -55,4 +55,9 @@ void Backend::cross_entropy_in_place(const Tensor& logits, const Tensor& target,
   cross_entropy_backward(logits, target, lse, grad_loss, ignore_index, label_smoothing, logits);
 }
 
+bool Backend::linear_backward_f32_params(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Epilogue,
+                                         const Tensor&, const Tensor&, const Tensor&) const {
+  return false;
+}
+
 }  // namespace kiln

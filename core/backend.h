@@ -96,6 +96,12 @@ class Backend {
   // when dw is, w when dx is. x, w as in linear.
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation,
                                Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const = 0;
+  // Optional (false: not served, nothing done): linear_backward for bf16/f16 dy, x, w and pre whose dw
+  // and db are f32 (an f32 master weight's gradient straight from the GEMM's f32 accumulators and the bias
+  // gradient from an f32 column sum, never rounded to 16 bits).
+  virtual bool linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                          const Tensor& pre_activation, Epilogue ep, const Tensor& dx,
+                                          const Tensor& dw, const Tensor& db) const;
   // Over the last dim of contiguous (M, C) tensors.
   virtual void softmax(const Tensor& in, const Tensor& out, bool log) const = 0;
   virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const = 0;

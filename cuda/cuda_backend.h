@@ -22,6 +22,8 @@ class CudaBackend final : public Backend {
               const Tensor& pre_activation) const override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation, Epilogue ep,
                        const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
+  bool linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre_activation,
+                                  Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const override;
   void softmax(const Tensor& in, const Tensor& out, bool log) const override;
   void softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
@@ -71,8 +73,9 @@ Backend& cuda_backend();
 
 // The backward of a linear layer's GELU epilogue with its bias gradient in the same pass (gemm.cpp's
 // linear_backward): dz = dy ⊙ gelu_tanh'(pre) and db = Σ_rows dz (of the rounded dz, which the GEMMs
-// read). Returns false (doing nothing) unless dy, pre, dz are contiguous bf16/f16 (M, N), N a multiple of
-// 8, 16-byte aligned, db (N) of their dtype.
+// read). bias_gradient: db = Σ_rows dy. Both return false (doing nothing) unless dy (and pre, dz) are
+// contiguous 16-byte-aligned bf16/f16 (M, N), N a multiple of 8, and db (N) is in their dtype or f32.
 bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db);
+bool bias_gradient(const Tensor& dy, const Tensor& db);
 
 }  // namespace kiln::cuda

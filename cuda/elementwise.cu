@@ -687,26 +687,32 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
 
 namespace {
 
-// One thread per 8-column vector of a 32-vector strip, 8 rows down a block (256 threads); rows stride
-// over gridDim.y. Each thread keeps its 8 column sums; the block adds its 8 rows' sums in shared memory
-// and writes one partial row; column_sum_kernel adds the partial rows in a fixed order (deterministic).
-template <class T>
+// Column sums of a linear layer's output gradient (its bias gradient), optionally through the GELU:
+// with kGelu, dz = dy ⊙ gelu_tanh'(pre) is written and summed (the rounded dz, which the GEMMs read);
+// without, dy itself is summed. One thread per 8-column vector of a 32-vector strip, 8 rows down a
+// block (256 threads); rows stride over gridDim.y. Each thread keeps its 8 column sums; the block adds
+// its 8 rows' sums in shared memory and writes one partial row; column_sum_kernel adds the partial rows
+// in a fixed order (deterministic).
+template <class T, bool kGelu>
 __global__ void __launch_bounds__(256)
-    gelu_tanh_backward_bias_kernel(const T* dy, const T* pre, T* dz, int64_t M, int64_t N, float* part) {
+    bias_gradient_kernel(const T* dy, const T* pre, T* dz, int64_t M, int64_t N, float* part) {
   __shared__ float sums[8][32][9];  // [row][vector][column], padded
   const int64_t nvec = N / 8, v = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (v < nvec)
     for (int64_t r = int64_t(blockIdx.y) * 8 + threadIdx.y; r < M; r += int64_t(gridDim.y) * 8) {
       const int64_t at = r * N + v * 8;
-      float g[8], z[8];
+      float g[8];
       widen16<T>(load16(dy + at), g);
-      widen16<T>(load16(pre + at), z);
+      if constexpr (kGelu) {
+        float z[8];
+        widen16<T>(load16(pre + at), z);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) g[j] *= gelu_tanh_grad(z[j]);
-      const uint4 out = narrow16<T>(g);
-      store16(dz + at, out);
-      widen16<T>(out, g);
+        for (int j = 0; j < 8; ++j) g[j] *= gelu_tanh_grad(z[j]);
+        const uint4 out = narrow16<T>(g);
+        store16(dz + at, out);
+        widen16<T>(out, g);
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += g[j];
     }
@@ -721,42 +727,62 @@ __global__ void __launch_bounds__(256)
   for (int j = 0; j < 8; ++j) part[int64_t(blockIdx.y) * N + v * 8 + j] = acc[j];
 }
 
-}  // namespace
+// Whether the kernel serves: contiguous, aligned bf16/f16 (M, N) with N a multiple of 8, db (N) in their
+// dtype or f32.
+bool bias_gradient_servable(const Tensor& dy, const Tensor& db) {
+  const DType t = dy.dtype();
+  return (t == DType::bf16 || t == DType::f16) && dy.dim() == 2 && dy.is_contiguous() && aligned16(dy.raw_data()) &&
+         dy.size(1) % 8 == 0 && dy.numel() > 0 && db.defined() && (db.dtype() == t || db.dtype() == DType::f32) &&
+         db.numel() == dy.size(1) && db.is_contiguous() && db.device() == dy.device();
+}
 
-bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
-  const DType t = dz.dtype();
-  auto aligned = [](const Tensor& x) { return (reinterpret_cast<uintptr_t>(x.raw_data()) & 15) == 0; };
-  if ((t != DType::bf16 && t != DType::f16) || dz.dim() != 2 || dy.sizes() != dz.sizes() || pre.sizes() != dz.sizes() ||
-      dy.dtype() != t || pre.dtype() != t || !db.defined() || db.dtype() != t || db.numel() != dz.size(1) ||
-      !dy.is_contiguous() || !pre.is_contiguous() || !dz.is_contiguous() || !db.is_contiguous() ||
-      dz.size(1) % 8 != 0 || dz.numel() == 0 || !aligned(dy) || !aligned(pre) || !aligned(dz))
-    return false;
-  NvtxRange range("gelu_tanh_backward_with_bias");
-  const int64_t M = dz.size(0), N = dz.size(1), strips = (N / 8 + 31) / 32;
+void launch_bias_gradient(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
+  const int64_t M = dy.size(0), N = dy.size(1), strips = (N / 8 + 31) / 32;
   // about 8 blocks per multiprocessor; each partial row is N floats (L2-resident)
   const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8, sm_count() * 8 / strips + 1));
-  Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dz.device()});
+  Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dy.device()});
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks)), block(32, 8);
   float* pp = static_cast<float*>(part.raw_data());
   const dim3 sum_grid(static_cast<unsigned>((N + 31) / 32), 1), sum_block(32, 32);
-  if (t == DType::bf16) {
-    using D = __nv_bfloat16;
-    gelu_tanh_backward_bias_kernel<D><<<grid, block, 0, current_stream()>>>(
-        static_cast<const D*>(dy.raw_data()), static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M,
-        N, pp);
-    KILN_LAUNCH_CHECK("gelu_tanh_backward_bias_kernel", "linear_backward");
-    column_sum_kernel<BFloat16><<<sum_grid, sum_block, 0, current_stream()>>>(pp, nullptr, row_blocks, N,
-                                                                              static_cast<D*>(db.raw_data()), nullptr);
-  } else {
-    using D = __half;
-    gelu_tanh_backward_bias_kernel<D><<<grid, block, 0, current_stream()>>>(
-        static_cast<const D*>(dy.raw_data()), static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M,
-        N, pp);
-    KILN_LAUNCH_CHECK("gelu_tanh_backward_bias_kernel", "linear_backward");
-    column_sum_kernel<Half><<<sum_grid, sum_block, 0, current_stream()>>>(pp, nullptr, row_blocks, N,
-                                                                          static_cast<D*>(db.raw_data()), nullptr);
-  }
-  KILN_LAUNCH_CHECK("column_sum_kernel", "linear_backward");
+  auto launch = [&](auto tag) {  // S: the element type, bf16 or f16
+    using S = decltype(tag);
+    using D = device_t<S>;
+    const D* g = static_cast<const D*>(dy.raw_data());
+    if (pre.defined())
+      bias_gradient_kernel<D, true><<<grid, block, 0, current_stream()>>>(
+          g, static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M, N, pp);
+    else
+      bias_gradient_kernel<D, false><<<grid, block, 0, current_stream()>>>(g, nullptr, nullptr, M, N, pp);
+    KILN_LAUNCH_CHECK("bias_gradient_kernel", "linear_backward");
+    if (db.dtype() == DType::f32)
+      column_sum_kernel<float><<<sum_grid, sum_block, 0, current_stream()>>>(
+          pp, nullptr, row_blocks, N, static_cast<float*>(db.raw_data()), nullptr);
+    else
+      column_sum_kernel<S><<<sum_grid, sum_block, 0, current_stream()>>>(pp, nullptr, row_blocks, N,
+                                                                         static_cast<D*>(db.raw_data()), nullptr);
+    KILN_LAUNCH_CHECK("column_sum_kernel", "linear_backward");
+  };
+  if (dy.dtype() == DType::bf16) launch(BFloat16{});
+  else launch(Half{});
+}
+
+}  // namespace
+
+bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
+  const DType t = dy.dtype();
+  if (!bias_gradient_servable(dy, db) || pre.sizes() != dy.sizes() || pre.dtype() != t || !pre.is_contiguous() ||
+      !aligned16(pre.raw_data()) || dz.sizes() != dy.sizes() || dz.dtype() != t || !dz.is_contiguous() ||
+      !aligned16(dz.raw_data()))
+    return false;
+  NvtxRange range("gelu_tanh_backward_with_bias");
+  launch_bias_gradient(dy, pre, dz, db);
+  return true;
+}
+
+bool bias_gradient(const Tensor& dy, const Tensor& db) {
+  if (!bias_gradient_servable(dy, db)) return false;
+  NvtxRange range("bias_gradient");
+  launch_bias_gradient(dy, Tensor(), Tensor(), db);
   return true;
 }
 

@@ -400,6 +400,52 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   }
 }
 
+bool CudaBackend::linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                                             Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+  const DType dt = dy.dtype();
+  const bool gelu = epilogue_has_gelu(ep);
+  if ((dt != DType::bf16 && dt != DType::f16) || dy.dim() != 2 || !dy.is_contiguous() ||
+      (dw.defined() && (dw.dtype() != DType::f32 || !x.defined() || x.dtype() != dt)) ||
+      (db.defined() && db.dtype() != DType::f32) || (dx.defined() && (!w.defined() || w.dtype() != dt || dx.dtype() != dt)) ||
+      (gelu && (!pre.defined() || pre.dtype() != dt || pre.sizes() != dy.sizes())))
+    return false;
+  for (const Tensor* t : {&x, &w, &pre, &dx, &dw, &db})
+    KILN_CHECK(!t->defined() || t->device() == dy.device(), "linear_backward: ", t->str(), " is not on ",
+               dy.device().str());
+  NvtxRange range("linear_backward");
+  DeviceGuard guard(dy.device().index);
+  const int64_t M = dy.size(0), N = dy.size(1);
+  Tensor dz = dy;
+  bool db_done = !db.defined();
+  if (gelu) {  // dz = dy · gelu_tanh'(z), rounded to the dtype: it feeds both GEMMs
+    dz = empty({M, N}, {.dtype = dt, .device = dy.device()});
+    if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
+    else binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
+  }
+  if (!db_done && !(M > 0 && bias_gradient(dz, db))) {  // f32 column sums of dz: a ones-vector product
+    Tensor ones = empty({1, 1, M}, {.dtype = dt, .device = dy.device()});
+    fill(ones, 1.0);
+    Operand oa, ob;
+    Tensor a = as_operand(ones, &oa), b = as_operand(dz.unsqueeze(0), &ob);
+    if (M == 0 || !try_gemm(a, oa, b, ob, db.reshape({1, 1, N}), EpilogueSpec{})) fill(db, 0.0);
+  }
+  if (dx.defined()) bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
+  if (dw.defined()) {  // (N, M) · (M, K) with f32 output
+    if (M == 0) {
+      fill(dw, 0.0);
+    } else {
+      Operand oa, ob;
+      Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
+      if (!try_gemm(a, oa, b, ob, dw.unsqueeze(0), EpilogueSpec{})) {  // no mixed kernel: round, then widen
+        Tensor d16 = empty(dw.sizes(), {.dtype = dt, .device = dy.device()});
+        bmm(a, b, d16.unsqueeze(0));
+        copy(cast(d16, DType::f32), dw);
+      }
+    }
+  }
+  return true;
+}
+
 bool CudaBackend::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) const {
   const DType t = a.dtype();
   if (out.dtype() != DType::f32 || b.dtype() != t || (t != DType::bf16 && t != DType::f16 && t != DType::f32) ||

@@ -40,43 +40,55 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
              ": tensors on different devices: ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
   KILN_CHECK(is_floating(x_in.dtype()) && is_floating(w_in.dtype()) && (!b_in.defined() || is_floating(b_in.dtype())),
              op, ": expected floating-point tensors, got ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
-  // Under autocast every operand goes to its dtype (as matmul); otherwise the widest of them. The casts
-  // are differentiable, so gradients return to f32 master weights in f32.
+  // Under autocast every operand goes to its dtype (as matmul); otherwise the widest of them. x's cast is
+  // differentiable; the weight and bias are cast inside the node, whose inputs are the caller's tensors:
+  // their gradients come back in their own dtypes (f32 master weights: straight from the GEMM's f32
+  // accumulators where the backend can, with no rounding to 16 bits and no cast kernels).
   Tensor xl = amp::to_lower_precision(x_in), wl = amp::to_lower_precision(w_in), bl = amp::to_lower_precision(b_in);
   DType t = promote_types(xl.dtype(), wl.dtype());
   if (bl.defined()) t = promote_types(t, bl.dtype());
-  const Tensor x = cast(xl, t), w = cast(wl, t), b = bl.defined() ? cast(bl, t) : Tensor();
-  Epilogue ep = gelu ? (b.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh)
-                     : (b.defined() ? Epilogue::bias : Epilogue::none);
-  int64_t N = w.size(0), K = w.size(1);
+  const Tensor x = cast(xl, t);
+  Epilogue ep = gelu ? (b_in.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh)
+                     : (b_in.defined() ? Epilogue::bias : Epilogue::none);
+  int64_t N = w_in.size(0), K = w_in.size(1);
   Shape lead(x.sizes().begin(), x.sizes().end() - 1), result = lead;
   result.push_back(N);
   int64_t M = shape_numel(lead);
-  bool needs_grad = any_requires_grad({x, w, b});
+  bool needs_grad = any_requires_grad({x, w_in, b_in});
   Tensor x2, w2, b2, out, pre;
   {
     NoGradGuard ng;
     x2 = matrix_ready(x.reshape({M, K}));
-    w2 = matrix_ready(w);
-    b2 = b.defined() ? b.contiguous() : Tensor();
+    w2 = matrix_ready(cast(w_in, t));
+    b2 = b_in.defined() ? cast(b_in, t).contiguous() : Tensor();
     out = empty({M, N}, {.dtype = t, .device = x.device()});
     if (gelu && needs_grad) pre = empty({M, N}, {.dtype = t, .device = x.device()});
     if (out.numel() > 0) backend(x.device()).linear(x2, w2, b2, ep, out, pre);
   }
   if (needs_grad) {
-    bool rx = x.requires_grad(), rw = w.requires_grad(), rb = b.defined() && b.requires_grad();
+    bool rx = x.requires_grad(), rw = w_in.requires_grad(), rb = b_in.defined() && b_in.requires_grad();
     // x is needed only for dw, w only for dx; pre is this node's own buffer (nobody can write it).
-    record(op, {x, w, b}, {out},
+    record(op, {x, w_in, b_in}, {out},
            [sx = rw ? SavedTensor(x2) : SavedTensor(), sw = rx ? SavedTensor(w2) : SavedTensor(), pre, ep, rx, rw,
-            rb, M, N, K, xs = x.sizes(), op](const Grads& g) {
+            rb, M, N, K, xs = x.sizes(), wdt = w_in.dtype(), bdt = b_in.defined() ? b_in.dtype() : t,
+            op](const Grads& g) {
              Tensor xx = rw ? sx.unpack(op) : Tensor(), ww = rx ? sw.unpack(op) : Tensor();
              Device dev = g[0].device();
-             TensorOptions to{.dtype = g[0].dtype(), .device = dev};
+             const DType gt = g[0].dtype();
+             TensorOptions to{.dtype = gt, .device = dev};
              Tensor dy = g[0].contiguous().reshape({M, N});
-             Tensor dx = rx ? empty({M, K}, to) : Tensor(), dw = rw ? empty({N, K}, to) : Tensor();
-             Tensor db = rb ? empty({N}, to) : Tensor();
-             backend(dev).linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
-             return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
+             Tensor dx = rx ? empty({M, K}, to) : Tensor();
+             Backend& be = backend(dev);
+             // f32 parameters of a half-precision layer: their gradients in f32 from the backend if it can
+             if ((gt == DType::bf16 || gt == DType::f16) && (!rw || wdt == DType::f32) && (!rb || bdt == DType::f32)) {
+               TensorOptions f32{.dtype = DType::f32, .device = dev};
+               Tensor dw = rw ? empty({N, K}, f32) : Tensor(), db = rb ? empty({N}, f32) : Tensor();
+               if (be.linear_backward_f32_params(dy, xx, ww, pre, ep, dx, dw, db))
+                 return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
+             }
+             Tensor dw = rw ? empty({N, K}, to) : Tensor(), db = rb ? empty({N}, to) : Tensor();
+             be.linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
+             return Grads{rx ? dx.reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor(), rb ? cast(db, bdt) : Tensor()};
            });
   }
   return out.reshape(result);

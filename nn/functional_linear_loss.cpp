@@ -101,10 +101,12 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   }
   record("linear_cross_entropy", {x_in, weight_in}, {result},
          [dx, dw, rx, rw, xs = x_in.sizes(), xdt = x_in.dtype(), wdt = weight_in.dtype()](const Grads& g) {
-           // The upstream scalar s scales the unit gradients (in dx's dtype: exact for 1 and for a loss
-           // scaler's powers of two).
-           return Grads{rx ? cast(mul(dx, cast(g[0], dx.dtype())), xdt).reshape(xs) : Tensor(),
-                        rw ? cast(mul(dw, cast(g[0], dw.dtype())), wdt) : Tensor()};
+           // The upstream scalar s scales the unit gradients, in f32 (f64 for f64): a loss scaler's 65536
+           // is not an f16 value, and the composition also rounds only the scaled gradient.
+           const DType wide = dx.defined() && dx.dtype() == DType::f64 ? DType::f64 : DType::f32;
+           const Tensor s = cast(g[0], wide);
+           return Grads{rx ? cast(mul(cast(dx, wide), s), xdt).reshape(xs) : Tensor(),
+                        rw ? cast(mul(dw, cast(s, dw.dtype())), wdt) : Tensor()};
          });
   return result;
 }

@@ -73,6 +73,23 @@ TEST(LinearCrossEntropy, EqualsTheComposition) {
     testing::expect_close(gxf, gxc, 1e-12, "dx");
     testing::expect_close(gwf, gwc, 1e-12, "dw");
   }
+  // f16 with a loss scaler's upstream gradient (65536 is not an f16 value): finite, as the composition.
+  {
+    Tensor x = cast(randn({6, 4}), DType::f16), w = cast(randn({5, 4}), DType::f16);
+    Tensor target = from_vector<int64_t>({1, 4, 3, 0, 2, 2}, {6});
+    auto grads = [&](bool fused) {
+      Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_();
+      Tensor loss = fused ? functional::linear_cross_entropy(xl, wl, target)
+                          : functional::cross_entropy(functional::linear(xl, wl), target);
+      mul(loss, 65536.0).backward();
+      return std::make_pair(values(xl.grad()), values(wl.grad()));
+    };
+    auto [gxf, gwf] = grads(true);
+    auto [gxc, gwc] = grads(false);
+    for (double v : gxf) EXPECT_TRUE(std::isfinite(v));
+    testing::expect_close(gxf, gxc, 2e-2 * 65536 / 6, "f16 dx, scaled");
+    testing::expect_close(gwf, gwc, 2e-2 * 65536 / 6, "f16 dw, scaled");
+  }
   // Bad targets are reported as by cross_entropy.
   EXPECT_NE(error_message([] {
               functional::linear_cross_entropy(randn({2, 4}).requires_grad_(), randn({3, 4}),
