@@ -44,10 +44,10 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
   // differentiable; the weight and bias are cast inside the node, whose inputs are the caller's tensors:
   // their gradients come back in their own dtypes (f32 master weights: straight from the GEMM's f32
   // accumulators where the backend can, with no rounding to 16 bits and no cast kernels).
-  Tensor xl = amp::to_lower_precision(x_in), wl = amp::to_lower_precision(w_in), bl = amp::to_lower_precision(b_in);
-  DType t = promote_types(xl.dtype(), wl.dtype());
-  if (bl.defined()) t = promote_types(t, bl.dtype());
-  const Tensor x = cast(xl, t);
+  DType t = promote_types(x_in.dtype(), w_in.dtype());
+  if (b_in.defined()) t = promote_types(t, b_in.dtype());
+  if (amp::is_enabled(x_in.device().type)) t = amp::dtype(x_in.device().type);
+  const Tensor x = cast(x_in, t);
   Epilogue ep = gelu ? (b_in.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh)
                      : (b_in.defined() ? Epilogue::bias : Epilogue::none);
   int64_t N = w_in.size(0), K = w_in.size(1);

@@ -37,6 +37,10 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   KILN_CHECK(weight_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == weight_in.size(1),
              "linear_cross_entropy: x ", x_in.str(), " must end in in_features of weight ", weight_in.str(),
              " (num_classes, in_features)");
+  KILN_CHECK(is_floating(x_in.dtype()) && is_floating(weight_in.dtype()) && x_in.device() == weight_in.device() &&
+                 target.device() == x_in.device(),
+             "linear_cross_entropy: expected floating-point x ", x_in.str(), " and weight ", weight_in.str(),
+             " and the target ", target.str(), " on one device");
   Shape lead(x_in.sizes().begin(), x_in.sizes().end() - 1);
   KILN_CHECK(target.sizes() == lead, "linear_cross_entropy: target ", target.str(), " must have shape ",
              shape_str(lead), " for x ", x_in.str());
@@ -47,16 +51,16 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
         .reshape(opt.reduction == Reduction::none ? lead : Shape{});
   // As linear: under autocast both operands in its dtype. The node's inputs are the caller's tensors, so
   // the weight's gradient reaches an f32 master weight in f32 straight from the accumulating GEMM.
-  const Tensor xl = amp::to_lower_precision(x_in), wl = amp::to_lower_precision(weight_in);
-  const DType t = promote_types(xl.dtype(), wl.dtype());
+  const DType t = amp::is_enabled(x_in.device().type) ? amp::dtype(x_in.device().type)
+                                                       : promote_types(x_in.dtype(), weight_in.dtype());
   const DType acc = t == DType::f64 ? DType::f64 : DType::f32;  // dw's accumulator
-  const int64_t C = wl.size(0), K = wl.size(1), N = shape_numel(lead);
+  const int64_t C = weight_in.size(0), K = weight_in.size(1), N = shape_numel(lead);
   const bool rx = x_in.requires_grad(), rw = weight_in.requires_grad();
   const Device dev = x_in.device();
   Tensor dx, dw, result;
   {
     NoGradGuard ng;
-    const Tensor x2 = cast(xl, t).reshape({N, K}).contiguous(), w2 = cast(wl, t).contiguous();
+    const Tensor x2 = cast(x_in, t).reshape({N, K}).contiguous(), w2 = cast(weight_in, t).contiguous();
     const Tensor tgt = target.to(DType::i64).contiguous().reshape({N});
     if (dev.is_cpu()) {
       const int64_t* tp = tgt.data_ptr<int64_t>();
