@@ -1,0 +1,74 @@
+// GPT end to end on the GPU under bf16 autocast, where its fused pieces run (add_layer_norm's kernels,
+// the packed flash attention at D = 64, linear_gelu, linear_cross_entropy's chunked GEMMs and in-place
+// cross-entropy kernel, f32 parameter gradients): the loss and the parameter gradients against the same
+// model on the CPU (whose autocast composes the plain ops), and gradient checkpointing on the GPU
+// against the plain GPU pass.
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/gpt.h>
+
+#include "compare_util.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+nn::GPTConfig config(Device device) {
+  return {.vocab_size = 96, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128, .device = device};
+}
+
+struct Step {
+  double loss;
+  std::vector<Tensor> grads;
+};
+
+Step step(nn::GPT& gpt, const Tensor& idx, const Tensor& targets, Device dev) {
+  gpt.zero_grad();
+  Tensor loss;
+  {
+    amp::Autocast autocast(dev, DType::bf16);
+    loss = gpt.loss(idx.to(dev), targets.to(dev));
+  }
+  loss.backward();
+  std::vector<Tensor> grads;
+  for (const Tensor& p : gpt.parameters()) grads.push_back(p.grad().cpu());
+  return {loss.item<double>(), grads};
+}
+
+}  // namespace
+
+TEST(CudaGPT, Bf16AutocastStepMatchesTheCpuAndCheckpointingMatchesThePlainPass) {
+  KILN_REQUIRE_GPU();
+  manual_seed(81);
+  nn::GPT cpu_model(config(Device::cpu()));
+  nn::GPT gpu_model(config(gpu()));
+  {
+    NoGradGuard ng;
+    std::vector<Tensor> src = cpu_model.parameters(), dst = gpu_model.parameters();
+    ASSERT_EQ(src.size(), dst.size());
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  Generator gen(3);
+  Tensor idx = randint(0, 96, {3, 64}, {.dtype = DType::i64}, &gen);
+  Tensor targets = randint(0, 96, {3, 64}, {.dtype = DType::i64}, &gen);
+  Step c = step(cpu_model, idx, targets, Device::cpu()), g = step(gpu_model, idx, targets, gpu());
+  EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::abs(c.loss));
+  std::vector<Tensor> params = cpu_model.parameters();
+  ASSERT_EQ(g.grads.size(), c.grads.size());
+  for (size_t i = 0; i < c.grads.size(); ++i) {
+    ASSERT_EQ(g.grads[i].dtype(), DType::f32) << "parameter " << i;
+    // bf16 products on both sides, rounded at different points: a few bf16 units, norm-relative
+    EXPECT_LT(rel_err(g.grads[i], c.grads[i]), 4e-2) << "parameter " << i << " " << params[i].str();
+  }
+  gpu_model.set_checkpointing(true);
+  Step k = step(gpu_model, idx, targets, gpu());
+  EXPECT_NEAR(k.loss, g.loss, 1e-6 * std::abs(g.loss));
+  for (size_t i = 0; i < g.grads.size(); ++i)
+    EXPECT_LT(rel_err(k.grads[i], g.grads[i]), 1e-3) << "checkpointed, parameter " << i;
+}
