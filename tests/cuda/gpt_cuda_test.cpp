@@ -3,6 +3,8 @@
 // cross-entropy kernel, f32 parameter gradients): the loss and the parameter gradients against the same
 // model on the CPU (whose autocast composes the plain ops), and gradient checkpointing on the GPU
 // against the plain GPU pass.
+#include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -61,11 +63,16 @@ TEST(CudaGPT, Bf16AutocastStepMatchesTheCpuAndCheckpointingMatchesThePlainPass) 
   EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::abs(c.loss));
   std::vector<Tensor> params = cpu_model.parameters();
   ASSERT_EQ(g.grads.size(), c.grads.size());
+  double worst = 0;
   for (size_t i = 0; i < c.grads.size(); ++i) {
     ASSERT_EQ(g.grads[i].dtype(), DType::f32) << "parameter " << i;
     // bf16 products on both sides, rounded at different points: a few bf16 units, norm-relative
-    EXPECT_LT(rel_err(g.grads[i], c.grads[i]), 4e-2) << "parameter " << i << " " << params[i].str();
+    const double e = rel_err(g.grads[i], c.grads[i]);
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 4e-2) << "parameter " << i << " " << params[i].str();
   }
+  std::printf("GPT_ERR loss cpu %.6f gpu %.6f, worst gradient error %.2e over %zu parameters\n", c.loss, g.loss,
+              worst, c.grads.size());
   gpu_model.set_checkpointing(true);
   Step k = step(gpu_model, idx, targets, gpu());
   EXPECT_NEAR(k.loss, g.loss, 1e-6 * std::abs(g.loss));
