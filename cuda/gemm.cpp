@@ -18,10 +18,12 @@
 //             also writes the pre-activation z (the "aux" matrix, leading dim N, which must be a multiple
 //             of 8) for backward. One kernel: reads M·K + N·K + N, writes M·N (2·M·N with aux) elements.
 //   backward  dz = dy · gelu_tanh'(z) (an elementwise kernel: DGELU is an epilogue of the GEMM that
-//             *produces* dy, which belongs to the next layer's node), dx = dz · w, and dw = dzᵀ · x with
-//             the BGRADB epilogue reducing dz over the GEMM's k = M dim into db. With cuBLAS 13 on an H100
-//             BGRADB runs as a separate kernel that re-reads dz, so for bf16/f16 the GELU kernel also sums
-//             db (gelu_tanh_backward_with_bias, elementwise.cu) and the dw GEMM has no epilogue.
+//             *produces* dy, which belongs to the next layer's node), dx = dz · w, dw = dzᵀ · x, and
+//             db = Σ_rows dz. With cuBLAS 13 on an H100 the BGRADB epilogue (db in the dw GEMM) runs as a
+//             separate kernel that re-reads dz, so for bf16/f16 db comes from Kiln's column-sum kernel
+//             (bias_gradient, elementwise.cu; in the GELU kernel's own pass where there is one) and BGRADB
+//             serves f32. For bf16/f16 layers of f32 master weights, dw and db come out in f32
+//             (linear_backward_f32_params: the GEMM's f32 accumulators, the column sums' f32 totals).
 //             (A node holding both MLP layers could ask the GEMM producing dy for the DGELU_BGRAD epilogue;
 //             that too ran as the GEMM plus a separate epilogue kernel, 350 us at GPT-2's 16384 x 3072,
 //             three times the elementwise kernel.)
@@ -264,6 +266,65 @@ Tensor as_operand(const Tensor& t, Operand* op) {
   return c;
 }
 
+// The linear layer's backward once its arguments are checked: dz = dy (or dy ⊙ gelu_tanh'(pre), rounded
+// to dy's dtype: it feeds both GEMMs), dx = dz · w, dw = dzᵀ · x, db = Σ_rows dz. dw and db are in dy's
+// dtype, or f32 for bf16/f16 dy (an f32 master weight's gradient from the GEMM's f32 accumulators). The
+// bias gradient comes from the GELU kernel's pass or the column-sum kernel for bf16/f16 (cuBLASLt's
+// BGRADB runs as a separate kernel re-reading dz there), from BGRADB on the dw GEMM for f32, else from a
+// ones-vector product.
+void run_linear_backward(const CudaBackend& be, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                         bool gelu, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  const DType dt = dy.dtype();
+  const int64_t M = dy.size(0), N = dy.size(1);
+  const TensorOptions to{.dtype = dt, .device = dy.device()};
+  Tensor dz = dy;
+  bool db_done = !db.defined();
+  if (gelu) {
+    dz = empty({M, N}, to);
+    if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
+    else be.binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
+  }
+  if (!db_done && M > 0) db_done = bias_gradient(dz, db);
+  if (dx.defined()) be.bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
+  if (dw.defined()) {  // (N, M) · (M, K)
+    Operand oa, ob;
+    Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
+    if (dw.dtype() == dt) {
+      bool fused = false;
+      if (!db_done && db.dtype() == dt && dt != DType::f64 && M > 0 && dw.numel() > 0) {
+        EpilogueSpec e;
+        e.kind = CUBLASLT_EPILOGUE_BGRADB;
+        e.bias = db.raw_data();
+        fused = db_done = try_gemm(a, oa, b, ob, dw.unsqueeze(0), e);
+      }
+      if (!fused) be.bmm(a, b, dw.unsqueeze(0));
+    } else if (M == 0) {
+      be.fill(dw, 0.0);
+    } else if (!try_gemm(a, oa, b, ob, dw.unsqueeze(0), EpilogueSpec{})) {  // no mixed kernel: round, widen
+      Tensor d16 = empty(dw.sizes(), to);
+      be.bmm(a, b, d16.unsqueeze(0));
+      be.copy(cast(d16, dw.dtype()), dw);
+    }
+  }
+  if (!db_done) {  // db (1, N) = ones (1, M) · dz (M, N)
+    Tensor ones = empty({1, 1, M}, to);
+    be.fill(ones, 1.0);
+    if (db.dtype() == dt) {
+      be.bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
+    } else if (M == 0) {
+      be.fill(db, 0.0);
+    } else {
+      Operand oa, ob;
+      Tensor a = as_operand(ones, &oa), b = as_operand(dz.unsqueeze(0), &ob);
+      if (!try_gemm(a, oa, b, ob, db.reshape({1, 1, N}), EpilogueSpec{})) {
+        Tensor d16 = empty({N}, to);
+        be.bmm(ones, dz.unsqueeze(0), d16.reshape({1, 1, N}));
+        be.copy(cast(d16, db.dtype()), db);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void set_allow_tf32(bool on) { tf32_flag().store(on); }
@@ -368,36 +429,7 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
                " does not match dy ", dy.str(), " in dtype and device");
   (void)type_info(dt, false);
   DeviceGuard guard(dy.device().index);
-  int64_t M = dy.size(0), N = dy.size(1);
-  TensorOptions to{.dtype = dt, .device = dy.device()};
-  Tensor dz = dy;
-  bool db_done = !db.defined();
-  if (gelu) {  // dz = dy · gelu_tanh'(z), rounded to the dtype: it feeds both GEMMs
-    dz = empty({M, N}, to);
-    // with the bias gradient in the same pass where the kernel serves (bf16/f16: cuBLASLt's BGRADB ran as
-    // a separate kernel re-reading dz)
-    if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
-    else binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
-  }
-  if (dx.defined()) bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
-  if (dw.defined()) {  // (N, M) · (M, K), the bias gradient reduced over the same k = M in the epilogue
-    Operand oa, ob;
-    Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
-    bool fused = false;
-    if (!db_done && dt != DType::f64 && M > 0 && dw.numel() > 0) {
-      EpilogueSpec e;
-      e.kind = CUBLASLT_EPILOGUE_BGRADB;
-      e.bias = db.raw_data();
-      fused = try_gemm(a, oa, b, ob, dw.unsqueeze(0), e);
-      db_done = fused;
-    }
-    if (!fused) bmm(a, b, dw.unsqueeze(0));
-  }
-  if (!db_done) {  // db (1, N) = ones (1, M) · dz (M, N)
-    Tensor ones = empty({1, 1, M}, to);
-    fill(ones, 1.0);
-    bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
-  }
+  run_linear_backward(*this, dy, x, w, pre, gelu, dx, dw, db);
 }
 
 bool CudaBackend::linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
@@ -414,35 +446,7 @@ bool CudaBackend::linear_backward_f32_params(const Tensor& dy, const Tensor& x, 
                dy.device().str());
   NvtxRange range("linear_backward");
   DeviceGuard guard(dy.device().index);
-  const int64_t M = dy.size(0), N = dy.size(1);
-  Tensor dz = dy;
-  bool db_done = !db.defined();
-  if (gelu) {  // dz = dy · gelu_tanh'(z), rounded to the dtype: it feeds both GEMMs
-    dz = empty({M, N}, {.dtype = dt, .device = dy.device()});
-    if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
-    else binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
-  }
-  if (!db_done && !(M > 0 && bias_gradient(dz, db))) {  // f32 column sums of dz: a ones-vector product
-    Tensor ones = empty({1, 1, M}, {.dtype = dt, .device = dy.device()});
-    fill(ones, 1.0);
-    Operand oa, ob;
-    Tensor a = as_operand(ones, &oa), b = as_operand(dz.unsqueeze(0), &ob);
-    if (M == 0 || !try_gemm(a, oa, b, ob, db.reshape({1, 1, N}), EpilogueSpec{})) fill(db, 0.0);
-  }
-  if (dx.defined()) bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
-  if (dw.defined()) {  // (N, M) · (M, K) with f32 output
-    if (M == 0) {
-      fill(dw, 0.0);
-    } else {
-      Operand oa, ob;
-      Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
-      if (!try_gemm(a, oa, b, ob, dw.unsqueeze(0), EpilogueSpec{})) {  // no mixed kernel: round, then widen
-        Tensor d16 = empty(dw.sizes(), {.dtype = dt, .device = dy.device()});
-        bmm(a, b, d16.unsqueeze(0));
-        copy(cast(d16, DType::f32), dw);
-      }
-    }
-  }
+  run_linear_backward(*this, dy, x, w, pre, gelu, dx, dw, db);
   return true;
 }
 
