@@ -81,28 +81,39 @@ bool fusable(const Tensor& ql, const Tensor& kl, const Tensor& vl, double dropou
          shape_numel(lead) > 0 && dropout_p < 1.0 && (!ql.device().is_cuda() || D <= kMaxCudaHeadDim);
 }
 
-// The fused forward on 4-D (B, H, T, D) views of one dtype, and what its backward needs.
-struct AttentionForward {
-  Tensor out, lse;
+// What the fused backward needs besides q, k, v and the output: the softmax statistics and the dropout
+// stream. The backward closure captures this, never the output tensor itself: the output owns the node
+// (grad_fn), so a closure holding it would be a reference cycle and a graph never backpropagated would
+// never be freed. The output is saved through SavedTensor, which keeps its data and not its grad_fn.
+struct AttentionStats {
+  Tensor lse;
   double scale = 0, p = 0;
   uint64_t seed = 0, offset = 0;
+};
+
+// The fused forward on 4-D (B, H, T, D) views of one dtype.
+struct AttentionForward {
+  Tensor out;
+  AttentionStats stats;
 };
 
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   AttentionForward f;
-  f.scale = scale.value_or(1.0 / std::sqrt(double(D)));
-  f.p = training ? dropout_p : 0.0;
-  if (f.p > 0.0) {
+  AttentionStats& st = f.stats;
+  st.scale = scale.value_or(1.0 / std::sqrt(double(D)));
+  st.p = training ? dropout_p : 0.0;
+  if (st.p > 0.0) {
     Generator& g = gen ? *gen : default_generator();
-    f.seed = g.seed();
-    f.offset = g.reserve(uint64_t(B * H * Tq * ((Tk + 3) / 4)));
+    const GeneratorState draw = g.reserve_blocks(uint64_t(B * H * Tq * ((Tk + 3) / 4)));
+    st.seed = draw.seed;
+    st.offset = draw.offset;
   }
   NoGradGuard ng;
   f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
-  f.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  backend(q.device()).attention_forward(q, k, v, f.out, f.lse, causal, f.scale, f.p, f.seed, f.offset);
+  st.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
+  backend(q.device()).attention_forward(q, k, v, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
   return f;
 }
 
@@ -126,7 +137,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
   if (any_requires_grad({q, k, v}))
     record("scaled_dot_product_attention", {q, k, v}, {f.out},
-           [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), f,
+           [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), st = f.stats,
             causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention";
              Tensor qq = sq.unpack(op), kk = sk.unpack(op), vv = sv.unpack(op), oo = so.unpack(op);
@@ -134,8 +145,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
-             backend(qq.device()).attention_backward(dout, qq, kk, vv, oo, f.lse, dq, dk, dv, causal, f.scale, f.p,
-                                                     f.seed, f.offset);
+             backend(qq.device()).attention_backward(dout, qq, kk, vv, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
+                                                     st.seed, st.offset);
              return Grads{dq, dk, dv};
            });
   if (q_in.dim() == 4) return f.out;
@@ -162,16 +173,16 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal,
   const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
   if (any_requires_grad({qkv}))
     record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
-           [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), f, causal](const Grads& g) {
+           [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention_qkvpacked";
              Tensor packed = sqkv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              // The three gradients land in their slices of one packed gradient: nothing to zero or sum.
              Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
              backend(packed.device()).attention_backward(
-                 dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), oo, f.lse,
-                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, f.scale, f.p, f.seed,
-                 f.offset);
+                 dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), oo, st.lse,
+                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.seed,
+                 st.offset);
              return Grads{dqkv};
            });
   return f.out;
