@@ -150,8 +150,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   int64_t n = sizes()[d];
   if (start < 0) start += n;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: range [", start, ", ", start + length,
-             ") out of bounds for dim ", d, " of ", str());
+  KILN_CHECK(start >= 0 && length >= 0 && start <= n && length <= n - start, "narrow: start ", start, ", length ",
+             length, " out of bounds for dim ", d, " of ", str());
   Shape shape = sizes();
   shape[d] = length;
   Tensor out = make_view(*this, shape, strides(), offset() + start * strides()[d]);
@@ -299,7 +299,8 @@ Tensor& Tensor::requires_grad_(bool value) {
 Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined())
-    KILN_CHECK(g.sizes() == sizes() && g.device() == device(), "set_grad: gradient ", g.str(), " does not match ", str());
+    KILN_CHECK(g.sizes() == sizes() && g.device() == device() && g.dtype() == dtype(), "set_grad: gradient ", g.str(),
+               " does not match ", str(), " (shape, dtype and device must be the tensor's)");
   impl().grad = g.impl_ptr();
 }
 
@@ -349,6 +350,9 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
+  KILN_CHECK(src.defined(), "copy_: the source is undefined (destination ", str(), ")");
+  KILN_CHECK(broadcast_shapes(sizes(), src.sizes(), "copy_") == sizes(), "copy_: cannot copy ", src.str(), " into ",
+             str(), ": the source must broadcast to the destination's shape");
   Tensor s;
   {
     NoGradGuard ng;
@@ -373,14 +377,38 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check_inplace(*this, "add_");
+namespace {
+// self op= other: the result is computed out of place and copied back, so it must have self's shape.
+// A broadcast may grow `other` to self's shape, never self to other's (PyTorch refuses that too).
+template <class Fn>
+Tensor& update_in_place(Tensor& self, const Tensor& other, const char* op, Fn compute) {
+  check_inplace(self, op);
+  KILN_CHECK(other.defined(), op, ": the operand is undefined (self ", self.str(), ")");
+  KILN_CHECK(broadcast_shapes(self.sizes(), other.sizes(), op) == self.sizes(), op, ": the result of ", self.str(),
+             " and ", other.str(), " has shape ", shape_str(broadcast_shapes(self.sizes(), other.sizes(), op)),
+             ", which does not fit in place into shape ", shape_str(self.sizes()));
   NoGradGuard ng;
-  Tensor o = alpha == 1.0 ? other : kiln::mul(other, alpha);
-  Tensor r = kiln::add(*this, o);
-  backend(device()).copy(r, *this);
-  bump_version();
-  return *this;
+  backend(self.device()).copy(compute(), self);
+  self.bump_version();
+  return self;
+}
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  return update_in_place(*this, other, "add_",
+                         [&] { return kiln::add(*this, alpha == 1.0 ? other : kiln::mul(other, alpha)); });
+}
+
+Tensor& Tensor::sub_(const Tensor& other) {
+  return update_in_place(*this, other, "sub_", [&] { return kiln::sub(*this, other); });
+}
+
+Tensor& Tensor::mul_(const Tensor& other) {
+  return update_in_place(*this, other, "mul_", [&] { return kiln::mul(*this, other); });
+}
+
+Tensor& Tensor::div_(const Tensor& other) {
+  return update_in_place(*this, other, "div_", [&] { return kiln::div(*this, other); });
 }
 
 Tensor& Tensor::add_(double value) {
@@ -391,26 +419,10 @@ Tensor& Tensor::add_(double value) {
   return *this;
 }
 
-Tensor& Tensor::mul_(const Tensor& other) {
-  check_inplace(*this, "mul_");
-  NoGradGuard ng;
-  backend(device()).copy(kiln::mul(*this, other), *this);
-  bump_version();
-  return *this;
-}
-
 Tensor& Tensor::mul_(double value) {
   check_inplace(*this, "mul_");
   NoGradGuard ng;
   backend(device()).copy(kiln::mul(*this, value), *this);
-  bump_version();
-  return *this;
-}
-
-Tensor& Tensor::div_(const Tensor& other) {
-  check_inplace(*this, "div_");
-  NoGradGuard ng;
-  backend(device()).copy(kiln::div(*this, other), *this);
   bump_version();
   return *this;
 }

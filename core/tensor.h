@@ -145,7 +145,7 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // broadcasts src, casts dtype, may cross devices
   Tensor& add_(const Tensor& other, double alpha = 1.0);
-  Tensor& sub_(const Tensor& other) { return add_(other, -1.0); }
+  Tensor& sub_(const Tensor& other);
   Tensor& mul_(const Tensor& other);
   Tensor& mul_(double value);
   Tensor& div_(const Tensor& other);
