@@ -1,6 +1,7 @@
 // Tensor factories.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <kiln/core/backend.h>
 #include <kiln/core/shape.h>
@@ -9,9 +10,17 @@
 namespace kiln {
 
 Tensor empty(const Shape& shape, const TensorOptions& opt) {
-  for (int64_t s : shape) KILN_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  const int64_t numel = checked_numel(shape, "empty");
+  KILN_CHECK(numel <= std::numeric_limits<int64_t>::max() / int64_t(element_size(opt.dtype)), "empty: shape ",
+             shape_str(shape), " of ", dtype_name(opt.dtype), " needs more bytes than int64 can count (overflow)");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * element_size(opt.dtype), opt.device);
+  const size_t nbytes = size_t(numel) * element_size(opt.dtype);
+  try {
+    impl->storage = std::make_shared<Storage>(nbytes, opt.device);
+  } catch (const Error& e) {  // out of memory: say which tensor could not be made
+    KILN_FAIL("empty: cannot allocate ", dtype_name(opt.dtype), shape_str(shape), " on ", opt.device.str(), " (",
+              nbytes, " bytes): ", e.what());
+  }
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = opt.dtype;
@@ -37,12 +46,24 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), {.dtype = t.dtype()
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {.dtype = t.dtype(), .device = t.device()}); }
 
 Tensor arange(double start, double end, double step, const TensorOptions& opt) {
-  KILN_CHECK(step != 0 && (end - start) / step >= 0, "arange: empty or infinite range start=", start, " end=", end,
-             " step=", step);
-  int64_t n = int64_t(std::ceil((end - start) / step));
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = start + double(i) * step;
-  return tensor(v, {n}, opt);
+  KILN_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step) && step != 0 && (end - start) / step >= 0,
+             "arange: empty or infinite range start=", start, " end=", end, " step=", step);
+  // The count is computed in double: refuse it before the conversion to int64, undefined past 2^63.
+  const double count = std::ceil((end - start) / step);
+  KILN_CHECK(count < 0x1p63, "arange: start=", start, " end=", end, " step=", step, " gives ", count,
+             " elements, more than int64 can count (overflow)");
+  const int64_t n = int64_t(count);
+  Tensor host;
+  try {
+    host = empty({n}, {.dtype = DType::f64});  // staged in f64 on the host, then cast and moved once
+  } catch (const Error& e) {
+    KILN_FAIL("arange: start=", start, " end=", end, " step=", step, " (", n, " elements): ", e.what());
+  }
+  double* v = host.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) v[i] = start + double(i) * step;
+  Tensor t = host.to(opt.device, opt.dtype).detach();
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
 }
 
 Tensor arange(int64_t end, const TensorOptions& opt) { return arange(0.0, double(end), 1.0, opt); }

@@ -30,7 +30,8 @@ std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
 
 uint32_t Generator::next_u32() {
   // One block per call keeps the state a plain counter; host-side draws are rare (shuffles).
-  return philox4x32(reserve(1), state_.seed)[0];
+  GeneratorState b = reserve_blocks(1);
+  return philox4x32(b.offset, b.seed)[0];
 }
 
 uint64_t Generator::random_below(uint64_t n) {
@@ -38,7 +39,8 @@ uint64_t Generator::random_below(uint64_t n) {
   // Rejection sampling on 64 bits avoids modulo bias.
   uint64_t limit = UINT64_MAX - UINT64_MAX % n;
   while (true) {
-    auto w = philox4x32(reserve(1), state_.seed);
+    GeneratorState b = reserve_blocks(1);
+    auto w = philox4x32(b.offset, b.seed);
     uint64_t r = (uint64_t(w[0]) << 32) | w[1];
     if (r < limit) return r % n;
   }
@@ -57,12 +59,12 @@ void fill_random(Tensor& t, Distribution dist, double a, double b, Generator* ge
   Generator& g = gen ? *gen : default_generator();
   uint64_t n = uint64_t(t.numel());
   uint64_t per_block = dist == Distribution::uniform ? 4 : 2;
-  uint64_t offset = g.reserve((n + per_block - 1) / per_block);
+  const GeneratorState draw = g.reserve_blocks((n + per_block - 1) / per_block);
   if (t.is_contiguous()) {
-    backend(t.device()).random(t, dist, a, b, g.seed(), offset);
+    backend(t.device()).random(t, dist, a, b, draw.seed, draw.offset);
   } else {
     Tensor tmp = empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
-    backend(t.device()).random(tmp, dist, a, b, g.seed(), offset);
+    backend(t.device()).random(tmp, dist, a, b, draw.seed, draw.offset);
     backend(t.device()).copy(tmp, t);
   }
   t.bump_version();
@@ -104,18 +106,23 @@ Tensor randn_like(const Tensor& t, Generator* gen) {
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& opt, Generator* gen) {
   KILN_CHECK(high > low, "randint: empty range [", low, ", ", high, ")");
+  Tensor host = empty(shape, {.dtype = DType::i64});  // refuses a negative or overflowing shape
   Generator& g = gen ? *gen : default_generator();
-  std::vector<int64_t> v(static_cast<size_t>(shape_numel(shape)));
-  for (auto& x : v) x = low + int64_t(g.random_below(uint64_t(high - low)));
-  return from_vector(v, shape, {.dtype = opt.dtype, .device = opt.device});
+  int64_t* v = host.data_ptr<int64_t>();
+  // The range and the sum in uint64 (wrapping, then back): high - low may exceed INT64_MAX.
+  for (int64_t i = 0, n = host.numel(); i < n; ++i)
+    v[i] = int64_t(uint64_t(low) + g.random_below(uint64_t(high) - uint64_t(low)));
+  return host.to(opt.device, opt.dtype);
 }
 
 Tensor randperm(int64_t n, Generator* gen) {
+  KILN_CHECK(n >= 0, "randperm: n must be >= 0, got ", n);
+  Tensor host = empty({n}, {.dtype = DType::i64});
   Generator& g = gen ? *gen : default_generator();
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = i;
-  for (int64_t i = n - 1; i > 0; --i) std::swap(v[size_t(i)], v[g.random_below(uint64_t(i + 1))]);  // Fisher-Yates
-  return from_vector(v, {n});
+  int64_t* v = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[g.random_below(uint64_t(i + 1))]);  // Fisher-Yates
+  return host;
 }
 
 }  // namespace kiln

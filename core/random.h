@@ -5,6 +5,7 @@
 // generator state saved in a checkpoint is two integers.
 #include <array>
 #include <cstdint>
+#include <mutex>
 
 #include <kiln/core/tensor.h>
 
@@ -22,24 +23,41 @@ struct GeneratorState {
   uint64_t offset = 0;  // next unused 128-bit Philox block
 };
 
+// Thread-safe: draws from several threads each claim their own blocks (a mutex guards the state), so no
+// two draws overlap and none is lost. Copies take a snapshot of the state.
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) { state_.seed = seed; }
-  void manual_seed(uint64_t seed) { state_ = {seed, 0}; }
-  GeneratorState state() const { return state_; }
-  void set_state(GeneratorState s) { state_ = s; }
+  Generator(const Generator& other) : state_(other.state()) {}
+  Generator& operator=(const Generator& other) {
+    set_state(other.state());
+    return *this;
+  }
+  void manual_seed(uint64_t seed) { set_state({seed, 0}); }
+  GeneratorState state() const {
+    std::lock_guard lock(mutex_);
+    return state_;
+  }
+  void set_state(GeneratorState s) {
+    std::lock_guard lock(mutex_);
+    state_ = s;
+  }
   // Claims `blocks` Philox blocks and returns the first.
-  uint64_t reserve(uint64_t blocks) {
-    uint64_t first = state_.offset;
+  uint64_t reserve(uint64_t blocks) { return reserve_blocks(blocks).offset; }
+  // Claims `blocks` blocks and returns the seed with the first block, read together under the lock.
+  GeneratorState reserve_blocks(uint64_t blocks) {
+    std::lock_guard lock(mutex_);
+    GeneratorState first = state_;
     state_.offset += blocks;
     return first;
   }
-  uint64_t seed() const { return state_.seed; }
+  uint64_t seed() const { return state().seed; }
   // Host-side helpers for data shuffling etc.
   uint32_t next_u32();
   uint64_t random_below(uint64_t n);  // uniform in [0, n)
 
  private:
+  mutable std::mutex mutex_;
   GeneratorState state_;
 };
 

@@ -1,11 +1,35 @@
 #include <kiln/core/shape.h>
 
+#include <algorithm>
+
 namespace kiln {
 
-int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
+int64_t checked_numel(const Shape& shape, const char* op) {
+  // Zero-size dims count as 1 in the product, as they do in the strides, so that every stride and offset
+  // of a tensor of this shape is representable too.
+  int64_t span = 1;
+  bool any_zero = false;
+  for (int64_t s : shape) {
+    KILN_CHECK(s >= 0, op, ": negative size ", s, " in shape ", shape_str(shape));
+    any_zero |= s == 0;
+    KILN_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span), op, ": shape ", shape_str(shape),
+               " overflows int64 (its element count or strides exceed 2^63 - 1)");
+  }
+  return any_zero ? 0 : span;
+}
+
+int64_t shape_numel(const Shape& shape) { return checked_numel(shape, "shape"); }
+
+int64_t checked_add(int64_t a, int64_t b, const char* op) {
+  int64_t r;
+  KILN_CHECK(!__builtin_add_overflow(a, b, &r), op, ": ", a, " + ", b, " overflows int64");
+  return r;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const char* op) {
+  int64_t r;
+  KILN_CHECK(!__builtin_mul_overflow(a, b, &r), op, ": ", a, " * ", b, " overflows int64");
+  return r;
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -13,7 +37,7 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
     strides[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
+    s = checked_mul(s, std::max<int64_t>(shape[d], 1), "contiguous_strides");
   }
   return strides;
 }
@@ -71,21 +95,23 @@ std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, cons
 }
 
 Shape infer_shape(Shape shape, int64_t numel, const char* op) {
-  int64_t known = 1, infer = -1;
+  int64_t infer = -1;
+  Shape known_dims;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       KILN_CHECK(infer < 0, op, ": only one dimension can be -1 in ", shape_str(shape));
       infer = int64_t(i);
     } else {
       KILN_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in ", shape_str(shape));
-      known *= shape[i];
+      known_dims.push_back(shape[i]);
     }
   }
+  const int64_t known = checked_numel(known_dims, op);
   if (infer >= 0) {
     KILN_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
     shape[infer] = numel / known;
   }
-  KILN_CHECK(shape_numel(shape) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
+  KILN_CHECK(checked_numel(shape, op) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
   return shape;
 }
 
