@@ -93,7 +93,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         in[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype, .device = node->outputs[i].device});
     for (auto& [index, hook] : node->pre_hooks) {
       Tensor replaced = hook(in[index]);
-      if (replaced.defined()) in[index] = replaced;
+      if (!replaced.defined()) continue;
+      KILN_CHECK(replaced.sizes() == in[index].sizes() && replaced.device() == in[index].device(),
+                 "backward: a hook on the gradient of '", node->name(), "' (output ", index, ") returned ",
+                 replaced.str(), " in place of ", in[index].str(), "; a hook must keep the gradient's shape and device");
+      in[index] = replaced;
     }
     std::vector<Tensor> out = node->apply(in);
     if (is_anomaly_enabled()) check_finite(*node, out);

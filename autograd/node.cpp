@@ -14,14 +14,27 @@ std::atomic<uint64_t> next_sequence_nr{0};
 Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
 
 std::vector<Tensor> FunctionNode::apply(const std::vector<Tensor>& grads) {
+  std::lock_guard lock(mutex_);
   KILN_CHECK(fn_ != nullptr, name(), " backward: trying to backward through the graph a second time (or after its "
              "saved tensors were freed); pass retain_graph=true to the first backward");
   return fn_(grads);
 }
 
+void FunctionNode::release() {
+  std::lock_guard lock(mutex_);
+  fn_ = nullptr;
+}
+
+bool FunctionNode::released() const {
+  std::lock_guard lock(mutex_);
+  return !fn_;
+}
+
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto leaf = leaf_.lock();
   if (!leaf || !grads[0].defined()) return {};
+  static std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
+  std::lock_guard lock(accumulate_mutex);
   Tensor var(leaf);
   Tensor g = grads[0];
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
@@ -62,13 +75,18 @@ Edge gradient_edge(const Tensor& t) {
   TensorImpl& impl = t.impl();
   if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
   if (!impl.requires_grad) return {};
+  // Threads recording ops on one leaf at once (a shared parameter) must get the same accumulator.
+  static std::mutex accumulator_mutex;
+  std::lock_guard lock(accumulator_mutex);
   if (!impl.grad_accumulator) {
     auto acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
     acc->outputs.push_back({t.sizes(), t.dtype(), t.device()});
     impl.grad_accumulator = acc;
   }
   // Module::to() may have changed the leaf's dtype or device since the accumulator was made.
-  impl.grad_accumulator->outputs[0] = {t.sizes(), t.dtype(), t.device()};
+  OutputInfo& info = impl.grad_accumulator->outputs[0];
+  if (info.shape != t.sizes() || info.dtype != t.dtype() || info.device != t.device())
+    info = {t.sizes(), t.dtype(), t.device()};
   return {impl.grad_accumulator, 0};
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,18 +54,22 @@ struct Node {
 
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
 
-// A node whose backward is a closure over its saved tensors.
+// A node whose backward is a closure over its saved tensors. Backward calls from several threads may
+// reach the same node (graphs that share a subgraph): apply and release take the node's lock, so the
+// second call either runs (retain_graph) or gets the clean "backward a second time" error.
 struct FunctionNode final : Node {
   FunctionNode(std::string name, BackwardFn fn) : Node(std::move(name)), fn_(std::move(fn)) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
-  void release() override { fn_ = nullptr; }
-  bool released() const override { return !fn_; }
+  void release() override;
+  bool released() const override;
 
  private:
+  mutable std::mutex mutex_;
   BackwardFn fn_;
 };
 
-// Sums incoming gradients into a leaf's .grad.
+// Sums incoming gradients into a leaf's .grad. Concurrent backward calls into one leaf serialize on a
+// lock, so no gradient is lost (PyTorch's AccumulateGrad does the same).
 struct AccumulateGrad final : Node {
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("AccumulateGrad"), leaf_(leaf) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
