@@ -235,7 +235,9 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& target, int64_t igno
       loss[n] = 0;
       return;
     }
-    loss[n] = stat_t<T>(lse - (1.0 - eps) * double(xr[t[n]]) - eps / double(C) * sx);
+    // Without smoothing the Σ_c x term is absent, not 0 * Σ: a logit masked with -inf would make it NaN.
+    const double smooth = eps > 0 ? eps / double(C) * sx : 0.0;
+    loss[n] = stat_t<T>(lse - (1.0 - eps) * double(xr[t[n]]) - smooth);
   });
 }
 
