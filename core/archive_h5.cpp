@@ -8,11 +8,13 @@
 #include <kiln/core/archive.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <hdf5.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -707,13 +709,53 @@ class Reader {
 
 }  // namespace
 
+namespace {
+
+// This host's name, so that a temporary's owner is known on a shared file system.
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "host";
+  std::string h(buf);
+  std::replace(h.begin(), h.end(), '.', '_');  // the name's fields are split on '.'
+  return h;
+}
+
+// `path`.tmp.<host>.<pid>.<n>: unique per call, so threads and processes (ranks) that save to one path
+// never share a temporary file; each rename then installs one complete file.
+std::string temporary_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
+// Temporaries left by processes of this host that died mid-save (SIGKILL, power loss) are removed by the
+// next save to the same path. A process that is alive keeps its temporary; other hosts' are left alone.
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string prefix = target.filename().string() + ".tmp." + host_name() + ".";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // <pid>.<n>
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789.") != std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+}
+
+}  // namespace
+
 void save(const std::string& path, const Archive& archive) {
   std::string ctx = "archive::save: '" + path + "'";
   Plan plan = plan_layout(path, archive);
   std::error_code ec;
   KILN_CHECK(!std::filesystem::is_directory(path, ec), ctx, ": is a directory");
-  // The pid keeps concurrent writers (e.g. one per rank) from sharing a temporary file.
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  remove_stale_temporaries(path);
+  const std::string tmp = temporary_name(path);
   Image image;
   {
     Session session;  // HDF5 is used only in here, including the Writer's destructor
