@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
+#include <thread>
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -187,4 +189,23 @@ TEST(Generator, RandintRangeAndRandomBelow) {
   }
   EXPECT_KILN_ERROR(randint(3, 3, {2}, {.dtype = DType::i64}, &g), "randint");
   EXPECT_KILN_ERROR(rand({3}, {.dtype = DType::i32}, &g), "floating");
+}
+
+// The default generator is shared by every thread: concurrent draws must each claim their own blocks
+// (no two identical draws, no lost offsets).
+TEST(Random, ConcurrentDrawsFromTheDefaultGeneratorNeverOverlap) {
+  manual_seed(5);
+  constexpr int kThreads = 4, kDraws = 200;
+  std::vector<std::vector<float>> firsts(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kDraws; ++i) firsts[size_t(t)].push_back(randn({8}).to_vector<float>()[0]);
+    });
+  for (auto& th : threads) th.join();
+  std::set<float> seen;
+  for (const auto& f : firsts) seen.insert(f.begin(), f.end());
+  EXPECT_EQ(seen.size(), size_t(kThreads * kDraws)) << "two draws used the same Philox blocks";
+  // randn of 8 values claims 4 blocks: every claim is counted.
+  EXPECT_EQ(default_generator().state().offset, uint64_t(kThreads * kDraws * 4));
 }
