@@ -12,6 +12,14 @@ namespace kiln::optim {
 
 namespace {
 
+// Shortest text that reads back as the same double (17 significant digits at most).
+std::string format_number(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
 constexpr const char* kVersionKey = "kiln_checkpoint_version";
 constexpr const char* kGenerator = "philox4x32-10";
 
@@ -151,6 +159,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
   if (scheduler) {
     ar.set("scheduler/last_step", scheduler->last_step());
     ar.set("scheduler/base_lrs", scheduler->base_lrs());
+    for (const auto& [name, value] : scheduler->schedule()) ar.set("scheduler/schedule/" + name, value);
   }
   if (scaler) {
     ar.set("scaler/scale", scaler->state_dict().scale);
@@ -221,6 +230,18 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optim
         errors.push_back("scheduler: the file has " + std::to_string(sched_sd.base_lrs.size()) +
                          " base learning rates, the scheduler " + std::to_string(scheduler->base_lrs().size()));
       if (sched_sd.last_step < 0) errors.push_back("scheduler: negative last_step " + std::to_string(sched_sd.last_step));
+      // Files written before the schedule was stored have none to check.
+      for (const auto& [name, value] : scheduler->schedule()) {
+        const std::string key = "scheduler/schedule/" + name;
+        if (!ar.has(key)) continue;
+        attempt(errors, [&] {
+          const double saved = ar.get_double(key);
+          if (saved != value)
+            errors.push_back("scheduler: the file's schedule has " + name + " = " + format_number(saved) +
+                             ", this scheduler " + name + " = " + format_number(value) +
+                             " (a resume must keep the schedule: another batch size or length changes it)");
+        });
+      }
     }
   }
 

@@ -49,6 +49,10 @@ double StepLR::lr_at(int64_t step, double base_lr) const {
   return base_lr * std::pow(gamma_, double(step / step_size_));
 }
 
+std::vector<std::pair<std::string, double>> StepLR::schedule() const {
+  return {{"step_size", double(step_size_)}, {"gamma", gamma_}};
+}
+
 CosineWithWarmup::CosineWithWarmup(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr)
     : LRScheduler(optimizer), warmup_steps_(warmup_steps), total_steps_(total_steps), min_lr_(min_lr) {
   KILN_CHECK(warmup_steps >= 0 && total_steps > warmup_steps, "CosineWithWarmup: needs 0 <= warmup_steps < total_steps, got ",
@@ -62,6 +66,10 @@ double CosineWithWarmup::lr_at(int64_t step, double base_lr) const {
   if (step >= total_steps_) return min_lr_;
   const double r = double(step - warmup_steps_) / double(total_steps_ - warmup_steps_);
   return min_lr_ + (base_lr - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * r));
+}
+
+std::vector<std::pair<std::string, double>> CosineWithWarmup::schedule() const {
+  return {{"warmup_steps", double(warmup_steps_)}, {"total_steps", double(total_steps_)}, {"min_lr", min_lr_}};
 }
 
 }  // namespace kiln::optim

@@ -7,6 +7,8 @@
 //
 // Usage, per training step: opt.step(); sched.step();  — construction applies the step-0 rate.
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <kiln/optim/optimizer.h>
@@ -33,6 +35,10 @@ class LRScheduler {
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   // The rate this schedule gives a group with this base rate at this step.
   virtual double lr_at(int64_t step, double base_lr) const = 0;
+  // The numbers that define the schedule's shape (e.g. total_steps), by name. A checkpoint stores them and
+  // a resume checks them: a run resumed with another length (another batch size, say) would otherwise
+  // continue on a schedule that has already ended.
+  virtual std::vector<std::pair<std::string, double>> schedule() const = 0;
 
   SchedulerState state_dict() const { return {last_step_, base_lrs_}; }
   // Restores the counter and base rates and re-applies the rate of that step to the groups.
@@ -54,6 +60,7 @@ class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
   double lr_at(int64_t step, double base_lr) const override;
+  std::vector<std::pair<std::string, double>> schedule() const override;
 
  private:
   int64_t step_size_;
@@ -70,6 +77,7 @@ class CosineWithWarmup : public LRScheduler {
  public:
   CosineWithWarmup(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
   double lr_at(int64_t step, double base_lr) const override;
+  std::vector<std::pair<std::string, double>> schedule() const override;
 
  private:
   int64_t warmup_steps_;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -282,9 +283,14 @@ int run(const Args& args) {
       int64_t done = it.index() + 1;
       progress.update(done, [&] { return loss_sum.item<double>() / double(done); }, seen);
     }
+    const double train_loss = loss_sum.item<double>() / double(loader.size());
+    // A diverged run stops here rather than training on NaN: without a scaler no step is skipped, so a
+    // non-finite loss has already reached the weights (with one, such steps were skipped and counted).
+    KILN_CHECK(std::isfinite(train_loss) || scaler.is_enabled(), "fashion_mnist: epoch ", epoch + 1,
+               " ended with a non-finite training loss (", train_loss, "): the run diverged (lr ", args.lr,
+               "); lower --lr or set --clip");
     accuracy = evaluate(*net, test, dev, amp_dtype);
-    std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1,
-                loss_sum.item<double>() / double(loader.size()), accuracy);
+    std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1, train_loss, accuracy);
     if (scaler.is_enabled()) std::printf(", loss scale %g, skipped steps %lld", scaler.get_scale(), (long long)skipped);
     std::printf("\n");
     std::fflush(stdout);

@@ -104,5 +104,32 @@ TEST(CheckpointResume, WithoutRestoredRngTheLossesDiffer) {
   EXPECT_GT(differing, 0);
 }
 
+TEST(CheckpointResume, ASchedulerOfAnotherLengthIsRefusedAndNothingChanges) {
+  // A trainer resumed with another batch size builds its schedule with another total_steps; before the
+  // schedule was saved, the resumed run went on past its saved end at lr = min_lr (0 in the trainers).
+  test::ScratchDir dir;
+  const std::string path = dir.file("mid.h5");
+  train_and_save(make_data(), path);
+  manual_seed(9);
+  Mlp net;
+  AdamW opt(net.parameters(), {.lr = 1e-2, .weight_decay = 0.01});
+  CosineWithWarmup shorter(opt, 2, kTotalSteps / 2, 1e-4);
+  const std::vector<float> before = net.fc1.weight.to_vector<float>();
+  try {
+    load_checkpoint(path, net, opt, &shorter);
+    FAIL() << "a schedule of another length was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("total_steps = 12"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("total_steps = 6"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(net.fc1.weight.to_vector<float>(), before) << "a refused load changed the model";
+  EXPECT_EQ(shorter.last_step(), 0);
+
+  CosineWithWarmup same(opt, 2, kTotalSteps, 1e-4);  // the same schedule resumes
+  EXPECT_NO_THROW(load_checkpoint(path, net, opt, &same));
+  EXPECT_EQ(same.last_step(), kSaveAt);
+}
+
 }  // namespace
 }  // namespace kiln::optim
