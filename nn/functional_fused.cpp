@@ -193,11 +193,17 @@ namespace {
 std::array<int64_t, 2> pool_stride(const Pool2dOptions& opt) {
   return {opt.stride[0] ? opt.stride[0] : opt.kernel_size[0], opt.stride[1] ? opt.stride[1] : opt.kernel_size[1]};
 }
+
+// PyTorch's rule for both pools: a window must overlap the input (padding at most half the kernel).
+void check_pool_padding(const Window2d& g, const char* op) {
+  KILN_CHECK(2 * g.ph <= g.kh && 2 * g.pw <= g.kw, op, ": padding (", g.ph, ", ", g.pw,
+             ") must be at most half the kernel size (", g.kh, ", ", g.kw, ")");
+}
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   Window2d g = window(x, opt.kernel_size[0], opt.kernel_size[1], pool_stride(opt), opt.padding, {1, 1}, "max_pool2d");
-  KILN_CHECK(2 * g.ph <= g.kh && 2 * g.pw <= g.kw, "max_pool2d: padding must be at most half the kernel size");
+  check_pool_padding(g, "max_pool2d");
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
   Tensor idx = empty({g.n, g.c, g.oh, g.ow}, {.dtype = DType::i64, .device = x.device()});
   {
@@ -215,6 +221,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   Window2d g = window(x, opt.kernel_size[0], opt.kernel_size[1], pool_stride(opt), opt.padding, {1, 1}, "avg_pool2d");
+  check_pool_padding(g, "avg_pool2d");
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
   {
     NoGradGuard ng;

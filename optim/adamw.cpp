@@ -15,7 +15,7 @@ namespace {
 void check_group(const ParamGroup& g) {
   const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("eps");
   const double wd = g.get("weight_decay");
-  KILN_CHECK(lr >= 0.0, "AdamW: invalid learning rate ", lr);
+  KILN_CHECK(std::isfinite(lr) && lr >= 0.0, "AdamW: invalid learning rate (lr) ", lr, ": it must be finite and >= 0");
   KILN_CHECK(eps >= 0.0, "AdamW: invalid eps ", eps);
   KILN_CHECK(b1 >= 0.0 && b1 < 1.0, "AdamW: invalid beta1 ", b1, " (needs 0 <= beta1 < 1)");
   KILN_CHECK(b2 >= 0.0 && b2 < 1.0, "AdamW: invalid beta2 ", b2, " (needs 0 <= beta2 < 1)");

@@ -1,6 +1,7 @@
 #include <kiln/optim/optimizer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include <kiln/autograd/grad_mode.h>
@@ -30,6 +31,11 @@ double ParamGroup::get(const std::string& name) const {
   return it->second;
 }
 
+void ParamGroup::set_lr(double lr) {
+  KILN_CHECK(std::isfinite(lr) && lr >= 0.0, "set_lr: invalid learning rate (lr) ", lr, ": it must be finite and >= 0");
+  options["lr"] = lr;
+}
+
 DType state_dtype(DType t) { return (t == DType::f16 || t == DType::bf16) ? DType::f32 : t; }
 
 Optimizer::Optimizer(std::string type, Options defaults) : type_(std::move(type)), defaults_(std::move(defaults)) {
@@ -37,9 +43,12 @@ Optimizer::Optimizer(std::string type, Options defaults) : type_(std::move(type)
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
+  KILN_CHECK(!group.params.empty(), type_, ": got an empty parameter list");
   for (const auto& p : group.params) {
     KILN_CHECK(p.defined(), type_, ": add_param_group: undefined parameter tensor");
     KILN_CHECK(is_floating(p.dtype()), type_, ": add_param_group: parameters must be floating point, got ", p.str());
+    KILN_CHECK(p.is_leaf(), type_, ": can't optimize a non-leaf tensor ", p.str(),
+               " (its value comes from other tensors; optimize those, or pass detach().requires_grad_())");
     for (const auto& g : groups_)
       for (const auto& q : g.params)
         KILN_CHECK(!q.is_same(p), type_, ": add_param_group: parameter ", p.str(), " is already in another group");
@@ -49,7 +58,8 @@ void Optimizer::add_param_group(ParamGroup group) {
       KILN_CHECK(!group.params[i].is_same(group.params[j]), type_, ": add_param_group: parameter ",
                  group.params[i].str(), " appears twice in the group");
   for (const auto& [name, value] : defaults_) group.options.emplace(name, value);  // keeps what the group set
-  KILN_CHECK(group.get("lr") >= 0.0, type_, ": invalid learning rate ", group.get("lr"));
+  KILN_CHECK(std::isfinite(group.get("lr")) && group.get("lr") >= 0.0, type_, ": invalid learning rate (lr) ",
+             group.get("lr"), ": it must be finite and >= 0");
   state_.resize(state_.size() + group.params.size());
   groups_.push_back(std::move(group));
 }

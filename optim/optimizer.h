@@ -23,7 +23,7 @@ struct ParamGroup {
   Options options;
 
   double lr() const { return get("lr"); }
-  void set_lr(double lr) { options["lr"] = lr; }
+  void set_lr(double lr);  // refuses a negative or non-finite lr
   bool has(const std::string& name) const { return options.count(name) != 0; }
   double get(const std::string& name) const;  // throws kiln::Error naming the option when it is missing
 };

@@ -1,5 +1,7 @@
 #include <kiln/optim/sgd.h>
 
+#include <cmath>
+
 #include <kiln/autograd/grad_mode.h>
 
 namespace kiln::optim {
@@ -15,7 +17,7 @@ Tensor fresh_copy(const Tensor& src, DType dtype) {
 void check_group(const ParamGroup& g) {
   const double lr = g.get("lr"), momentum = g.get("momentum"), dampening = g.get("dampening");
   const double wd = g.get("weight_decay");
-  KILN_CHECK(lr >= 0.0, "SGD: invalid learning rate ", lr);
+  KILN_CHECK(std::isfinite(lr) && lr >= 0.0, "SGD: invalid learning rate (lr) ", lr, ": it must be finite and >= 0");
   KILN_CHECK(momentum >= 0.0, "SGD: invalid momentum ", momentum);
   KILN_CHECK(wd >= 0.0, "SGD: invalid weight_decay ", wd);
   KILN_CHECK(g.get("nesterov") == 0.0 || (momentum > 0.0 && dampening == 0.0),
