@@ -1,8 +1,15 @@
-// Batched GEMM on the CPU through Eigen (which threads large products with OpenMP). f16/bf16 operands
-// are widened to f32 first: the CPU is the reference, not the fast path for half types.
+// Batched GEMM on the CPU through Eigen, threaded over fixed tiles of the output so that results never
+// depend on the thread count. f16/bf16 operands are widened to f32 first: the CPU is the reference, not
+// the fast path for half types.
+#include <algorithm>
+
+// Eigen never threads a product itself: the tiles below are the only parallelism (this is the one file
+// that includes Eigen, so the setting is the same for every instantiation).
+#define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
 
 #include <kiln/core/cpu/cpu_backend.h>
+#include <kiln/core/cpu/strided.h>
 
 namespace kiln::cpu {
 
@@ -10,8 +17,6 @@ namespace {
 
 template <class T, int Order>
 using MatMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
-template <class T>
-using OutMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 // A matrix view with unit stride along rows (row-major) or columns (column-major).
 struct MatLayout {
@@ -26,18 +31,34 @@ MatLayout layout_of(const Tensor& t) {
   return {false, std::max<int64_t>(t.stride(2), 1)};
 }
 
+// C = A B over fixed tiles of C (kTileRows x kTileCols, per batch), each one single-threaded Eigen product
+// over the whole K. Eigen's own threading picks its blocking (and so the summation order along K) from the
+// thread count, so a result would change with OMP_NUM_THREADS and a resume on another machine would not be
+// bit-exact; the tiles depend only on the shapes. Inside the parallel loop Eigen runs single-threaded.
+constexpr int64_t kTileRows = 64, kTileCols = 256;
+
 template <class T, int OA, int OB>
 void gemm_batches(const Tensor& a, const Tensor& b, const Tensor& out, int64_t a_outer, int64_t b_outer) {
-  int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  const int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  const int64_t row_tiles = (M + kTileRows - 1) / kTileRows, col_tiles = (N + kTileCols - 1) / kTileCols;
+  const int64_t tiles = B * row_tiles * col_tiles;
   const T* pa = static_cast<const T*>(a.raw_data());
   const T* pb = static_cast<const T*>(b.raw_data());
   T* pc = static_cast<T*>(out.raw_data());
-  for (int64_t i = 0; i < B; ++i) {
-    MatMap<T, OA> A(pa + i * a.stride(0), M, K, Eigen::OuterStride<>(a_outer));
-    MatMap<T, OB> Bm(pb + i * b.stride(0), K, N, Eigen::OuterStride<>(b_outer));
-    OutMap<T> C(pc + i * M * N, M, N);
+  // Offset of element (r, c) in a row-major or column-major matrix with this outer stride.
+  auto at = [](int order, int64_t outer, int64_t r, int64_t c) {
+    return order == Eigen::RowMajor ? r * outer + c : c * outer + r;
+  };
+  parallel_for(tiles, kTileRows * kTileCols * K, [&](int64_t t) {
+    const int64_t i = t / (row_tiles * col_tiles);
+    const int64_t r0 = (t / col_tiles) % row_tiles * kTileRows, c0 = t % col_tiles * kTileCols;
+    const int64_t m = std::min(kTileRows, M - r0), n = std::min(kTileCols, N - c0);
+    MatMap<T, OA> A(pa + i * a.stride(0) + at(OA, a_outer, r0, 0), m, K, Eigen::OuterStride<>(a_outer));
+    MatMap<T, OB> Bm(pb + i * b.stride(0) + at(OB, b_outer, 0, c0), K, n, Eigen::OuterStride<>(b_outer));
+    Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0, Eigen::OuterStride<>> C(
+        pc + i * M * N + r0 * N + c0, m, n, Eigen::OuterStride<>(N));
     C.noalias() = A * Bm;
-  }
+  });
 }
 
 template <class T>
