@@ -20,12 +20,6 @@ int64_t checked_numel(const Shape& shape, const char* op) {
 
 int64_t shape_numel(const Shape& shape) { return checked_numel(shape, "shape"); }
 
-int64_t checked_add(int64_t a, int64_t b, const char* op) {
-  int64_t r;
-  KILN_CHECK(!__builtin_add_overflow(a, b, &r), op, ": ", a, " + ", b, " overflows int64");
-  return r;
-}
-
 int64_t checked_mul(int64_t a, int64_t b, const char* op) {
   int64_t r;
   KILN_CHECK(!__builtin_mul_overflow(a, b, &r), op, ": ", a, " * ", b, " overflows int64");

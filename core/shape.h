@@ -11,8 +11,7 @@ namespace kiln {
 // as 1, as in the strides) must fit in int64; otherwise kiln::Error naming `op` and the shape.
 int64_t checked_numel(const Shape& shape, const char* op);
 int64_t shape_numel(const Shape& shape);  // checked_numel naming the op "shape"
-// a + b and a * b, refused with kiln::Error naming `op` when they overflow int64.
-int64_t checked_add(int64_t a, int64_t b, const char* op);
+// a * b, refused with kiln::Error naming `op` when it overflows int64.
 int64_t checked_mul(int64_t a, int64_t b, const char* op);
 Shape contiguous_strides(const Shape& shape);
 // Wraps a possibly negative dim into [0, ndim); throws naming `op` when out of range.

@@ -209,6 +209,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     st[i] = have == want ? strides()[i - lead] : 0;
   }
   if (out_shape == sizes()) return *this;
+  checked_numel(out_shape, "expand");
   Tensor out = make_view(*this, out_shape, st, offset());
   return record_view("expand", *this, out, [s = sizes()](const Tensor& g) { return sum_to(g, s); });
 }

@@ -10,7 +10,10 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 sed -n '/<!-- readme-example:begin -->/,/<!-- readme-example:end -->/p' "$src/README.md" | sed '/^```/d;/^<!--/d' \
   > "$work/main.cpp"
 [ -s "$work/main.cpp" ] || { echo "no example found in README.md"; exit 1; }
+# The consumer is compiled with Kiln's own flags (scripts/sanitize.sh builds both with the sanitizers).
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CXX_FLAGS="$(cache_value CMAKE_CXX_FLAGS)" -DCMAKE_EXE_LINKER_FLAGS="$(cache_value CMAKE_EXE_LINKER_FLAGS)" \
       -DCMAKE_PREFIX_PATH="$work/prefix" -DEXAMPLE_SOURCE="$work/main.cpp" >/dev/null
 cmake --build "$work/build"
 cd "$work" && ./build/readme_example

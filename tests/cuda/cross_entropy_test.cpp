@@ -108,3 +108,27 @@ TEST(CudaCrossEntropy, OutOfRangeTargetOnTheVocabularyPath) {
   }
   EXPECT_NO_THROW(cuda::synchronize());
 }
+
+// Logits masked with -inf (not the target's): the loss is finite, as on the CPU and in PyTorch; a
+// 0 * (-inf) in the label-smoothing term made the CPU loss NaN. Small rows and vocabulary-sized rows
+// (different CUDA kernels), f32 and bf16, against the CPU.
+TEST(CudaCrossEntropy, MinusInfinityMaskedLogitsGiveFiniteLosses) {
+  KILN_REQUIRE_GPU();
+  for (int64_t C : {3, 50304})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const int64_t N = 16;
+      Tensor logits = rand_cpu({N, C}, DType::f32, 3.0);
+      Tensor target = randint(0, C, {N});
+      float* x = logits.data_ptr<float>();
+      const int64_t* t = target.data_ptr<int64_t>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = n % 3; c < C; c += 3)
+          if (c != t[n]) x[n * C + c] = -INFINITY;
+      Tensor lc = logits.to(dt), lg = lc.to(gpu());
+      Tensor loss_c = F::cross_entropy(lc, target, {.reduction = F::Reduction::none});
+      Tensor loss_g = F::cross_entropy(lg, target.to(gpu()), {.reduction = F::Reduction::none});
+      EXPECT_TRUE(all_true(isfinite(loss_c))) << "CPU, C = " << C;
+      EXPECT_TRUE(all_true(isfinite(loss_g.cpu()))) << "GPU, C = " << C;
+      expect_close(loss_c, loss_g, "masked cross_entropy C=" + std::to_string(C), 1e-5, 1.0);
+    }
+}
