@@ -106,7 +106,8 @@ Tensor randn_like(const Tensor& t, Generator* gen) {
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& opt, Generator* gen) {
   KILN_CHECK(high > low, "randint: empty range [", low, ", ", high, ")");
-  Tensor host = empty(shape, {.dtype = DType::i64});  // refuses a negative or overflowing shape
+  checked_numel(shape, "randint");  // a negative or overflowing shape, named as randint's
+  Tensor host = empty(shape, {.dtype = DType::i64});
   Generator& g = gen ? *gen : default_generator();
   int64_t* v = host.data_ptr<int64_t>();
   // The range and the sum in uint64 (wrapping, then back): high - low may exceed INT64_MAX.
