@@ -26,6 +26,13 @@ namespace kiln::cuda {
 
 namespace {
 
+// e^(x - m) for the running sum, with e^(-inf) = 0 exactly. A thread whose values so far are all -inf
+// (logits masked with -inf) has m = -inf, and exp_shifted(-inf, shift_of(-inf)) is e^NaN.
+template <class A>
+__device__ __forceinline__ A exp_term(A x, A c) {
+  return x == A(-INFINITY) ? A(0) : exp_shifted(x, c);
+}
+
 template <class S>
 __global__ void __launch_bounds__(512)
     cross_entropy_kernel(const device_t<S>* x, const int64_t* target, int64_t N, int64_t C, int G, int64_t ignore_index,
@@ -57,7 +64,7 @@ __global__ void __launch_bounds__(512)
         const A c = shift_of(m);
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          s += exp_shifted(v[j], c);
+          s += exp_term(v[j], c);
           if (smooth) sx += v[j];
         }
       });
@@ -197,9 +204,10 @@ __global__ void __launch_bounds__(kCeThreads)
       for (int u = 0; u < kCeU; ++u)
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          A e = exp_shifted(v[u][j], c);
-          s += v[u][j] == A(-INFINITY) ? A(0) : e;
-          if (smooth && v[u][j] != A(-INFINITY)) sx += v[u][j];
+          s += exp_term(v[u][j], c);
+          // Padding past the row's end reads as -inf too: only the row's logits enter the smoothing sum
+          // (a logit masked with -inf does, making the loss +inf as on the CPU and in PyTorch).
+          if (smooth && (q * kCeU + u) * kCeThreads + threadIdx.x < nvec) sx += v[u][j];
         }
     }
     const A gm = group_allreduce(m, kCeThreads, smem, MaxOp());
@@ -320,7 +328,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     const A c = shift_of(m);
 #pragma unroll
     for (int j = 0; j < K; ++j) {
-      s += exp_shifted(f[j], c);
+      s += exp_term(f[j], c);
       if (smooth) sx += f[j];
     }
 #pragma unroll
