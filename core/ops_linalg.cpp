@@ -73,7 +73,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     result = batch;
   } else {
     Shape ba(a.sizes().begin(), a.sizes().end() - 2), bb(b.sizes().begin(), b.sizes().end() - 2);
-    Shape batch = broadcast_shapes(ba, bb, "matmul");
+    Shape batch;
+    try {
+      batch = broadcast_shapes(ba, bb, "matmul");
+    } catch (const Error&) {  // name the operands, not just their batch dims
+      KILN_FAIL("matmul: the batch dims of ", a_in.str(), " and ", b_in.str(), " cannot be broadcast together");
+    }
     Shape ea = batch, eb = batch;
     ea.insert(ea.end(), {M, K});
     eb.insert(eb.end(), {K, N});

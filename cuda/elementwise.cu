@@ -225,7 +225,7 @@ __device__ __forceinline__ void apply_unary(UnaryOp op, C (&x)[V], double p0, do
     KILN_EW_CASE(UnaryOp::rsqrt, one / m_sqrt(v))
     KILN_EW_CASE(UnaryOp::tanh, m_tanh(v))
     KILN_EW_CASE(UnaryOp::sigmoid, one / (one + m_exp(-v)))
-    KILN_EW_CASE(UnaryOp::relu, v > zero ? v : zero)
+    KILN_EW_CASE(UnaryOp::relu, v <= zero ? zero : v)  // NaN stays NaN, as in PyTorch
     KILN_EW_CASE(UnaryOp::gelu, v * normal_cdf(v))
     KILN_EW_CASE(UnaryOp::gelu_tanh, gelu_tanh(v))
     KILN_EW_CASE(UnaryOp::abs, m_abs(v))

@@ -28,7 +28,7 @@ void apply_unary(UnaryOp op, double* x, int64_t n, double p0, double p1) {
     case UnaryOp::rsqrt: for (int64_t i = 0; i < n; ++i) x[i] = 1.0 / std::sqrt(x[i]); break;
     case UnaryOp::tanh: for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i]); break;
     case UnaryOp::sigmoid: for (int64_t i = 0; i < n; ++i) x[i] = 1.0 / (1.0 + std::exp(-x[i])); break;
-    case UnaryOp::relu: for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0.0; break;
+    case UnaryOp::relu: for (int64_t i = 0; i < n; ++i) x[i] = x[i] <= 0 ? 0.0 : x[i]; break;  // NaN stays NaN
     // gelu(x) = x Φ(x) = x/2 (1 + erf(x/√2))
     case UnaryOp::gelu: for (int64_t i = 0; i < n; ++i) x[i] = 0.5 * x[i] * (1.0 + std::erf(x[i] / kSqrt2)); break;
     // tanh approximation: x/2 (1 + tanh(√(2/π) (x + 0.044715 x³)))

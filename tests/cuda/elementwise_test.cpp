@@ -306,6 +306,8 @@ TEST(CudaElementwise, NanAndInfSemanticsMatchTheCpu) {
   EXPECT_TRUE(std::isnan(m.to_vector<double>()[0]));
   EXPECT_TRUE(std::isnan(m.to_vector<double>()[1]));
   EXPECT_TRUE(std::isnan(clamp(from_vector(av, {19}).to(kGpu), -1.0, 1.0).cpu().to_vector<double>()[0]));
+  // relu keeps NaN, as PyTorch's does (it once gave 0 on both sides)
+  EXPECT_TRUE(std::isnan(relu(from_vector(av, {19}).to(kGpu)).cpu().to_vector<double>()[0]));
 }
 
 TEST(CudaElementwise, PublicOpsAndTheirGradientsMatchTheCpu) {
