@@ -1,11 +1,9 @@
 // Elementwise CPU kernels: copy/cast, fill, unary, binary, where, random. Each walks the output in
 // chunks, converts operands to double, applies the op, and rounds once into the output dtype.
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include <kiln/core/cpu/cpu_backend.h>
-#include <kiln/core/cpu_memory.h>
 #include <kiln/core/cpu/strided.h>
 
 namespace kiln::cpu {
@@ -202,28 +200,6 @@ void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b
     }
     store(out, start, n, buf);
   });
-}
-
-namespace {
-std::atomic<size_t> allocated_bytes{0};
-// 64-byte alignment for vector loads; aligned_alloc needs a size multiple of the alignment.
-size_t aligned_size(size_t nbytes) { return (nbytes + 63) / 64 * 64; }
-}  // namespace
-
-size_t memory_allocated() { return allocated_bytes.load(std::memory_order_relaxed); }
-
-void* CpuBackend::allocate(size_t nbytes, Device) {
-  KILN_CHECK(nbytes <= SIZE_MAX - 63, "cpu allocate: cannot allocate ", nbytes, " bytes");
-  void* p = std::aligned_alloc(64, aligned_size(nbytes));
-  KILN_CHECK(p != nullptr, "cpu allocate: out of memory requesting ", nbytes, " bytes (", memory_allocated(),
-             " bytes held by CPU tensors)");
-  allocated_bytes.fetch_add(aligned_size(nbytes), std::memory_order_relaxed);
-  return p;
-}
-
-void CpuBackend::deallocate(void* ptr, size_t nbytes, Device) {
-  std::free(ptr);
-  allocated_bytes.fetch_sub(aligned_size(nbytes), std::memory_order_relaxed);
 }
 
 Backend& cpu_backend() {
