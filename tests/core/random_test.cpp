@@ -195,7 +195,7 @@ TEST(Generator, RandintRangeAndRandomBelow) {
 // (no two identical draws, no lost offsets).
 TEST(Random, ConcurrentDrawsFromTheDefaultGeneratorNeverOverlap) {
   manual_seed(5);
-  constexpr int kThreads = 4, kDraws = 200;
+  constexpr int kThreads = 8, kDraws = 1000;
   std::vector<std::vector<float>> firsts(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)

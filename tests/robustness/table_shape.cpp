@@ -90,6 +90,9 @@ std::vector<Row> shape_rows() {
       error("expand_overflows", [] { zeros({1, 1}).expand({kBig, kBig}); }, {"expand", "overflow"}),
       error("reshape_overflows", [] { zeros({4}).reshape({int64_t(1) << 62, 8}); }, {"reshape"}),
       error("randn_count_overflows", [] { randn({kBig, kBig}); }, {"overflow"}),
+      // out of memory names the tensor (2^45 f32 is 128 TiB, more than any machine's memory)
+      error("out_of_memory_names_the_tensor", [] { zeros({int64_t(1) << 45}); },
+            {"empty", "f32[35184372088832]", "cpu", "out of memory"}),
   };
 }
 
