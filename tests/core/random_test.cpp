@@ -196,15 +196,17 @@ TEST(Generator, RandintRangeAndRandomBelow) {
 TEST(Random, ConcurrentDrawsFromTheDefaultGeneratorNeverOverlap) {
   manual_seed(5);
   constexpr int kThreads = 8, kDraws = 1000;
-  std::vector<std::vector<float>> firsts(kThreads);
+  std::vector<std::vector<std::vector<float>>> draws(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kDraws; ++i) firsts[size_t(t)].push_back(randn({8}).to_vector<float>()[0]);
+      for (int i = 0; i < kDraws; ++i) draws[size_t(t)].push_back(randn({8}).to_vector<float>());
     });
   for (auto& th : threads) th.join();
-  std::set<float> seen;
-  for (const auto& f : firsts) seen.insert(f.begin(), f.end());
+  // Whole draws (8 values) as keys: two equal ones mean the same blocks were used (single floats of
+  // different draws may coincide by chance).
+  std::set<std::vector<float>> seen;
+  for (const auto& d : draws) seen.insert(d.begin(), d.end());
   EXPECT_EQ(seen.size(), size_t(kThreads * kDraws)) << "two draws used the same Philox blocks";
   // randn of 8 values claims 4 blocks: every claim is counted.
   EXPECT_EQ(default_generator().state().offset, uint64_t(kThreads * kDraws * 4));
