@@ -96,7 +96,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (!replaced.defined()) continue;
       KILN_CHECK(replaced.sizes() == in[index].sizes() && replaced.device() == in[index].device(),
                  "backward: a hook on the gradient of '", node->name(), "' (output ", index, ") returned ",
-                 replaced.str(), " in place of ", in[index].str(), "; a hook must keep the gradient's shape and device");
+                 replaced.str(), " in place of ", in[index].str(),
+                 "; a hook must keep the gradient's shape and device");
       in[index] = replaced;
     }
     std::vector<Tensor> out = node->apply(in);

@@ -46,8 +46,9 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), {.dtype = t.dtype()
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {.dtype = t.dtype(), .device = t.device()}); }
 
 Tensor arange(double start, double end, double step, const TensorOptions& opt) {
-  KILN_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step) && step != 0 && (end - start) / step >= 0,
-             "arange: empty or infinite range start=", start, " end=", end, " step=", step);
+  const bool finite = std::isfinite(start) && std::isfinite(end) && std::isfinite(step);
+  KILN_CHECK(finite && step != 0 && (end - start) / step >= 0, "arange: empty or infinite range start=", start,
+             " end=", end, " step=", step);
   // The count is computed in double: refuse it before the conversion to int64, undefined past 2^63.
   const double count = std::ceil((end - start) / step);
   KILN_CHECK(count < 0x1p63, "arange: start=", start, " end=", end, " step=", step, " gives ", count,

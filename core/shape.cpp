@@ -105,7 +105,8 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
     KILN_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
     shape[infer] = numel / known;
   }
-  KILN_CHECK(checked_numel(shape, op) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel, " elements");
+  KILN_CHECK(checked_numel(shape, op) == numel, op, ": shape ", shape_str(shape), " is invalid for ", numel,
+             " elements");
   return shape;
 }
 
