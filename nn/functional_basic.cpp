@@ -123,17 +123,14 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be (num_embeddings, embedding_dim), got ", weight.str());
   KILN_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, "embedding: indices must be i32 or i64, got ",
              indices.str());
-  if (indices.numel() > 0 && indices.device().is_cpu()) {
-    // Checked here, where the message can say embedding and the table's size. The CUDA gather does not
-    // check (a host-side check would be a device sync in every forward).
-    NoGradGuard ng;
-    const int64_t lo = amin(indices).to(DType::i64).item<int64_t>(), hi = amax(indices).to(DType::i64).item<int64_t>();
-    KILN_CHECK(lo >= 0 && hi < weight.size(0), "embedding: index ", lo < 0 ? lo : hi, " out of range for a table of ",
-               weight.size(0), " rows (weight ", weight.str(), ", indices ", indices.str(), ")");
-  }
   Shape shape = indices.sizes();
   shape.push_back(weight.size(1));
-  return index_select(weight, 0, indices.reshape({-1})).reshape(shape);
+  try {
+    return index_select(weight, 0, indices.reshape({-1})).reshape(shape);
+  } catch (const Error& e) {  // an index out of range (checked by the CPU kernel): say it is embedding's
+    KILN_FAIL("embedding: a table of ", weight.size(0), " rows (weight ", weight.str(), ", indices ", indices.str(),
+              "): ", e.what());
+  }
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
