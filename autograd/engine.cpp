@@ -27,10 +27,40 @@ void check_finite(const Node& node, const std::vector<Tensor>& grads) {
   }
 }
 
+// The backward passes running on this thread (a checkpoint's recomputation nests one) and the callbacks
+// queued for the end of the outermost.
+thread_local int backward_depth = 0;
+thread_local std::vector<std::function<void()>> end_callbacks;
+
+// Counts this pass in; when the outermost pass ends normally, runs the queued callbacks (which may queue
+// more); when it ends by an exception, drops them.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_callbacks.clear();
+  }
+  void finish() {
+    if (backward_depth != 1) return;
+    for (size_t i = 0; i < end_callbacks.size(); ++i) {
+      std::function<void()> cb = std::move(end_callbacks[i]);  // the vector may grow while cb runs
+      cb();
+    }
+    end_callbacks.clear();
+  }
+};
+
 }  // namespace
+
+void queue_callback(std::function<void()> callback) {
+  KILN_CHECK(backward_depth > 0, "queue_callback: no backward pass is running on this thread; call it from a hook "
+             "during backward");
+  end_callbacks.push_back(std::move(callback));
+}
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  BackwardScope scope;
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
@@ -91,7 +121,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     for (size_t i = 0; i < in.size(); ++i)
       if (!in[i].defined())
         in[i] = zeros(node->outputs[i].shape, {.dtype = node->outputs[i].dtype, .device = node->outputs[i].device});
-    for (auto& [index, hook] : node->pre_hooks) {
+    const std::vector<Node::PreHook> hooks = node->pre_hooks;  // a copy: a hook may remove itself
+    for (const auto& [handle, index, hook] : hooks) {
       Tensor replaced = hook(in[index]);
       if (!replaced.defined()) continue;
       KILN_CHECK(replaced.sizes() == in[index].sizes() && replaced.device() == in[index].device(),
@@ -116,6 +147,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       }
     }
   }
+  scope.finish();
 }
 
 }  // namespace kiln::autograd

@@ -9,7 +9,10 @@ namespace kiln::autograd {
 
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
-}
+std::atomic<size_t> next_handle{0};
+}  // namespace
+
+size_t next_hook_handle() { return next_handle++; }
 
 Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(next_sequence_nr++) {}
 
@@ -33,22 +36,31 @@ bool FunctionNode::released() const {
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto leaf = leaf_.lock();
   if (!leaf || !grads[0].defined()) return {};
-  static std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
-  std::lock_guard lock(accumulate_mutex);
   Tensor var(leaf);
-  Tensor g = grads[0];
+  std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
+  {
+    static std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
+    std::lock_guard lock(accumulate_mutex);
+    accumulate(var, grads[0]);
+    hooks = post_hooks;  // a copy: a hook may remove itself
+  }
+  for (auto& [handle, hook] : hooks) hook(var);
+  return {};
+}
+
+void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
+  Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   Tensor old = var.grad();
   if (!old.defined()) {
     // Steal the incoming gradient when nothing else can see it (the engine's buffer holds the only
     // handle and no view shares its storage); otherwise own a copy, since it may alias a user's tensor.
-    long handles = g.is_same(grads[0]) ? 2 : 1;  // `g` itself, plus the engine's buffer when not converted
+    long handles = g.is_same(incoming) ? 2 : 1;  // `g` itself, plus the engine's buffer when not converted
     bool sole_owner = g.impl_ptr().use_count() == handles && g.impl().storage.use_count() == 1;
     var.set_grad(sole_owner && g.is_contiguous() && g.offset() == 0 ? g : g.clone());
   } else {
     old.add_(g);
   }
-  return {};
 }
 
 SavedTensor::SavedTensor(const Tensor& t) {

@@ -44,8 +44,14 @@ struct Node {
 
   std::vector<Edge> next_edges;
   std::vector<OutputInfo> outputs;
-  // Hooks on the gradient w.r.t. output i, run before apply; each may replace the gradient.
-  std::vector<std::pair<uint32_t, TensorHook>> pre_hooks;
+  // Hooks on the gradient w.r.t. an output, run before apply in registration order; each may replace
+  // the gradient. `handle` is unique in the process (Tensor::remove_hook finds a hook by it).
+  struct PreHook {
+    size_t handle;
+    uint32_t output_nr;
+    TensorHook fn;
+  };
+  std::vector<PreHook> pre_hooks;
 
  private:
   std::string name_;
@@ -68,13 +74,18 @@ struct FunctionNode final : Node {
   BackwardFn fn_;
 };
 
-// Sums incoming gradients into a leaf's .grad. Concurrent backward calls into one leaf serialize on a
-// lock, so no gradient is lost (PyTorch's AccumulateGrad does the same).
+// Sums incoming gradients into a leaf's .grad, then runs its post-accumulate hooks with the leaf (outside
+// the lock). Concurrent backward calls into one leaf serialize on a lock, so no gradient is lost
+// (PyTorch's AccumulateGrad does the same).
 struct AccumulateGrad final : Node {
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("AccumulateGrad"), leaf_(leaf) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
 
+  std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)
+
  private:
+  static void accumulate(const Tensor& var, const Tensor& incoming);
+
   std::weak_ptr<TensorImpl> leaf_;
 };
 
@@ -99,6 +110,15 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn backward);
 // The edge a gradient for `t` must flow along (grad_fn output or leaf accumulator).
 Edge gradient_edge(const Tensor& t);
+
+// A process-wide unique handle for a new hook.
+size_t next_hook_handle();
+
+// Queues `callback` to run once the backward pass now running on this thread has finished, after every
+// gradient has been accumulated (PyTorch's queue_callback): where DDP waits for its last all-reduce. Call
+// it from a hook during backward; a nested backward (checkpoint's recomputation) defers it to the end of
+// the outermost pass. Callbacks run in the order queued, and may queue more. Outside backward: an error.
+void queue_callback(std::function<void()> callback);
 
 // Runs the backward pass from roots with the given gradients (undefined: ones for scalars).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);

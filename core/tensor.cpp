@@ -312,8 +312,39 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 size_t Tensor::register_hook(TensorHook hook) const {
   KILN_CHECK(requires_grad(), "register_hook: tensor ", str(), " does not require grad");
   autograd::Edge e = autograd::gradient_edge(*this);
-  e.node->pre_hooks.emplace_back(e.input_nr, std::move(hook));
-  return e.node->pre_hooks.size() - 1;
+  const size_t handle = autograd::next_hook_handle();
+  e.node->pre_hooks.push_back({handle, e.input_nr, std::move(hook)});
+  return handle;
+}
+
+size_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
+  KILN_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_grad_hook: tensor ", str(),
+             " is not a leaf that requires grad (only leaves accumulate a .grad)");
+  auto* acc = static_cast<autograd::AccumulateGrad*>(autograd::gradient_edge(*this).node.get());
+  const size_t handle = autograd::next_hook_handle();
+  acc->post_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+void Tensor::remove_hook(size_t handle) const {
+  if (requires_grad()) {
+    autograd::Node* node = autograd::gradient_edge(*this).node.get();
+    auto& pre = node->pre_hooks;
+    auto it = std::find_if(pre.begin(), pre.end(), [&](const auto& h) { return h.handle == handle; });
+    if (it != pre.end()) {
+      pre.erase(it);
+      return;
+    }
+    if (is_leaf()) {
+      auto& post = static_cast<autograd::AccumulateGrad*>(node)->post_hooks;
+      auto jt = std::find_if(post.begin(), post.end(), [&](const auto& h) { return h.first == handle; });
+      if (jt != post.end()) {
+        post.erase(jt);
+        return;
+      }
+    }
+  }
+  KILN_FAIL("remove_hook: tensor ", str(), " has no hook with handle ", handle, " (removed already?)");
 }
 
 void Tensor::retain_grad() const {

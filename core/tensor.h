@@ -41,6 +41,8 @@ struct Storage {
 
 class Tensor;
 using TensorHook = std::function<Tensor(const Tensor&)>;  // returns a replacement gradient or an undefined Tensor
+// Called with the leaf itself once its .grad holds the whole gradient of a backward pass.
+using PostAccumulateGradHook = std::function<void(const Tensor&)>;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -54,7 +56,6 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;        // the node that produced this tensor (non-leaves)
   uint32_t output_nr = 0;                         // which output of grad_fn this is
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: where incoming gradients are summed
-  std::vector<TensorHook> hooks;
   bool retains_grad = false;
 };
 
@@ -136,8 +137,14 @@ class Tensor {
   // A non-scalar tensor needs `gradient` of its shape. The graph is freed unless retain_graph.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // Calls hook(grad) whenever the gradient w.r.t. this tensor is computed; the hook may return a
-  // replacement gradient. Returns the hook's index.
+  // replacement gradient (of the same shape and device). Returns a handle for remove_hook.
   size_t register_hook(TensorHook hook) const;
+  // Leaves only: calls hook(leaf) once per backward pass, after the pass's whole gradient has been added
+  // to .grad (PyTorch's register_post_accumulate_grad_hook): the point where a parameter's gradient is
+  // ready, for bucketed all-reduce or per-parameter optimizer steps. Returns a handle for remove_hook.
+  size_t register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const;
+  // Removes a hook registered on this tensor by either call above; an unknown handle is an error.
+  void remove_hook(size_t handle) const;
   void retain_grad() const;
 
   // ---- in-place (never recorded by autograd; they bump the version counter) ----

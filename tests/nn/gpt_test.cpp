@@ -3,8 +3,11 @@
 // difference gradcheck of one block, sampling, and a tiny model overfitting a fixed batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
+#include <string>
 
 #include <kiln/autograd/gradcheck.h>
 #include <kiln/autograd/grad_mode.h>
@@ -244,6 +247,36 @@ TEST(GPT, TinyModelOverfitsAFixedBatch) {
   }
   EXPECT_NEAR(first, std::log(16.0), 0.3);  // small initial weights: near-uniform predictions
   EXPECT_LT(last, 0.1) << "from " << first;
+}
+
+}  // namespace
+}  // namespace kiln::nn
+
+namespace kiln::nn {
+namespace {
+
+// The order parameters' gradients become final in GPT's backward, seen by post-accumulate hooks (what a
+// bucketed all-reduce overlaps with): the last block's first, the first block's after, and the tied
+// token embedding last of all (it waits for both the lm_head and the embedding lookup).
+TEST(GPT, PostAccumulateHooksShowTheOrderGradientsBecomeReady) {
+  manual_seed(12);
+  GPT gpt(tiny());
+  std::vector<std::string> order;
+  for (auto& [name, p] : gpt.named_parameters())
+    p.register_post_accumulate_grad_hook([&order, name = name](const Tensor&) { order.push_back(name); });
+  gpt.loss(tokens(2, 8, 11, 4), tokens(2, 8, 11, 5)).backward();
+  ASSERT_EQ(order.size(), gpt.named_parameters().size()) << "every parameter's hook fires exactly once";
+  std::string line;
+  for (const auto& n : order) line += n + " ";
+  std::printf("gradient-ready order: %s\n", line.c_str());
+  auto at = [&](const std::string& name) {
+    return std::find(order.begin(), order.end(), name) - order.begin();
+  };
+  EXPECT_EQ(order.back(), "wte.weight");
+  EXPECT_LT(at("ln_f.weight"), at("h.1.mlp.proj.weight"));
+  EXPECT_LT(at("h.1.mlp.proj.weight"), at("h.1.attn.in_proj.weight"));
+  EXPECT_LT(at("h.1.attn.in_proj.weight"), at("h.0.mlp.proj.weight"));
+  EXPECT_LT(at("h.0.attn.in_proj.weight"), at("wpe.weight"));
 }
 
 }  // namespace
