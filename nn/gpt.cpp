@@ -46,7 +46,9 @@ GPTMLP::GPTMLP(const GPTConfig& c)
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  return drop(proj(functional::linear_gelu(x, fc.weight, fc.bias)));
+  // fc with hooks runs as itself (the hooks see the pre-activation), otherwise fused with the GELU.
+  Tensor a = fc.has_hooks() ? gelu(fc(x), /*tanh_approximation=*/true) : functional::linear_gelu(x, fc.weight, fc.bias);
+  return drop(proj(a));
 }
 
 // ---- GPTBlock ----
@@ -65,9 +67,20 @@ GPTBlock::GPTBlock(const GPTConfig& c)
   register_module("mlp", mlp);
 }
 
+namespace {
+
+// (x + delta, ln(x + delta)): fused, or through ln's operator() when it has hooks (delta may be undefined).
+std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor& delta) {
+  if (!ln.has_hooks()) return functional::add_layer_norm(x, delta, ln.weight, ln.bias, ln.eps());
+  Tensor sum = delta.defined() ? add(x, delta) : x;
+  return {sum, ln(sum)};
+}
+
+}  // namespace
+
 std::pair<Tensor, Tensor> GPTBlock::forward_residual(const Tensor& x_in, const Tensor& delta) {
-  auto [x, y] = functional::add_layer_norm(x_in, delta, ln_1.weight, ln_1.bias, ln_1.eps());
-  auto [h, y2] = functional::add_layer_norm(x, drop(attn(y)), ln_2.weight, ln_2.bias, ln_2.eps());
+  auto [x, y] = add_norm(ln_1, x_in, delta);
+  auto [h, y2] = add_norm(ln_2, x, drop(attn(y)));
   return {h, mlp(y2)};
 }
 
@@ -131,18 +144,34 @@ Tensor GPT::hidden(const Tensor& idx_in) {
   Tensor x = drop(add(wte(idx), wpe.weight.narrow(0, 0, T)));
 
   const bool checkpointing = config_.checkpoint && is_training() && autograd::is_grad_enabled();
-  const DeviceType dev_type = x.device().type;
+  // The recomputation runs during backward, outside the caller's autocast scope: carry the forward
+  // pass's autocast state into the function so both passes compute in the same precision.
+  const Device device = x.device();
+  const bool amp_on = amp::is_enabled(device.type);
+  const DType amp_dtype = amp::dtype(device.type);
   Tensor delta;  // the last block's MLP output, added to x inside the next layer norm
   for (GPTBlock* block : blocks_) {
+    if (block->has_hooks()) {
+      // The block as a module, so its hooks see its input and output: the residual stream is summed
+      // first (the fused path hands the MLP's output on to the next layer norm instead).
+      x = delta.defined() ? add(x, delta) : x;
+      delta = Tensor();
+      if (!checkpointing) {
+        x = (*block)(x);
+        continue;
+      }
+      x = autograd::checkpoint(
+          autograd::CheckpointFn([block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
+            amp::Autocast autocast(device, amp_dtype, amp_on);
+            return (*block)(in[0]);
+          }),
+          {x});
+      continue;
+    }
     if (!checkpointing) {
       std::tie(x, delta) = block->forward_residual(x, delta);
       continue;
     }
-    // The recomputation runs during backward, outside the caller's autocast scope: carry the forward
-    // pass's autocast state into the function so both passes compute in the same precision.
-    const bool amp_on = amp::is_enabled(dev_type);
-    const DType amp_dtype = amp::dtype(dev_type);
-    const Device device = x.device();
     std::vector<Tensor> out = autograd::checkpoint(
         autograd::CheckpointMultiFn([block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
           amp::Autocast autocast(device, amp_dtype, amp_on);
@@ -153,7 +182,7 @@ Tensor GPT::hidden(const Tensor& idx_in) {
     x = out[0];
     delta = out[1];
   }
-  return functional::add_layer_norm(x, delta, ln_f.weight, ln_f.bias, ln_f.eps()).second;
+  return add_norm(ln_f, x, delta).second;
 }
 
 Tensor GPT::forward(const Tensor& idx_in) {

@@ -364,7 +364,7 @@ Tensor Module::call(const Tensor& input) {
 }
 
 Tensor Module::call_with_hooks(const Tensor& input, const std::function<Tensor()>& run) {
-  if (forward_pre_hooks_.empty() && forward_hooks_.empty() && backward_hooks_.empty()) return run();
+  if (!has_hooks()) return run();
   // Copies: a hook may register or remove hooks while it runs.
   for (auto hooks = forward_pre_hooks_; auto& h : hooks) h.fn(*this, input);
   Tensor output = run();

@@ -138,6 +138,10 @@ class Module {
   HookHandle register_full_backward_hook(BackwardHook hook);
   HookHandle register_backward_hook(BackwardHook hook) { return register_full_backward_hook(std::move(hook)); }
   bool remove_hook(uint64_t id);
+  // Whether any hook is registered here. A model whose forward fuses several modules' work into one op
+  // (GPT's residual add + layer norm, its linear + GELU) runs a module with hooks through operator()
+  // instead, unfused, so that its hooks see its own input, output and output gradient.
+  bool has_hooks() const { return !forward_pre_hooks_.empty() || !forward_hooks_.empty() || !backward_hooks_.empty(); }
 
   // One line describing this module without its children ("Linear(in_features=2, out_features=3, bias=true)").
   virtual void pretty_print(std::ostream& os) const;

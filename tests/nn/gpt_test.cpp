@@ -281,3 +281,45 @@ TEST(GPT, PostAccumulateHooksShowTheOrderGradientsBecomeReady) {
 
 }  // namespace
 }  // namespace kiln::nn
+
+namespace kiln::nn {
+namespace {
+
+// Hooks on GPT's submodules fire, although its fast path fuses their work (linear + GELU, residual add +
+// layer norm): a module with hooks runs through its own operator(). K-FAC needs exactly these: the input
+// of h.0.mlp.fc and the gradient w.r.t. its output. The loss is the same either way.
+TEST(GPT, HooksOnFusedSubmodulesFire) {
+  for (bool checkpoint : {false, true}) {
+    manual_seed(13);
+    GPTConfig c = tiny();
+    c.checkpoint = checkpoint;
+    GPT gpt(c);
+    const Tensor idx = tokens(2, 8, 11, 6), targets = tokens(2, 8, 11, 7);
+    const float plain = gpt.loss(idx, targets).item<float>();
+
+    Shape fc_in, fc_out, fc_grad;
+    int ln_1 = 0, block = 0, ln_f = 0;
+    auto& fc = gpt.blocks()[0]->mlp.fc;
+    fc.register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
+      fc_in = in.sizes();
+      fc_out = out.sizes();
+    });
+    fc.register_full_backward_hook([&](Module&, const Tensor& g) { fc_grad = g.sizes(); });
+    gpt.blocks()[0]->ln_1.register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++ln_1; });
+    gpt.blocks()[1]->register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++block; });
+    gpt.ln_f.register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++ln_f; });
+
+    Tensor loss = gpt.loss(idx, targets);
+    EXPECT_NEAR(loss.item<float>(), plain, 1e-5) << "checkpoint " << checkpoint;
+    loss.backward();
+    EXPECT_EQ(fc_in, (Shape{2, 8, 8})) << "checkpoint " << checkpoint;
+    EXPECT_EQ(fc_out, (Shape{2, 8, 32}));
+    EXPECT_EQ(fc_grad, (Shape{2, 8, 32}));
+    EXPECT_GE(ln_1, 1);
+    EXPECT_GE(block, 1);  // twice with checkpointing: forward and recomputation
+    EXPECT_EQ(ln_f, 1);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::nn
