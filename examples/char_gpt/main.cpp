@@ -44,6 +44,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/phase_timer.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -393,37 +394,23 @@ int run(const Args& args) {
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
   if (args.profile > 0) {
-    // Where an iteration's time goes: each phase's host time (enqueueing its kernels; the device is idle
-    // when it starts) and its wall time up to the device finishing it. Host time close to wall time means
-    // the phase is bound by launches and per-op host work, not by the GPU.
-    enum { kBatch, kForward, kBackward, kClip, kStep, kPhases };
-    const char* names[kPhases] = {"batch", "forward", "backward", "clip", "step"};
-    double host[kPhases] = {}, wall[kPhases] = {};
-    auto timed = [&](int phase, const std::function<void()>& fn) {
-      sync();
-      auto a = Clock::now();
-      fn();
-      auto b = Clock::now();
-      sync();
-      auto c = Clock::now();
-      host[phase] += std::chrono::duration<double>(b - a).count();
-      wall[phase] += std::chrono::duration<double>(c - a).count();
-    };
+    // Where an iteration's time goes (host and wall time of each phase; core/phase_timer.h).
+    PhaseTimer timer(dev);
     for (int64_t i = 0; i < args.profile; ++i) {
       Tensor x, y, loss;
-      timed(kBatch, [&] { std::tie(x, y) = batcher.get(corpus.train, batch_gen); });
-      timed(kForward, [&] {
+      timer.time("batch", [&] { std::tie(x, y) = batcher.get(corpus.train, batch_gen); });
+      timer.time("forward", [&] {
         amp::Autocast autocast(dev, DType::bf16, amp_on);
         loss = model.loss(x, y);
       });
-      timed(kBackward, [&] {
+      timer.time("backward", [&] {
         grads.zero();
         loss.backward();
       });
-      timed(kClip, [&] {
+      timer.time("clip", [&] {
         if (args.grad_clip > 0) grads.clip(args.grad_clip);
       });
-      timed(kStep, [&] { opt.step(); });
+      timer.time("step", [&] { opt.step(); });
     }
     // The same iterations back to back, without the synchronizations.
     sync();
@@ -443,15 +430,7 @@ int run(const Args& args) {
     auto b = Clock::now();
     sync();
     auto c = Clock::now();
-    double total_host = 0, total_wall = 0;
-    for (int k = 0; k < kPhases; ++k) {
-      std::fprintf(stderr, "profile %-9s host %7.3f ms  wall %7.3f ms\n", names[k], 1e3 * host[k] / double(args.profile),
-                   1e3 * wall[k] / double(args.profile));
-      total_host += host[k];
-      total_wall += wall[k];
-    }
-    std::fprintf(stderr, "profile %-9s host %7.3f ms  wall %7.3f ms (phases synchronized)\n", "sum",
-                 1e3 * total_host / double(args.profile), 1e3 * total_wall / double(args.profile));
+    std::fputs(timer.report(args.profile).c_str(), stderr);
     std::fprintf(stderr, "profile pipelined: host %.3f ms/iter enqueueing, %.3f ms/iter wall\n",
                  1e3 * std::chrono::duration<double>(b - a).count() / double(args.profile),
                  1e3 * std::chrono::duration<double>(c - a).count() / double(args.profile));

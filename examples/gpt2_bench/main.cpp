@@ -22,6 +22,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/phase_timer.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -128,36 +129,22 @@ int run(const Args& args) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (args.profile > 0) {
-    // Host time (enqueueing; the device idle at the start) and wall time (until the device is done) of
-    // each phase, synchronizing between phases.
-    double host[3] = {}, wall[3] = {};
-    auto timed = [&](int k, auto&& fn) {
-      sync();
-      auto a = std::chrono::steady_clock::now();
-      fn();
-      auto b = std::chrono::steady_clock::now();
-      sync();
-      auto c = std::chrono::steady_clock::now();
-      host[k] += std::chrono::duration<double>(b - a).count();
-      wall[k] += std::chrono::duration<double>(c - a).count();
-    };
+    // Host and wall time of each phase, synchronizing between phases (core/phase_timer.h).
+    PhaseTimer timer(dev);
     for (int64_t i = 0; i < args.profile; ++i) {
       const auto& [x, y] = batches[size_t(i) % batches.size()];
       Tensor l;
-      timed(0, [&] {
+      timer.time("forward", [&] {
         amp::Autocast autocast(dev, DType::bf16, amp_on);
         l = model.loss(x, y);
       });
-      timed(1, [&] {
+      timer.time("backward", [&] {
         opt.zero_grad();
         l.backward();
       });
-      timed(2, [&] { opt.step(); });
+      timer.time("optimizer", [&] { opt.step(); });
     }
-    const char* names[3] = {"forward", "backward", "optimizer"};
-    for (int k = 0; k < 3; ++k)
-      std::fprintf(stderr, "profile %-9s host %8.3f ms  wall %8.3f ms\n", names[k], 1e3 * host[k] / double(args.profile),
-                   1e3 * wall[k] / double(args.profile));
+    std::fputs(timer.report(args.profile).c_str(), stderr);
   }
 
   const double N = double(model.num_params(/*non_embedding=*/true));
