@@ -53,6 +53,14 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   st.unscaled = true;
 }
 
+Tensor GradScaler::found_inf(const Optimizer& optimizer) const {
+  auto it = per_optimizer_.find(&optimizer);
+  KILN_CHECK(options_.enabled && it != per_optimizer_.end() && it->second.unscaled,
+             "GradScaler::found_inf: no unscale_() for this optimizer since the last update()",
+             options_.enabled ? "" : " (the scaler is disabled)");
+  return it->second.found_inf;
+}
+
 bool GradScaler::step(Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();

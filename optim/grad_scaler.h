@@ -45,6 +45,12 @@ class GradScaler {
   // Backs off after a skipped step, grows after growth_interval clean ones; ends the step.
   void update();
 
+  // The flag unscale_ recorded for this optimizer since the last update(): an f32 scalar on the
+  // gradients' device, 1 if any gradient was inf or NaN. The tensor is the one step() and update() read,
+  // so whoever must agree on skipping a step can combine it in place first (data parallelism all-reduces
+  // it with max across ranks; a second-order optimizer can skip its statistics). Before unscale_ (or with
+  // the scaler disabled): a kiln::Error.
+  Tensor found_inf(const Optimizer& optimizer) const;
   double get_scale() const { return state_.scale; }
   bool is_enabled() const { return options_.enabled; }
   const GradScalerOptions& options() const { return options_; }

@@ -116,3 +116,27 @@ TEST(GradScaler, StateRoundTrip) {
   EXPECT_EQ(b.get_scale(), 64.0);
   EXPECT_EQ(b.state_dict().growth_tracker, 1);
 }
+
+// The found-inf flag is public and is the tensor step() reads: another rank's overflow, combined into it
+// in place (as a data-parallel all-reduce with max would), makes this rank skip its step too.
+TEST(GradScaler, FoundInfIsTheFlagStepReads) {
+  GradScaler scaler({.init_scale = 4.0});
+  Tensor p = param_with_grad({1, 2}, {4.0f, 8.0f});
+  SGD opt({p}, {.lr = 0.1});
+  EXPECT_THROW(scaler.found_inf(opt), Error);  // nothing unscaled yet
+  scaler.unscale_(opt);
+  Tensor flag = scaler.found_inf(opt);
+  EXPECT_EQ(flag.item<float>(), 0.0f);  // this rank's gradients are finite
+  {
+    NoGradGuard ng;
+    flag.fill_(1.0);  // another rank overflowed
+  }
+  EXPECT_FALSE(scaler.step(opt));
+  EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{1, 2}));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+  EXPECT_THROW(scaler.found_inf(opt), Error);  // update() ended the step
+
+  GradScaler off({.enabled = false});
+  EXPECT_THROW(off.found_inf(opt), Error);
+}
