@@ -1,4 +1,4 @@
-// Attention benchmark: the fused flash-attention kernels (Backend::attention_forward/backward) in bf16,
+// Attention benchmark: the fused flash-attention kernels (kernels::attention_forward/backward) in bf16,
 // forward and forward+backward, head dims 64 and 128, N = 1k..16k, causal and not. Shapes as the
 // FlashAttention papers: batch · seqlen = 16k tokens, hidden 2048 (H = 2048 / D heads). Prints
 //   BENCH attention_<fwd|fwdbwd>_d<D>_n<N>[_causal] <ms> <bytes> <flops>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/attention.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -46,7 +46,6 @@ int main(int argc, char** argv) {
   }
   NoGradGuard no_grad;
   manual_seed(0);
-  Backend& be = backend(kGpu);
   const TensorOptions bf16{.dtype = DType::bf16, .device = kGpu};
   for (int64_t D : {64, 128})
     for (int64_t N : {1024, 2048, 4096, 8192, 16384})
@@ -62,8 +61,8 @@ int main(int argc, char** argv) {
           const double scale = 1.0 / std::sqrt(double(D));
           const double fwd_flops = 4.0 * double(B * H) * double(N) * double(N) * double(D) / (causal ? 2.0 : 1.0);
           const double tensor_bytes = double(B * H * N * D) * 2.0;
-          auto fwd = [&] { be.attention_forward(q, k, v, out, lse, causal, scale, 0.0, 0, 0); };
-          auto bwd = [&] { be.attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0); };
+          auto fwd = [&] { kernels::attention_forward(q, k, v, out, lse, causal, scale, 0.0, 0, 0); };
+          auto bwd = [&] { kernels::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0); };
           const int iters = N >= 8192 ? 10 : 20;
           report("attention_fwd" + tag, bench::median_ms(fwd, 3, iters, 1), 4 * tensor_bytes, fwd_flops);
           report("attention_fwdbwd" + tag, bench::median_ms([&] { fwd(); bwd(); }, 3, iters, 1), 13 * tensor_bytes,

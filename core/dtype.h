@@ -15,6 +15,9 @@ const char* dtype_name(DType t);     // "f32", "f64", ...
 DType dtype_from_name(const std::string& name);  // inverse of dtype_name; throws on unknown names
 inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
 inline bool is_integral(DType t) { return !is_floating(t); }
+// The dtype of statistics saved for inputs of dtype t (layer norm's mean and rstd, cross-entropy's lse,
+// attention's lse): f64 for f64, f32 otherwise.
+inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 // Result dtype of a binary op between tensors of these dtypes (float beats int; wider beats narrower;
 // f16 with bf16 gives f32).
 DType promote_types(DType a, DType b);

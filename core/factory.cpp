@@ -3,7 +3,7 @@
 #include <cstring>
 #include <limits>
 
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/shape.h>
 #include <kiln/core/tensor.h>
 
@@ -33,7 +33,7 @@ Tensor full(const Shape& shape, double value, const TensorOptions& opt) {
   TensorOptions o = opt;
   o.requires_grad = false;
   Tensor t = empty(shape, o);
-  backend(o.device).fill(t, value);
+  kernels::fill(t, value);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }

@@ -1,6 +1,6 @@
 #pragma once
 // Differentiable tensor operations. Each validates its inputs (throwing kiln::Error that names the op,
-// shapes, dtypes and devices), computes through the device's kernel table and, when grad mode is on and
+// shapes, dtypes and devices), computes through the kernels of its device (core/kernels/) and, when grad mode is on and
 // an input requires grad, records a node for the backward pass.
 #include <vector>
 
@@ -53,6 +53,7 @@ Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim
 Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // i64
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor cumsum(const Tensor& a, int64_t dim);  // inclusive running sum along dim; integers and bool sum in i64
 bool all_true(const Tensor& a);  // host bool: every element nonzero
 // Sums a broadcast gradient back to `shape` (the reverse of expand).
 Tensor sum_to(const Tensor& a, const Shape& shape);

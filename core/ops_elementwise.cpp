@@ -1,18 +1,11 @@
 // Elementwise ops and their gradients.
 #include <cmath>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/ops.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/op.h>
 
 namespace kiln {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 
@@ -21,7 +14,7 @@ DType float_result(DType t) { return is_floating(t) ? t : DType::f32; }
 
 Tensor unary_raw(UnaryOp op, const Tensor& a, DType out_dtype, double p0 = 0, double p1 = 0) {
   Tensor out = empty(a.sizes(), {.dtype = out_dtype, .device = a.device()});
-  backend(a.device()).unary(op, a, out, p0, p1);
+  kernels::unary(op, a, out, p0, p1);
   return out;
 }
 
@@ -36,7 +29,7 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, 
   Tensor ae = (a.dtype() == compute ? a : a.to(compute)).expand(shape);
   Tensor be = (b.dtype() == compute ? b : b.to(compute)).expand(shape);
   Tensor out = empty(shape, {.dtype = out_dtype, .device = a.device()});
-  backend(a.device()).binary(op, ae, be, out);
+  kernels::binary(op, ae, be, out);
   return out;
 }
 
@@ -189,21 +182,21 @@ Tensor rsqrt(const Tensor& a) {  // d x^(-1/2) = -1/2 x^(-3/2) = -y³/2
 Tensor tanh(const Tensor& a) {
   return unary_float(UnaryOp::tanh, a, "tanh", [](const Tensor& g, const Tensor&, const Tensor& y) {
     Tensor out = empty_like(g);
-    backend(g.device()).binary(BinaryOp::tanh_backward, g, y, out);
+    kernels::binary(BinaryOp::tanh_backward, g, y, out);
     return out;
   });
 }
 Tensor sigmoid(const Tensor& a) {
   return unary_float(UnaryOp::sigmoid, a, "sigmoid", [](const Tensor& g, const Tensor&, const Tensor& y) {
     Tensor out = empty_like(g);
-    backend(g.device()).binary(BinaryOp::sigmoid_backward, g, y, out);
+    kernels::binary(BinaryOp::sigmoid_backward, g, y, out);
     return out;
   });
 }
 Tensor relu(const Tensor& a) {
   return unary_float(UnaryOp::relu, a, "relu", [](const Tensor& g, const Tensor& x, const Tensor&) {
     Tensor out = empty_like(g);
-    backend(g.device()).binary(BinaryOp::relu_backward, g, x, out);
+    kernels::binary(BinaryOp::relu_backward, g, x, out);
     return out;
   });
 }
@@ -212,7 +205,7 @@ Tensor gelu(const Tensor& a, bool tanh_approximation) {
   BinaryOp bop = tanh_approximation ? BinaryOp::gelu_tanh_backward : BinaryOp::gelu_backward;
   return unary_float(op, a, tanh_approximation ? "gelu_tanh" : "gelu", [bop](const Tensor& g, const Tensor& x, const Tensor&) {
     Tensor out = empty_like(g);
-    backend(g.device()).binary(bop, g, x.contiguous(), out);
+    kernels::binary(bop, g, x.contiguous(), out);
     return out;
   });
 }
@@ -248,7 +241,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = empty(shape, {.dtype = t, .device = a.device()});
   {
     NoGradGuard ng;
-    backend(a.device()).where(cond.expand(shape), a.to(t).expand(shape), b.to(t).expand(shape), out);
+    kernels::where(cond.expand(shape), a.to(t).expand(shape), b.to(t).expand(shape), out);
   }
   if (any_requires_grad({a, b}))
     record("where", {a, b}, {out}, [cond](const Grads& g) {
@@ -274,7 +267,7 @@ Tensor isfinite(const Tensor& a) { return unary_raw(UnaryOp::isfinite, a, DType:
 Tensor cast(const Tensor& a, DType dtype) {
   if (a.dtype() == dtype) return a;
   Tensor out = empty(a.sizes(), {.dtype = dtype, .device = a.device()});
-  backend(a.device()).copy(a, out);
+  kernels::copy(a, out);
   if (is_floating(dtype) && any_requires_grad({a}))
     record("cast", {a}, {out}, [from = a.dtype()](const Grads& g) { return Grads{cast(g[0], from)}; });
   return out;

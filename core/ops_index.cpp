@@ -1,15 +1,9 @@
 // Joining, splitting and indexing ops.
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/ops.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/index.h>
+#include <kiln/core/op.h>
 
 namespace kiln {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using Grads = std::vector<Tensor>;
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "cat: expected at least one tensor");
@@ -32,7 +26,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     NoGradGuard ng;
     int64_t off = 0;
     for (const auto& x : tensors) {
-      if (x.size(dim)) backend(out.device()).copy(x, out.narrow(dim, off, x.size(dim)));
+      if (x.size(dim)) kernels::copy(x, out.narrow(dim, off, x.size(dim)));
       sizes.push_back(x.size(dim));
       off += x.size(dim);
     }
@@ -97,7 +91,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
   {
     NoGradGuard ng;
-    backend(a.device()).index_select(a.contiguous(), dim, idx, out);
+    kernels::index_select(a.contiguous(), dim, idx, out);
   }
   if (any_requires_grad({a}))
     record("index_select", {a}, {out}, [dim, idx, shape = a.sizes()](const Grads& g) {
@@ -117,7 +111,7 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   {
     NoGradGuard ng;
     out = a.clone();
-    backend(a.device()).index_add(out, dim, idx, cast(src, a.dtype()).contiguous());
+    kernels::index_add(out, dim, idx, cast(src, a.dtype()).contiguous());
   }
   if (any_requires_grad({a, src}))
     record("index_add", {a, src}, {out}, [dim, idx](const Grads& g) { return Grads{g[0], index_select(g[0], dim, idx)}; });
@@ -140,7 +134,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor out = empty(idx.sizes(), {.dtype = a.dtype(), .device = a.device()});
   {
     NoGradGuard ng;
-    backend(a.device()).gather(a.contiguous(), dim, idx, out);
+    kernels::gather(a.contiguous(), dim, idx, out);
   }
   if (any_requires_grad({a}))
     record("gather", {a}, {out}, [dim, idx, shape = a.sizes()](const Grads& g) {
@@ -158,7 +152,7 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   {
     NoGradGuard ng;
     out = a.clone();
-    backend(a.device()).scatter_add(out, dim, idx, cast(src, a.dtype()).contiguous());
+    kernels::scatter_add(out, dim, idx, cast(src, a.dtype()).contiguous());
   }
   if (any_requires_grad({a, src}))
     record("scatter_add", {a, src}, {out}, [dim, idx](const Grads& g) { return Grads{g[0], gather(g[0], dim, idx)}; });

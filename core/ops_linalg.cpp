@@ -1,38 +1,19 @@
 // matmul with NumPy semantics, built from differentiable views around one batched GEMM node.
 #include <algorithm>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/ops.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/gemm.h>
+#include <kiln/core/op.h>
 
 namespace kiln {
 
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
-
 namespace {
-
-// The kernel needs a row- or column-major layout of each matrix: unit stride along one matrix dim and,
-// along the other, a stride spanning it. A broadcast row or column (stride 0 inside the matrix, e.g.
-// from expand) has unit stride along one dim but is neither, so it is copied.
-Tensor gemm_ready(const Tensor& t) {
-  int64_t r = t.size(1), c = t.size(2);
-  bool row_major = (t.stride(2) == 1 || c == 1) && (r == 1 || t.stride(1) >= std::max<int64_t>(c, 1));
-  bool col_major = (t.stride(1) == 1 || r == 1) && (c == 1 || t.stride(2) >= std::max<int64_t>(r, 1));
-  return row_major || col_major ? t : t.contiguous();
-}
 
 // (B, M, K) · (B, K, N) -> (B, M, N)
 Tensor bmm3(const Tensor& a, const Tensor& b) {
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
   {
     NoGradGuard ng;
-    backend(a.device()).bmm(gemm_ready(a), gemm_ready(b), out);
+    kernels::bmm(matrix_ready(a), matrix_ready(b), out);
   }
   if (any_requires_grad({a, b}))
     record("matmul", {a, b}, {out}, [sa = SavedTensor(a), sb = SavedTensor(b), ra = a.requires_grad(),

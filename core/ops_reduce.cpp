@@ -3,19 +3,18 @@
 #include <algorithm>
 #include <numeric>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/ops.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/reduce.h>
+#include <kiln/core/kernels/softmax.h>
+#include <kiln/core/op.h>
+
+// The scan kernel; only cumsum calls it. in and out contiguous, of one shape and dtype (f32, f64, f16, bf16
+// or i64), seen as (outer, size, inner) around dim (split_at, core/shape.h): out[o, i, k] = Σ_{j <= i}
+// in[o, j, k], accumulated in double on the CPU, in f32 (f64 for f64) on the GPU and in int64 for i64, and
+// rounded once per element.
+KILN_KERNEL(cumsum, void(const Tensor& in, int64_t dim, const Tensor& out));
 
 namespace kiln {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 
@@ -62,11 +61,11 @@ Tensor reduce_raw(ReduceOp op, const Tensor& a, const ReducePlan& p, bool keepdi
   while (lead < a.dim() && p.reduced[size_t(lead)]) ++lead;
   const bool leading = lead > 0 && std::all_of(p.reduced.begin() + lead, p.reduced.end(), [](bool r) { return !r; });
   if (op == ReduceOp::sum && leading && p.rows > 1 && p.cols > 0 && a.is_contiguous() && out_dtype == a.dtype() &&
-      backend(a.device()).sum_leading(a.reshape({p.cols, p.rows}), out))
+      kernels::sum_leading(a.reshape({p.cols, p.rows}), out))
     return out.reshape(keepdim ? p.keep_shape : p.out_shape);
   Tensor m = (a.dim() ? a.permute(perm) : a).contiguous().reshape({p.rows, p.cols});
-  if (p.cols == 0) backend(a.device()).fill(out, 0.0);
-  else backend(a.device()).reduce(op, m, out);
+  if (p.cols == 0) kernels::fill(out, 0.0);
+  else kernels::reduce(op, m, out);
   return out.reshape(keepdim ? p.keep_shape : p.out_shape);
 }
 
@@ -127,6 +126,25 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
   return div(sum(mul(centered, centered), dims, keepdim), double(std::max<int64_t>(p.cols - correction, 0)));
 }
 
+// out_i = Σ_{j <= i} a_j along dim. Backward: the reverse cumulative sum of the gradient, composed as
+// Σ_{i >= j} g_i = Σ_i g_i - cumsum(g)_j + g_j so that it is differentiable again.
+Tensor cumsum(const Tensor& a, int64_t dim) {
+  KILN_CHECK(a.defined(), "cumsum: undefined tensor");
+  const int64_t d = a.dim() == 0 ? (wrap_dim(dim, 1, "cumsum"), 0) : wrap_dim(dim, a.dim(), "cumsum");
+  const DType t = is_floating(a.dtype()) ? a.dtype() : DType::i64;  // integers and bool sum in i64, as PyTorch's
+  Tensor out = empty(a.sizes(), {.dtype = t, .device = a.device()});
+  if (out.numel() > 0) {
+    NoGradGuard ng;
+    kernels::cumsum(cast(a, t).contiguous(), d, out);
+  }
+  if (any_requires_grad({a}))
+    record("cumsum", {a}, {out}, [d, scalar = a.dim() == 0](const Grads& g) {
+      if (scalar) return Grads{g[0]};
+      return Grads{add(sub(sum(g[0], {d}, true), cumsum(g[0], d)), g[0])};
+    });
+  return out;
+}
+
 bool all_true(const Tensor& a) {
   NoGradGuard ng;
   if (a.numel() == 0) return true;
@@ -160,7 +178,7 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* name) {
     NoGradGuard ng;
     moved = a.dim() ? a.transpose(dim, -1).contiguous() : a.reshape({1});
     Tensor y = empty(moved.sizes(), {.dtype = a.dtype(), .device = a.device()});
-    backend(a.device()).softmax(moved, y, log);
+    kernels::softmax(moved, y, log);
     out = a.dim() ? y.transpose(dim, -1) : y.reshape({});
   }
   if (any_requires_grad({a}))
@@ -169,7 +187,7 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log, const char* name) {
       Tensor yc = nd ? y.transpose(dim, -1).contiguous() : y.reshape({1});
       Tensor gc = nd ? g[0].transpose(dim, -1).contiguous() : g[0].reshape({1});
       Tensor gi = empty(yc.sizes(), {.dtype = y.dtype(), .device = y.device()});
-      backend(y.device()).softmax_backward(gc, yc, gi, log);
+      kernels::softmax_backward(gc, yc, gi, log);
       return Grads{nd ? gi.transpose(dim, -1) : gi.reshape({})};
     });
   return out;

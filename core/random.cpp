@@ -1,7 +1,8 @@
 #include <kiln/core/random.h>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/random.h>
 #include <kiln/core/shape.h>
 
 namespace kiln {
@@ -61,11 +62,11 @@ void fill_random(Tensor& t, Distribution dist, double a, double b, Generator* ge
   uint64_t per_block = dist == Distribution::uniform ? 4 : 2;
   const GeneratorState draw = g.reserve_blocks((n + per_block - 1) / per_block);
   if (t.is_contiguous()) {
-    backend(t.device()).random(t, dist, a, b, draw.seed, draw.offset);
+    kernels::random(t, dist, a, b, draw.seed, draw.offset);
   } else {
     Tensor tmp = empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
-    backend(t.device()).random(tmp, dist, a, b, draw.seed, draw.offset);
-    backend(t.device()).copy(tmp, t);
+    kernels::random(tmp, dist, a, b, draw.seed, draw.offset);
+    kernels::copy(tmp, t);
   }
   t.bump_version();
 }

@@ -110,4 +110,12 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op) {
   return shape;
 }
 
+DimSplit split_at(const Shape& shape, int64_t dim) {
+  DimSplit r;
+  for (int64_t i = 0; i < dim; ++i) r.outer *= shape[size_t(i)];
+  r.size = shape.empty() ? 1 : shape[size_t(dim)];
+  for (size_t i = size_t(dim) + 1; i < shape.size(); ++i) r.inner *= shape[i];
+  return r;
+}
+
 }  // namespace kiln

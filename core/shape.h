@@ -23,4 +23,11 @@ std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, cons
 // Replaces one -1 in `shape` so the element count is numel; throws naming `op` when impossible.
 Shape infer_shape(Shape shape, int64_t numel, const char* op);
 
+// A contiguous tensor of `shape` seen as (outer, size, inner) around dim: the layout of the kernels that
+// work along one dim (index_select, gather, scatter_add, cumsum). dim in [0, ndim); a 0-d shape is (1, 1, 1).
+struct DimSplit {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+DimSplit split_at(const Shape& shape, int64_t dim);
+
 }  // namespace kiln

@@ -8,7 +8,9 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/memory.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/shape.h>
 
@@ -25,7 +27,7 @@ std::string shape_str(const Shape& s) {
 }
 
 Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
-  data = n ? backend(d).allocate(n, d) : nullptr;
+  data = n ? kernels::allocate(n, d) : nullptr;
 }
 Storage::Storage(void* p, size_t n, Device d, std::function<void(void*)> free_fn, bool page_locked)
     : data(p), nbytes(n), device(d), pinned(page_locked), release(std::move(free_fn)) {}
@@ -33,7 +35,7 @@ Storage::Storage(void* p, size_t n, Device d, std::function<void(void*)> free_fn
 Storage::~Storage() {
   if (!data) return;
   if (release) release(data);
-  else backend(device).deallocate(data, nbytes, device);
+  else kernels::deallocate(data, nbytes, device);
 }
 
 namespace {
@@ -258,7 +260,7 @@ Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
   Tensor out = empty(sizes(), {.dtype = dtype(), .device = device()});
-  backend(device()).copy(*this, out);
+  kernels::copy(*this, out);
   if (autograd::any_requires_grad({*this}))
     autograd::record("clone", {*this}, {out}, [](const std::vector<Tensor>& g) { return g; });
   return out;
@@ -375,7 +377,7 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
-  backend(device()).fill(*this, value);
+  kernels::fill(*this, value);
   bump_version();
   return *this;
 }
@@ -391,19 +393,19 @@ Tensor& Tensor::copy_(const Tensor& src) {
     s = src.expand(sizes());
   }
   if (s.device() == device()) {
-    backend(device()).copy(s, *this);
+    kernels::copy(s, *this);
   } else {
     // Host <-> device: the transfer needs a contiguous source of the destination dtype; a source that is
     // one already goes as it is (so pinned host memory stays pinned and the copy can be asynchronous).
-    KILN_CHECK(has_backend(DeviceType::cuda), "copy_: copying ", src.str(), " to ", str(),
+    KILN_CHECK(kernels::copy.has(Device::cuda()), "copy_: copying ", src.str(), " to ", str(),
                " needs the CUDA backend, which this build does not have");
     Tensor staged = s;
     if (s.dtype() != dtype() || !s.is_contiguous()) {
       staged = empty(sizes(), {.dtype = dtype(), .device = s.device()});
-      backend(s.device()).copy(s, staged);
+      kernels::copy(s, staged);
     }
     Device gpu = device().is_cuda() ? device() : s.device();
-    backend(gpu).copy(staged, *this);
+    kernels::copy.on(gpu)(staged, *this);
   }
   bump_version();
   return *this;
@@ -420,7 +422,7 @@ Tensor& update_in_place(Tensor& self, const Tensor& other, const char* op, Fn co
              " and ", other.str(), " has shape ", shape_str(broadcast_shapes(self.sizes(), other.sizes(), op)),
              ", which does not fit in place into shape ", shape_str(self.sizes()));
   NoGradGuard ng;
-  backend(self.device()).copy(compute(), self);
+  kernels::copy(compute(), self);
   self.bump_version();
   return self;
 }
@@ -446,7 +448,7 @@ Tensor& Tensor::div_(const Tensor& other) {
 Tensor& Tensor::add_(double value) {
   check_inplace(*this, "add_");
   NoGradGuard ng;
-  backend(device()).copy(kiln::add(*this, value), *this);
+  kernels::copy(kiln::add(*this, value), *this);
   bump_version();
   return *this;
 }
@@ -454,7 +456,7 @@ Tensor& Tensor::add_(double value) {
 Tensor& Tensor::mul_(double value) {
   check_inplace(*this, "mul_");
   NoGradGuard ng;
-  backend(device()).copy(kiln::mul(*this, value), *this);
+  kernels::copy(kiln::mul(*this, value), *this);
   bump_version();
   return *this;
 }

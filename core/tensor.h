@@ -36,7 +36,7 @@ struct Storage {
   Device device;
   uint64_t version = 0;
   bool pinned = false;  // page-locked host memory: a host-to-device copy from it need not wait
-  std::function<void(void*)> release;  // empty: the device backend's deallocate
+  std::function<void(void*)> release;  // empty: the device's deallocate kernel
 };
 
 class Tensor;

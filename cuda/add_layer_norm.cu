@@ -17,9 +17,9 @@
 // fixed order (no atomics, deterministic).
 #include <algorithm>
 
+#include <kiln/core/kernels/layer_norm.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -286,9 +286,9 @@ void check_stats(const Tensor& mean, const Tensor& rstd, int64_t M, const Tensor
 
 }  // namespace
 
-bool CudaBackend::add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
+bool kernels::add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
                                  double eps, const Tensor& h, const Tensor& y, const Tensor& mean,
-                                 const Tensor& rstd) const {
+                                 const Tensor& rstd) {
   if (!servable(x, delta, weight, bias, y)) return false;
   NvtxRange range("add_layer_norm");
   const int64_t C = x.size(-1), M = x.numel() / C;
@@ -304,9 +304,9 @@ bool CudaBackend::add_layer_norm(const Tensor& x, const Tensor& delta, const Ten
   return true;
 }
 
-bool CudaBackend::add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
+bool kernels::add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
                                           const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
-                                          const Tensor& dw, const Tensor& db) const {
+                                          const Tensor& dw, const Tensor& db) {
   if (!servable(h, ddelta, weight, Tensor(), dy) || (gh.defined() && (gh.dtype() != DType::f32 || gh.sizes() != h.sizes() ||
                                                                      !gh.is_contiguous() || !aligned16(gh))) ||
       !(dh.dtype() == DType::f32 && dh.sizes() == h.sizes() && dh.is_contiguous() && aligned16(dh)))

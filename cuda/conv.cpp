@@ -18,9 +18,9 @@
 #include <mutex>
 #include <vector>
 
+#include <kiln/core/kernels/conv.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/window.h>
@@ -236,8 +236,8 @@ size_t conv_algorithm_cache_size() {
   return algo_cache().size();
 }
 
-void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
-                                 const Tensor& out) const {
+void kernels::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
+                                 const Tensor& out) {
   NvtxRange range("conv2d_forward");
   check_conv_args("conv2d_forward", {&x, &w, &bias, &out}, out.dtype(), out.device());
   DeviceGuard guard(out.device().index);
@@ -275,8 +275,8 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   if (bias.defined()) add_channel_bias(out, bias);
 }
 
-void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
-                                        const Tensor& grad_x) const {
+void kernels::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
+                                        const Tensor& grad_x) {
   NvtxRange range("conv2d_backward_input");
   check_conv_args("conv2d_backward_input", {&grad_out, &w, &grad_x}, grad_x.dtype(), grad_x.device());
   DeviceGuard guard(grad_x.device().index);
@@ -310,8 +310,8 @@ void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w,
                                                 d.x, grad_x.raw_data()));
 }
 
-void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
-                                         const Tensor& grad_w) const {
+void kernels::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
+                                         const Tensor& grad_w) {
   NvtxRange range("conv2d_backward_weight");
   check_conv_args("conv2d_backward_weight", {&grad_out, &x, &grad_w}, grad_w.dtype(), grad_w.device());
   DeviceGuard guard(grad_w.device().index);

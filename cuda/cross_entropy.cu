@@ -15,9 +15,9 @@
 // deferred error word: kiln::Error at the next synchronization (no synchronization per call).
 #include <cmath>
 
+#include <kiln/core/kernels/cross_entropy.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -391,8 +391,8 @@ void check_ce_stat(const Tensor& s, const Tensor& logits, const char* op) {
 
 }  // namespace
 
-void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                                const Tensor& loss, const Tensor& lse) const {
+void kernels::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                                const Tensor& loss, const Tensor& lse) {
   NvtxRange range("cross_entropy");
   check_ce_args(logits, target, "cross_entropy");
   check_ce_stat(loss, logits, "cross_entropy");
@@ -427,9 +427,9 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int6
   // A bad target is reported at the next synchronization (deferred device error), not here.
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
+void kernels::cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                          const Tensor& grad_loss, int64_t ignore_index, double label_smoothing,
-                                         const Tensor& grad_logits) const {
+                                         const Tensor& grad_logits) {
   NvtxRange range("cross_entropy_backward");
   check_ce_args(logits, target, "cross_entropy_backward");
   check_ce_stat(lse, logits, "cross_entropy_backward");
@@ -468,9 +468,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   });
 }
 
-void CudaBackend::cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+void kernels::cross_entropy_in_place(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                          double label_smoothing, const Tensor& grad_loss, const Tensor& loss,
-                                         const Tensor& lse) const {
+                                         const Tensor& lse) {
   check_ce_args(logits, target, "cross_entropy_in_place");
   for (const Tensor* s : {&grad_loss, &loss, &lse}) check_ce_stat(*s, logits, "cross_entropy_in_place");
   const int64_t N = logits.size(0), C = logits.size(1);
@@ -479,8 +479,11 @@ void CudaBackend::cross_entropy_in_place(const Tensor& logits, const Tensor& tar
   // Two rows per multiprocessor must fit, so one block loads while the other writes.
   const bool fits = two_byte && C > 0 && C % 8 == 0 && (reinterpret_cast<uintptr_t>(logits.raw_data()) & 15) == 0 &&
                     2 * (row_bytes + 1024) <= max_smem_per_block() + 1024;
-  if (!fits || N == 0) return Backend::cross_entropy_in_place(logits, target, ignore_index, label_smoothing, grad_loss,
-                                                              loss, lse);
+  if (!fits || N == 0) {  // the general kernels: the loss, then its gradient over the logits
+    kernels::cross_entropy(logits, target, ignore_index, label_smoothing, loss, lse);
+    kernels::cross_entropy_backward(logits, target, lse, grad_loss, ignore_index, label_smoothing, logits);
+    return;
+  }
   NvtxRange range("cross_entropy_in_place");
   DeviceGuard guard(logits.device().index);
   auto launch = [&](auto* kernel, auto tag) {

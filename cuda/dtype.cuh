@@ -48,6 +48,9 @@ __device__ __forceinline__ double load_as_double(const void* p, DType t, int64_t
   return 0.0;
 }
 
+// Whether p is 16-byte aligned (the vectorized paths move 16-byte packs).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 }  // namespace kiln::cuda
 
 // Runs the body with scalar_t bound to the Kiln type of a runtime dtype (device code converts it with

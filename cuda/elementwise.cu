@@ -1,5 +1,5 @@
 // Elementwise CUDA kernels: fill, unary, binary and where, with the semantics of the CPU reference
-// (core/cpu/cpu_elementwise.cpp).
+// (core/cpu/elementwise.cpp).
 //
 // Math. out[i] = op(x[i]) | op(a[i], b[i]) | cond[i] ? a[i] : b[i]. NaN propagates through maximum and
 // minimum (a NaN `a` wins, else the NaN `b` does) and passes clamp unchanged; gelu is exact, x Φ(x)
@@ -24,10 +24,11 @@
 #include <cstring>
 
 #include <kiln/core/half.h>
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/gelu.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
 #include <kiln/cuda/strided.cuh>
@@ -113,8 +114,6 @@ __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
 
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/sqrt(2π)
-constexpr double kGeluTanhK = 0.7978845608028654;   // sqrt(2/π)
-constexpr double kGeluTanhC = 0.044715;
 constexpr double kLog2e = 1.4426950408889634;
 
 // std::max / std::min exactly (they keep the first argument on ties and unordered compares).
@@ -154,35 +153,6 @@ __device__ __forceinline__ float normal_cdf(float x) {
 // exp(-y²/2), the unnormalized normal density.
 __device__ __forceinline__ float gauss(float y) { return exp2f(float(-0.5 * kLog2e) * (y * y)); }
 __device__ __forceinline__ double gauss(double y) { return exp(-0.5 * y * y); }
-
-// The tanh approximation of gelu, u = k (x + c x³), in terms of s = σ(2u) = (1 + tanh u) / 2:
-// gelu_tanh(x) = x s and gelu_tanh'(x) = s + 2 x s (1 - s) k (1 + 3 c x²). In f32, s and 1 - s come
-// from e = exp(-2|u|) (s = 1/(1+e) or e/(1+e) by the sign of u), so neither 1 + tanh nor 1 - tanh² cancels
-// in the tails; f64 keeps the CPU's tanh form.
-__device__ __forceinline__ void gelu_tanh_parts(float x, float& s, float& one_minus_s) {
-  const float u = float(kGeluTanhK) * fmaf(float(kGeluTanhC) * x, x * x, x);
-  const float e = exp2f(float(-2.0 * kLog2e) * fabsf(u));
-  const float r = __fdividef(1.0f, 1.0f + e), er = e * r;
-  s = u >= 0.0f ? r : er;
-  one_minus_s = u >= 0.0f ? er : r;
-}
-__device__ __forceinline__ float gelu_tanh(float x) {
-  float s, sc;
-  gelu_tanh_parts(x, s, sc);
-  return x * s;
-}
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-  float s, sc;
-  gelu_tanh_parts(x, s, sc);
-  return fmaf(2.0f * x * s * sc * float(kGeluTanhK), fmaf(float(3.0 * kGeluTanhC) * x, x, 1.0f), s);
-}
-__device__ __forceinline__ double gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + tanh(kGeluTanhK * (x + kGeluTanhC * x * x * x)));
-}
-__device__ __forceinline__ double gelu_tanh_grad(double x) {
-  const double t = tanh(kGeluTanhK * (x + kGeluTanhC * x * x * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluTanhK * (1.0 + 3.0 * kGeluTanhC * x * x);
-}
 
 // Ops with double scalars (p0, p1): when the scalars are exactly representable in the compute type C,
 // C arithmetic rounds exactly like the CPU's double arithmetic followed by one rounding into C (double
@@ -496,7 +466,6 @@ bool takes_scalars(UnaryOp op) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
 
 // The value as stored in dtype t, with the CPU's conversions (core/cpu/strided.cpp, from_double).
@@ -539,7 +508,7 @@ BroadcastOperand classify_broadcast(const Tensor& t) {
 
 }  // namespace
 
-void CudaBackend::fill(const Tensor& dst, double value) const {
+void kernels::fill(const Tensor& dst, double value) {
   NvtxRange range("fill");
   int64_t n = dst.numel();
   if (n == 0) return;
@@ -572,7 +541,7 @@ void CudaBackend::fill(const Tensor& dst, double value) const {
   }
 }
 
-void CudaBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) const {
+void kernels::unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) {
   NvtxRange range("unary");
   KILN_CHECK(in.device().is_cuda() && in.device() == out.device(), "unary: tensors on different devices: ", in.str(),
              " and ", out.str());
@@ -604,7 +573,7 @@ void CudaBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out, double 
   });
 }
 
-void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) const {
+void kernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   NvtxRange range("binary");
   KILN_CHECK(a.device().is_cuda() && a.device() == b.device() && a.device() == out.device(),
              "binary: tensors on different devices: ", a.str(), ", ", b.str(), " and ", out.str());
@@ -657,7 +626,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
   });
 }
 
-void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const {
+void kernels::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   NvtxRange range("where");
   KILN_CHECK(cond.device().is_cuda() && cond.device() == out.device() && a.device() == out.device() &&
                  b.device() == out.device(),
@@ -683,107 +652,6 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
     case 4: return launch(uint32_t{});
     case 8: return launch(uint64_t{});
   }
-}
-
-namespace {
-
-// Column sums of a linear layer's output gradient (its bias gradient), optionally through the GELU:
-// with kGelu, dz = dy ⊙ gelu_tanh'(pre) is written and summed (the rounded dz, which the GEMMs read);
-// without, dy itself is summed. One thread per 8-column vector of a 32-vector strip, 8 rows down a
-// block (256 threads); rows stride over gridDim.y. Each thread keeps its 8 column sums; the block adds
-// its 8 rows' sums in shared memory and writes one partial row; column_sum_kernel adds the partial rows
-// in a fixed order (deterministic).
-template <class T, bool kGelu>
-__global__ void __launch_bounds__(256)
-    bias_gradient_kernel(const T* dy, const T* pre, T* dz, int64_t M, int64_t N, float* part) {
-  __shared__ float sums[8][32][9];  // [row][vector][column], padded
-  const int64_t nvec = N / 8, v = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (v < nvec)
-    for (int64_t r = int64_t(blockIdx.y) * 8 + threadIdx.y; r < M; r += int64_t(gridDim.y) * 8) {
-      const int64_t at = r * N + v * 8;
-      float g[8];
-      widen16<T>(load16(dy + at), g);
-      if constexpr (kGelu) {
-        float z[8];
-        widen16<T>(load16(pre + at), z);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] *= gelu_tanh_grad(z[j]);
-        const uint4 out = narrow16<T>(g);
-        store16(dz + at, out);
-        widen16<T>(out, g);
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += g[j];
-    }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sums[threadIdx.y][threadIdx.x][j] = acc[j];
-  __syncthreads();
-  if (threadIdx.y != 0 || v >= nvec) return;
-  for (int y = 1; y < 8; ++y)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] += sums[y][threadIdx.x][j];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) part[int64_t(blockIdx.y) * N + v * 8 + j] = acc[j];
-}
-
-// Whether the kernel serves: contiguous, aligned bf16/f16 (M, N) with N a multiple of 8, db (N) in their
-// dtype or f32.
-bool bias_gradient_servable(const Tensor& dy, const Tensor& db) {
-  const DType t = dy.dtype();
-  return (t == DType::bf16 || t == DType::f16) && dy.dim() == 2 && dy.is_contiguous() && aligned16(dy.raw_data()) &&
-         dy.size(1) % 8 == 0 && dy.numel() > 0 && db.defined() && (db.dtype() == t || db.dtype() == DType::f32) &&
-         db.numel() == dy.size(1) && db.is_contiguous() && db.device() == dy.device();
-}
-
-void launch_bias_gradient(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
-  const int64_t M = dy.size(0), N = dy.size(1), strips = (N / 8 + 31) / 32;
-  // about 8 blocks per multiprocessor; each partial row is N floats (L2-resident)
-  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8, sm_count() * 8 / strips + 1));
-  Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dy.device()});
-  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks)), block(32, 8);
-  float* pp = static_cast<float*>(part.raw_data());
-  const dim3 sum_grid(static_cast<unsigned>((N + 31) / 32), 1), sum_block(32, 32);
-  auto launch = [&](auto tag) {  // S: the element type, bf16 or f16
-    using S = decltype(tag);
-    using D = device_t<S>;
-    const D* g = static_cast<const D*>(dy.raw_data());
-    if (pre.defined())
-      bias_gradient_kernel<D, true><<<grid, block, 0, current_stream()>>>(
-          g, static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M, N, pp);
-    else
-      bias_gradient_kernel<D, false><<<grid, block, 0, current_stream()>>>(g, nullptr, nullptr, M, N, pp);
-    KILN_LAUNCH_CHECK("bias_gradient_kernel", "linear_backward");
-    if (db.dtype() == DType::f32)
-      column_sum_kernel<float><<<sum_grid, sum_block, 0, current_stream()>>>(
-          pp, nullptr, row_blocks, N, static_cast<float*>(db.raw_data()), nullptr);
-    else
-      column_sum_kernel<S><<<sum_grid, sum_block, 0, current_stream()>>>(pp, nullptr, row_blocks, N,
-                                                                         static_cast<D*>(db.raw_data()), nullptr);
-    KILN_LAUNCH_CHECK("column_sum_kernel", "linear_backward");
-  };
-  if (dy.dtype() == DType::bf16) launch(BFloat16{});
-  else launch(Half{});
-}
-
-}  // namespace
-
-bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
-  const DType t = dy.dtype();
-  if (!bias_gradient_servable(dy, db) || pre.sizes() != dy.sizes() || pre.dtype() != t || !pre.is_contiguous() ||
-      !aligned16(pre.raw_data()) || dz.sizes() != dy.sizes() || dz.dtype() != t || !dz.is_contiguous() ||
-      !aligned16(dz.raw_data()))
-    return false;
-  NvtxRange range("gelu_tanh_backward_with_bias");
-  launch_bias_gradient(dy, pre, dz, db);
-  return true;
-}
-
-bool bias_gradient(const Tensor& dy, const Tensor& db) {
-  if (!bias_gradient_servable(dy, db)) return false;
-  NvtxRange range("bias_gradient");
-  launch_bias_gradient(dy, Tensor(), Tensor(), db);
-  return true;
 }
 
 }  // namespace kiln::cuda

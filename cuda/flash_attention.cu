@@ -1,5 +1,5 @@
 // Fused scaled-dot-product attention (FlashAttention-2, Dao 2023), forward and backward. The math, the
-// layouts and the dropout mask are stated at Backend::attention_forward (core/backend.h); in short, per
+// layouts and the dropout mask are stated at kernels::attention_forward (core/kernels/attention.h); in short, per
 // (b, h) head with S = scale·QKᵀ (causal: j > i masked), P = exp(S - lse), Z the dropout mask:
 //   forward   O = (P ⊙ Z) V, computed tile by tile with an online softmax; only O and lse reach memory
 //   backward  D_i = Σ_d dO_id O_id;  dV = (P⊙Z)ᵀ dO;  dS = P ⊙ ((dO Vᵀ) ⊙ Z - D);  dQ = scale·dS K;
@@ -38,9 +38,9 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include <kiln/core/kernels/attention.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/flash_attention_common.cuh>
 #include <kiln/cuda/nvtx.h>
@@ -878,9 +878,9 @@ void check_dims(const Tensor& q, const Tensor& k, const char* op) {
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
-                                    uint64_t offset) const {
+                                    uint64_t offset) {
   NvtxRange range("attention_forward");
   DeviceGuard guard(q.device().index);
   check_dims(q, k, "attention_forward");
@@ -912,10 +912,10 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
   });
 }
 
-void CudaBackend::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
+void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
-                                     uint64_t offset) const {
+                                     uint64_t offset) {
   NvtxRange range("attention_backward");
   DeviceGuard guard(q.device().index);
   check_dims(q, k, "attention_backward");

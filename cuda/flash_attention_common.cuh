@@ -24,7 +24,7 @@ struct HeadView {
 inline HeadView head_view(const Tensor& t) { return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}; }
 
 // Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
-// offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (Backend::attention_forward).
+// offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (kernels::attention_forward).
 struct DropoutArgs {
   uint64_t seed, offset;
   float keep_below;  // keep when the uniform float < 1 - p (f32, as the CPU)

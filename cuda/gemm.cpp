@@ -35,10 +35,14 @@
 #include <map>
 #include <mutex>
 
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/gemm.h>
+#include <kiln/core/kernels/linear.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
+#include <kiln/cuda/linear_bias.h>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/runtime.h>
 
@@ -272,7 +276,7 @@ Tensor as_operand(const Tensor& t, Operand* op) {
 // bias gradient comes from the GELU kernel's pass or the column-sum kernel for bf16/f16 (cuBLASLt's
 // BGRADB runs as a separate kernel re-reading dz there), from BGRADB on the dw GEMM for f32, else from a
 // ones-vector product.
-void run_linear_backward(const CudaBackend& be, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+void run_linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
                          bool gelu, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   const DType dt = dy.dtype();
   const int64_t M = dy.size(0), N = dy.size(1);
@@ -282,10 +286,10 @@ void run_linear_backward(const CudaBackend& be, const Tensor& dy, const Tensor& 
   if (gelu) {
     dz = empty({M, N}, to);
     if (db.defined() && gelu_tanh_backward_with_bias(dy, pre, dz, db)) db_done = true;
-    else be.binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
+    else kernels::binary(BinaryOp::gelu_tanh_backward, dy, pre, dz);
   }
   if (!db_done && M > 0) db_done = bias_gradient(dz, db);
-  if (dx.defined()) be.bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
+  if (dx.defined()) kernels::bmm(dz.unsqueeze(0), w.unsqueeze(0), dx.unsqueeze(0));  // (M, N) · (N, K)
   if (dw.defined()) {  // (N, M) · (M, K)
     Operand oa, ob;
     Tensor a = as_operand(dz.t().unsqueeze(0), &oa), b = as_operand(x.unsqueeze(0), &ob);
@@ -297,29 +301,29 @@ void run_linear_backward(const CudaBackend& be, const Tensor& dy, const Tensor& 
         e.bias = db.raw_data();
         fused = db_done = try_gemm(a, oa, b, ob, dw.unsqueeze(0), e);
       }
-      if (!fused) be.bmm(a, b, dw.unsqueeze(0));
+      if (!fused) kernels::bmm(a, b, dw.unsqueeze(0));
     } else if (M == 0) {
-      be.fill(dw, 0.0);
+      kernels::fill(dw, 0.0);
     } else if (!try_gemm(a, oa, b, ob, dw.unsqueeze(0), EpilogueSpec{})) {  // no mixed kernel: round, widen
       Tensor d16 = empty(dw.sizes(), to);
-      be.bmm(a, b, d16.unsqueeze(0));
-      be.copy(cast(d16, dw.dtype()), dw);
+      kernels::bmm(a, b, d16.unsqueeze(0));
+      kernels::copy(cast(d16, dw.dtype()), dw);
     }
   }
   if (!db_done) {  // db (1, N) = ones (1, M) · dz (M, N)
     Tensor ones = empty({1, 1, M}, to);
-    be.fill(ones, 1.0);
+    kernels::fill(ones, 1.0);
     if (db.dtype() == dt) {
-      be.bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
+      kernels::bmm(ones, dz.unsqueeze(0), db.reshape({1, 1, N}));
     } else if (M == 0) {
-      be.fill(db, 0.0);
+      kernels::fill(db, 0.0);
     } else {
       Operand oa, ob;
       Tensor a = as_operand(ones, &oa), b = as_operand(dz.unsqueeze(0), &ob);
       if (!try_gemm(a, oa, b, ob, db.reshape({1, 1, N}), EpilogueSpec{})) {
         Tensor d16 = empty({N}, to);
-        be.bmm(ones, dz.unsqueeze(0), d16.reshape({1, 1, N}));
-        be.copy(cast(d16, db.dtype()), db);
+        kernels::bmm(ones, dz.unsqueeze(0), d16.reshape({1, 1, N}));
+        kernels::copy(cast(d16, db.dtype()), db);
       }
     }
   }
@@ -330,7 +334,7 @@ void run_linear_backward(const CudaBackend& be, const Tensor& dy, const Tensor& 
 void set_allow_tf32(bool on) { tf32_flag().store(on); }
 bool allow_tf32() { return tf32_flag().load(); }
 
-void CudaBackend::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) const {
+void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   NvtxRange range("bmm");
   KILN_CHECK(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype(), "bmm: dtypes differ: ", a_in.str(), ", ",
              b_in.str(), " -> ", out.str());
@@ -344,14 +348,14 @@ void CudaBackend::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out)
     KILN_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, size_t(out.numel()) * out.element_size(), current_stream()));
     return;
   }
-  // not a matrix layout: the backend promises one, but stay correct if called directly
+  // not a matrix layout: the op promises one, but stay correct if called directly
   Operand oa, ob;
   Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
   run_gemm(a, oa, b, ob, out);
 }
 
-void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
-                         const Tensor& pre) const {
+void kernels::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Epilogue ep, const Tensor& out,
+                         const Tensor& pre) {
   NvtxRange range("linear");
   DType dt = out.dtype();
   KILN_CHECK(x.dtype() == dt && w.dtype() == dt && (!bias.defined() || bias.dtype() == dt) &&
@@ -414,8 +418,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, E
   if (gelu) unary(UnaryOp::gelu_tanh, z, out, 0.0, 0.0);
 }
 
-void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
-                                  const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+void kernels::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db) {
   NvtxRange range("linear_backward");
   DType dt = dy.dtype();
   const bool gelu = epilogue_has_gelu(ep);
@@ -429,11 +433,11 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
                " does not match dy ", dy.str(), " in dtype and device");
   (void)type_info(dt, false);
   DeviceGuard guard(dy.device().index);
-  run_linear_backward(*this, dy, x, w, pre, gelu, dx, dw, db);
+  run_linear_backward(dy, x, w, pre, gelu, dx, dw, db);
 }
 
-bool CudaBackend::linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
-                                             Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+bool kernels::linear_backward_f32_params(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                                             Epilogue ep, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   const DType dt = dy.dtype();
   const bool gelu = epilogue_has_gelu(ep);
   if ((dt != DType::bf16 && dt != DType::f16) || dy.dim() != 2 || !dy.is_contiguous() ||
@@ -446,11 +450,11 @@ bool CudaBackend::linear_backward_f32_params(const Tensor& dy, const Tensor& x, 
                dy.device().str());
   NvtxRange range("linear_backward");
   DeviceGuard guard(dy.device().index);
-  run_linear_backward(*this, dy, x, w, pre, gelu, dx, dw, db);
+  run_linear_backward(dy, x, w, pre, gelu, dx, dw, db);
   return true;
 }
 
-bool CudaBackend::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) const {
+bool kernels::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   const DType t = a.dtype();
   if (out.dtype() != DType::f32 || b.dtype() != t || (t != DType::bf16 && t != DType::f16 && t != DType::f32) ||
       a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() || a.size(1) != b.size(0) ||

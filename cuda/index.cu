@@ -11,9 +11,10 @@
 // training step pays no synchronization per call.
 #include <cstdint>
 
+#include <kiln/core/kernels/index.h>
+#include <kiln/core/shape.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -21,17 +22,6 @@
 namespace kiln::cuda {
 
 namespace {
-
-struct Split3 {
-  int64_t outer = 1, d = 1, inner = 1;
-};
-Split3 split_at(const Shape& s, int64_t dim) {
-  Split3 r;
-  for (int64_t i = 0; i < dim; ++i) r.outer *= s[size_t(i)];
-  r.d = s.empty() ? 1 : s[size_t(dim)];
-  for (size_t i = size_t(dim) + 1; i < s.size(); ++i) r.inner *= s[i];
-  return r;
-}
 
 // out (outer, n, inner) words from src (outer, d_src, inner) words. per_element: index has out's shape
 // (gather), else index (n) (index_select; a "word" may then hold several elements of a row).
@@ -127,19 +117,19 @@ void add_rows(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor&
   check_dense(dst, dst, op);
   check_dense(src, dst, op);
   DeviceGuard guard(dst.device().index);
-  Split3 sd = split_at(dst.sizes(), dim), ss = split_at(src.sizes(), dim);
+  DimSplit sd = split_at(dst.sizes(), dim), ss = split_at(src.sizes(), dim);
   int64_t total = src.numel();
   if (total == 0) return;
   KILN_CHECK(ss.outer == sd.outer && ss.inner == sd.inner, op, ": source ", src.str(), " does not match ", dst.str(),
              " outside dim ", dim);
-  KILN_CHECK(per_element ? index.numel() == total : index.numel() == ss.d, op, ": index ", index.str(),
+  KILN_CHECK(per_element ? index.numel() == total : index.numel() == ss.size, op, ": index ", index.str(),
              " does not match source ", src.str());
-  KILN_CHECK(sd.d > 0, op, ": dim ", dim, " of ", dst.str(), " is empty");
+  KILN_CHECK(sd.size > 0, op, ": dim ", dim, " of ", dst.str(), " is empty");
   KILN_CUDA_DISPATCH_ALL(dst.dtype(), op, {
     using D = device_t<scalar_t>;
     add_indexed_kernel<scalar_t><<<blocks_for(total), 256, 0, current_stream()>>>(
         static_cast<D*>(dst.raw_data()), static_cast<const D*>(src.raw_data()),
-        static_cast<const int64_t*>(index.raw_data()), ss.d, sd.d, sd.inner, total, per_element,
+        static_cast<const int64_t*>(index.raw_data()), ss.size, sd.size, sd.inner, total, per_element,
         per_element ? DeviceErrorCode::scatter_add : DeviceErrorCode::index_add, device_error_word());
     KILN_LAUNCH_CHECK("add_indexed_kernel", op);
   });
@@ -147,39 +137,39 @@ void add_rows(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor&
 
 }  // namespace
 
-void CudaBackend::index_select(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const {
+void kernels::index_select(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) {
   NvtxRange range("index_select");
   check_index(index, src, "index_select");
   check_dense(src, src, "index_select");
   check_dense(out, src, "index_select");
   DeviceGuard guard(src.device().index);
-  Split3 s = split_at(src.sizes(), dim);
+  DimSplit s = split_at(src.sizes(), dim);
   int64_t n = index.numel();
   KILN_CHECK(out.numel() == s.outer * n * s.inner, "index_select: output ", out.str(), " does not fit ", n,
              " rows of ", src.str());
   if (out.numel() == 0) return;
-  copy_rows(src, out, index, n, s.d, s.inner, false);
+  copy_rows(src, out, index, n, s.size, s.inner, false);
 }
 
-void CudaBackend::index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {
+void kernels::index_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) {
   NvtxRange range("index_add");
   add_rows(dst, dim, index, src, false, "index_add");
 }
 
-void CudaBackend::gather(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) const {
+void kernels::gather(const Tensor& src, int64_t dim, const Tensor& index, const Tensor& out) {
   NvtxRange range("gather");
   check_index(index, src, "gather");
   check_dense(src, src, "gather");
   check_dense(out, src, "gather");
   DeviceGuard guard(src.device().index);
-  Split3 ss = split_at(src.sizes(), dim), si = split_at(index.sizes(), dim);
+  DimSplit ss = split_at(src.sizes(), dim), si = split_at(index.sizes(), dim);
   KILN_CHECK(out.numel() == index.numel() && si.outer == ss.outer && si.inner == ss.inner, "gather: index ",
              index.str(), " does not match ", src.str(), " outside dim ", dim);
   if (out.numel() == 0) return;
-  copy_rows(src, out, index, si.d, ss.d, ss.inner, true);
+  copy_rows(src, out, index, si.size, ss.size, ss.inner, true);
 }
 
-void CudaBackend::scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) const {
+void kernels::scatter_add(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor& src) {
   NvtxRange range("scatter_add");
   add_rows(dst, dim, index, src, true, "scatter_add");
 }

@@ -18,9 +18,9 @@
 // column-chunk kernel (partials per chunk of rows, then the same fixed-order sum).
 #include <cmath>
 
+#include <kiln/core/kernels/layer_norm.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -641,8 +641,8 @@ void check_stat(const Tensor& s, const Tensor& x, int64_t M, const char* op) {
 
 }  // namespace
 
-void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
-                             const Tensor& mean, const Tensor& rstd) const {
+void kernels::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                             const Tensor& mean, const Tensor& rstd) {
   NvtxRange range("layer_norm");
   KILN_CHECK(x.is_contiguous() && y.is_contiguous() && x.sizes() == y.sizes() && x.dtype() == y.dtype() &&
                  x.device() == y.device() && x.dim() >= 1,
@@ -658,8 +658,8 @@ void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor
                               launch_layer_norm<scalar_t>(x, weight, bias, eps, y, mean, rstd));
 }
 
-void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                      const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) const {
+void kernels::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   NvtxRange range("layer_norm_backward");
   for (const Tensor* t : {&dy, &dx})
     KILN_CHECK(t->is_contiguous() && t->sizes() == x.sizes() && t->dtype() == x.dtype() && t->device() == x.device() &&

@@ -9,9 +9,9 @@
 #include <cmath>
 #include <memory>
 
+#include <kiln/core/kernels/optim.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -187,9 +187,9 @@ void check_list(const std::vector<Tensor>& ts, const char* op) {
 
 }  // namespace
 
-void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                              const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                             const AdamWHyper& h) const {
+                             const AdamWHyper& h) {
   NvtxRange range("adamw_step");
   if (params.empty()) return;
   for (const auto* l : {&params, &grads, &exp_avgs, &exp_avg_sqs}) check_list(*l, "adamw_step");
@@ -220,7 +220,7 @@ void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vecto
   }
 }
 
-void CudaBackend::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const {
+void kernels::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) {
   NvtxRange range("amp_unscale");
   if (tensors.empty()) return;
   check_list(tensors, "amp_unscale");

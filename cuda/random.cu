@@ -1,4 +1,4 @@
-// Random fills on the device, bit for bit the CPU's (core/cpu/cpu_elementwise.cpp, random):
+// Random fills on the device, bit for bit the CPU's (core/cpu/random.cpp):
 //   uniform: element e = a + (b - a) · u, u = top 24 bits of word e % 4 of Philox block offset + e / 4,
 //            in double, then moved to the largest value of the dtype below b if rounding would reach b;
 //   normal:  element e from block offset + e / 2, words (2 (e % 2), 2 (e % 2) + 1) = (w1, w2):
@@ -12,9 +12,9 @@
 #include <cmath>
 
 #include <kiln/core/half.h>
+#include <kiln/core/kernels/random.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/philox.cuh>
@@ -85,8 +85,8 @@ __global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uin
 
 }  // namespace
 
-void CudaBackend::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed,
-                         uint64_t offset) const {
+void kernels::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed,
+                         uint64_t offset) {
   NvtxRange range("random");
   KILN_CHECK(out.device().is_cuda(), "random: expected a CUDA tensor, got ", out.str());
   KILN_CHECK(out.is_contiguous(), "random: output ", out.str(), " must be contiguous");

@@ -11,9 +11,10 @@
 #include <cmath>
 #include <type_traits>
 
+#include <kiln/core/kernels/reduce.h>
+#include <kiln/core/shape.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -174,7 +175,7 @@ void launch_reduce(ReduceOp op, const Tensor& in, const Tensor& out, int64_t M, 
 
 }  // namespace
 
-void CudaBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) const {
+void kernels::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
   NvtxRange range("reduce");
   KILN_CHECK(in.device().is_cuda() && out.device() == in.device(), "reduce: tensors on different devices: ", in.str(),
              " and ", out.str());
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(256) sum_rows_f32x4_kernel(const float4* in, i
 
 // f32/f64 only: column_sum_kernel reads the compute type. Few rows of 4k aligned f32 columns take the
 // one-thread-per-4-columns kernel; otherwise 32 columns a block, 32 threads down each.
-bool CudaBackend::sum_leading(const Tensor& in, const Tensor& out) const {
+bool kernels::sum_leading(const Tensor& in, const Tensor& out) {
   if ((in.dtype() != DType::f32 && in.dtype() != DType::f64) || in.dim() != 2 || !in.is_contiguous() ||
       out.dtype() != in.dtype() || !out.is_contiguous() || out.numel() != in.size(1) || out.device() != in.device() ||
       in.numel() == 0)
@@ -237,5 +238,46 @@ bool CudaBackend::sum_leading(const Tensor& in, const Tensor& out) const {
   KILN_LAUNCH_CHECK("column_sum_kernel", "sum_leading");
   return true;
 }
+
+namespace {
+
+// One thread per (outer, inner) column, summing down `size` in the compute type: consecutive threads take
+// consecutive inner columns, so every load and store of a step is coalesced when inner is large (a scan
+// over the sequence of (B, T, D) features); a scan along the last dim (inner = 1) is one row per thread.
+template <class T>
+__global__ void cumsum_kernel(const T* in, T* out, int64_t outer, int64_t size, int64_t inner) {
+  using A = compute_t<T>;
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < outer * inner;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = (c / inner) * size * inner + c % inner;
+    A acc = A(0);
+    for (int64_t i = 0; i < size; ++i) {
+      acc += convert<A>(in[base + i * inner]);
+      out[base + i * inner] = convert<T>(acc);
+    }
+  }
+}
+
+}  // namespace
+
+namespace kernels {  // declared next to its op, core/ops_reduce.cpp
+void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
+  NvtxRange range("cumsum");
+  KILN_CHECK(in.device().is_cuda() && out.device() == in.device() && in.is_contiguous() && out.is_contiguous() &&
+                 in.sizes() == out.sizes() && in.dtype() == out.dtype(),
+             "cumsum: expected contiguous tensors of one shape, dtype and device, got ", in.str(), " and ", out.str());
+  const DimSplit s = split_at(in.sizes(), dim);
+  if (in.numel() == 0) return;
+  DeviceGuard guard(in.device().index);
+  auto launch = [&](auto tag) {
+    using D = device_t<decltype(tag)>;
+    cumsum_kernel<D><<<blocks_for(s.outer * s.inner), 256, 0, current_stream()>>>(
+        static_cast<const D*>(in.raw_data()), static_cast<D*>(out.raw_data()), s.outer, s.size, s.inner);
+  };
+  if (in.dtype() == DType::i64) launch(int64_t{});  // the op sums integers and bool in i64
+  else KILN_CUDA_DISPATCH_FLOATING(in.dtype(), "cumsum", launch(scalar_t{}));
+  KILN_LAUNCH_CHECK("cumsum_kernel", "cumsum");
+}
+}  // namespace kernels
 
 }  // namespace kiln::cuda

@@ -14,9 +14,9 @@
 // grows), then a second pass that re-reads the row (mostly from L2) and writes.
 #include <cmath>
 
+#include <kiln/core/kernels/softmax.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -306,7 +306,7 @@ void check_rows(const char* op, std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void CudaBackend::softmax(const Tensor& in, const Tensor& out, bool log) const {
+void kernels::softmax(const Tensor& in, const Tensor& out, bool log) {
   NvtxRange range(log ? "log_softmax" : "softmax");
   check_rows("softmax", {&in, &out});
   DeviceGuard guard(in.device().index);
@@ -314,7 +314,7 @@ void CudaBackend::softmax(const Tensor& in, const Tensor& out, bool log) const {
   KILN_CUDA_DISPATCH_FLOATING(in.dtype(), "softmax", launch_softmax<scalar_t>(in, out, log));
 }
 
-void CudaBackend::softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) const {
+void kernels::softmax_backward(const Tensor& grad_out, const Tensor& out, const Tensor& grad_in, bool log) {
   NvtxRange range(log ? "log_softmax_backward" : "softmax_backward");
   check_rows("softmax_backward", {&grad_out, &out, &grad_in});
   DeviceGuard guard(out.device().index);

@@ -1,4 +1,4 @@
-// 2-D window kernels on the GPU, matching core/cpu/cpu_window.cpp: im2col / col2im (convolution as a
+// 2-D window kernels on the GPU, matching core/cpu/window.cpp: im2col / col2im (convolution as a
 // GEMM), max / average pooling with their backward, and the per-channel bias add of conv2d.
 //
 // Geometry: output (oy, ox) with kernel tap (ky, kx) reads input row iy = oy*sh - ph + ky*dh and column
@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include <kiln/core/kernels/window.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/window.h>
@@ -182,7 +182,7 @@ void check_window(const char* op, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-void CudaBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const {
+void kernels::im2col(const Tensor& x, const Window2d& g, const Tensor& cols) {
   NvtxRange range("im2col");
   check_window("im2col", x, cols);
   DeviceGuard guard(x.device().index);
@@ -196,7 +196,7 @@ void CudaBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& cols)
   });
 }
 
-void CudaBackend::col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const {
+void kernels::col2im(const Tensor& cols, const Window2d& g, const Tensor& x) {
   NvtxRange range("col2im");
   check_window("col2im", cols, x);
   DeviceGuard guard(x.device().index);
@@ -271,17 +271,17 @@ void launch_channel_bias(const Tensor& out, const Tensor& bias, int64_t L, int64
 
 }  // namespace
 
-void CudaBackend::max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const {
+void kernels::max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) {
   pool_forward("max_pool2d", x, g, out, &indices);
 }
-void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
-                                      const Tensor& grad_in) const {
+void kernels::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                                      const Tensor& grad_in) {
   pool_backward("max_pool2d_backward", grad_out, &indices, g, grad_in);
 }
-void CudaBackend::avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const {
+void kernels::avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) {
   pool_forward("avg_pool2d", x, g, out, nullptr);
 }
-void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const {
+void kernels::avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) {
   pool_backward("avg_pool2d_backward", grad_out, nullptr, g, grad_in);
 }
 

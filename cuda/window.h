@@ -1,5 +1,5 @@
 #pragma once
-// Launchers from cuda/window.cu that other CUDA files of the backend use (host code, no CUDA types).
+// Launchers from cuda/window.cu that other CUDA files use (host code, no CUDA types).
 #include <kiln/core/tensor.h>
 
 namespace kiln::cuda {

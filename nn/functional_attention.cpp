@@ -1,20 +1,13 @@
-// Scaled-dot-product attention: the fused op (one autograd node over Backend::attention_forward /
+// Scaled-dot-product attention: the fused op (one autograd node over kernels::attention_forward /
 // attention_backward, flash attention on the GPU) and the reference composite it is tested against.
 #include <cmath>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/attention.h>
+#include <kiln/core/kernels/layer_norm.h>
+#include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 
@@ -113,7 +106,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   NoGradGuard ng;
   f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
   st.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  backend(q.device()).attention_forward(q, k, v, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
+  kernels::attention_forward(q, k, v, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
   return f;
 }
 
@@ -145,7 +138,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
-             backend(qq.device()).attention_backward(dout, qq, kk, vv, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
+             kernels::attention_backward(dout, qq, kk, vv, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
                                                      st.seed, st.offset);
              return Grads{dq, dk, dv};
            });
@@ -179,7 +172,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal,
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              // The three gradients land in their slices of one packed gradient: nothing to zero or sum.
              Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
-             backend(packed.device()).attention_backward(
+             kernels::attention_backward(
                  dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), oo, st.lse,
                  packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.seed,
                  st.offset);

@@ -2,30 +2,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/linear.h>
+#include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
 
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
-
 namespace {
-
-// The backend's linear wants each matrix with unit stride along one dim and a spanning stride along the
-// other (row- or column-major); anything else (a broadcast row, a doubly strided slice) is copied.
-Tensor matrix_ready(const Tensor& t) {
-  int64_t r = t.size(0), c = t.size(1);
-  bool row_major = (t.stride(1) == 1 || c == 1) && (r == 1 || t.stride(0) >= std::max<int64_t>(c, 1));
-  bool col_major = (t.stride(0) == 1 || r == 1) && (c == 1 || t.stride(1) >= std::max<int64_t>(r, 1));
-  return row_major || col_major ? t : t.contiguous();
-}
 
 // y = ep(x · wᵀ + b) as one autograd node: one backend call forward (a cuBLASLt epilogue on the GPU) and
 // one backward (dgelu, then dx and dw GEMMs with the bias gradient fused into the dw GEMM on the GPU).
@@ -43,7 +26,7 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
   // Under autocast every operand goes to its dtype (as matmul); otherwise the widest of them. x's cast is
   // differentiable; the weight and bias are cast inside the node, whose inputs are the caller's tensors:
   // their gradients come back in their own dtypes (f32 master weights: straight from the GEMM's f32
-  // accumulators where the backend can, with no rounding to 16 bits and no cast kernels).
+  // accumulators where the device can, with no rounding to 16 bits and no cast kernels).
   DType t = promote_types(x_in.dtype(), w_in.dtype());
   if (b_in.defined()) t = promote_types(t, b_in.dtype());
   if (amp::is_enabled(x_in.device().type)) t = amp::dtype(x_in.device().type);
@@ -63,7 +46,7 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
     b2 = b_in.defined() ? cast(b_in, t).contiguous() : Tensor();
     out = empty({M, N}, {.dtype = t, .device = x.device()});
     if (gelu && needs_grad) pre = empty({M, N}, {.dtype = t, .device = x.device()});
-    if (out.numel() > 0) backend(x.device()).linear(x2, w2, b2, ep, out, pre);
+    if (out.numel() > 0) kernels::linear(x2, w2, b2, ep, out, pre);
   }
   if (needs_grad) {
     bool rx = x.requires_grad(), rw = w_in.requires_grad(), rb = b_in.defined() && b_in.requires_grad();
@@ -78,16 +61,15 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
              TensorOptions to{.dtype = gt, .device = dev};
              Tensor dy = g[0].contiguous().reshape({M, N});
              Tensor dx = rx ? empty({M, K}, to) : Tensor();
-             Backend& be = backend(dev);
-             // f32 parameters of a half-precision layer: their gradients in f32 from the backend if it can
+             // f32 parameters of a half-precision layer: their gradients in f32 from the device's kernel if it has one
              if ((gt == DType::bf16 || gt == DType::f16) && (!rw || wdt == DType::f32) && (!rb || bdt == DType::f32)) {
                TensorOptions f32{.dtype = DType::f32, .device = dev};
                Tensor dw = rw ? empty({N, K}, f32) : Tensor(), db = rb ? empty({N}, f32) : Tensor();
-               if (be.linear_backward_f32_params(dy, xx, ww, pre, ep, dx, dw, db))
+               if (kernels::linear_backward_f32_params(dy, xx, ww, pre, ep, dx, dw, db))
                  return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
              }
              Tensor dw = rw ? empty({N, K}, to) : Tensor(), db = rb ? empty({N}, to) : Tensor();
-             be.linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
+             kernels::linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
              return Grads{rx ? dx.reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor(), rb ? cast(db, bdt) : Tensor()};
            });
   }

@@ -1,18 +1,13 @@
 // Fused NN ops, each a single autograd node with a dedicated backward kernel: layer_norm,
 // cross_entropy, conv2d (the device's convolution kernels) and 2-D pooling.
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/conv.h>
+#include <kiln/core/kernels/cross_entropy.h>
+#include <kiln/core/kernels/layer_norm.h>
+#include <kiln/core/kernels/window.h>
+#include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
@@ -38,7 +33,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
     y = empty({M, C}, {.dtype = x.dtype(), .device = x.device()});
     mean = empty({M}, {.dtype = stat_dtype(x.dtype()), .device = x.device()});
     rstd = empty({M}, {.dtype = stat_dtype(x.dtype()), .device = x.device()});
-    backend(x.device()).layer_norm(xc, w, b, eps, y, mean, rstd);
+    kernels::layer_norm(xc, w, b, eps, y, mean, rstd);
     y = y.reshape(x.sizes());
   }
   if (any_requires_grad({x, weight, bias}))
@@ -50,7 +45,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
              Tensor dx = empty({M, C}, {.dtype = xx.dtype(), .device = xx.device()});
              Tensor dw = has_w ? empty({C}, {.dtype = xx.dtype(), .device = xx.device()}) : Tensor();
              Tensor db = has_b ? empty({C}, {.dtype = xx.dtype(), .device = xx.device()}) : Tensor();
-             backend(xx.device()).layer_norm_backward(dy, xx, ww, mean, rstd, dx, dw, db);
+             kernels::layer_norm_backward(dy, xx, ww, mean, rstd, dx, dw, db);
              return Grads{dx.reshape(xs), has_w ? cast(dw.reshape(ns), wdt) : Tensor(), has_b ? cast(db.reshape(ns), wdt) : Tensor()};
            });
   return y;
@@ -93,14 +88,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
     }
     loss = empty({rows.size(0)}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});
     lse = empty({rows.size(0)}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});
-    backend(logits.device()).cross_entropy(rows, tgt, opt.ignore_index, opt.label_smoothing, loss, lse);
+    kernels::cross_entropy(rows, tgt, opt.ignore_index, opt.label_smoothing, loss, lse);
   }
   if (any_requires_grad({logits}))
     record("cross_entropy", {logits}, {loss},
            [sr = SavedTensor(rows), tgt, lse, opt, ls = logits.sizes(), nd, from_last](const Grads& g) {
              Tensor r = sr.unpack("cross_entropy");
              Tensor gl = empty(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
-             backend(r.device()).cross_entropy_backward(r, tgt, lse, g[0].contiguous(), opt.ignore_index,
+             kernels::cross_entropy_backward(r, tgt, lse, g[0].contiguous(), opt.ignore_index,
                                                         opt.label_smoothing, gl);
              if (nd == 2) return Grads{gl};
              Shape moved = {ls[0]};
@@ -165,7 +160,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     wc = weight.contiguous();
     Tensor bc = bias.defined() ? cast(bias, x.dtype()).contiguous() : Tensor();
     out = empty({g.n, O, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
-    backend(x.device()).conv2d_forward(xc, wc, bc, g, out);
+    kernels::conv2d_forward(xc, wc, bc, g, out);
   }
   if (any_requires_grad({x, weight, bias}))
     record("conv2d", {x, weight, bias}, {out},
@@ -173,15 +168,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
             rb = bias.defined() && bias.requires_grad(), bdt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& gr) {
              Tensor xx = sx.unpack("conv2d"), w = sw.unpack("conv2d");
              Tensor go = gr[0].contiguous();
-             Backend& be = backend(xx.device());
              Tensor dx, dw, db;
              if (rx) {
                dx = empty(xx.sizes(), {.dtype = xx.dtype(), .device = xx.device()});
-               be.conv2d_backward_input(go, w, g, dx);
+               kernels::conv2d_backward_input(go, w, g, dx);
              }
              if (rw) {
                dw = empty(w.sizes(), {.dtype = w.dtype(), .device = w.device()});
-               be.conv2d_backward_weight(go, xx, g, dw);
+               kernels::conv2d_backward_weight(go, xx, g, dw);
              }
              if (rb) db = cast(sum(go.reshape({g.n, O, g.oh * g.ow}), {0, 2}), bdt);
              return Grads{dx, dw, db};
@@ -208,12 +202,12 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   Tensor idx = empty({g.n, g.c, g.oh, g.ow}, {.dtype = DType::i64, .device = x.device()});
   {
     NoGradGuard ng;
-    backend(x.device()).max_pool2d(x.contiguous(), g, out, idx);
+    kernels::max_pool2d(x.contiguous(), g, out, idx);
   }
   if (any_requires_grad({x}))
     record("max_pool2d", {x}, {out}, [idx, g, dt = x.dtype(), dev = x.device()](const Grads& gr) {
       Tensor gi = empty({g.n, g.c, g.h, g.w}, {.dtype = dt, .device = dev});
-      backend(dev).max_pool2d_backward(gr[0].contiguous(), idx, g, gi);
+      kernels::max_pool2d_backward(gr[0].contiguous(), idx, g, gi);
       return Grads{gi};
     });
   return out;
@@ -225,12 +219,12 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   Tensor out = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
   {
     NoGradGuard ng;
-    backend(x.device()).avg_pool2d(x.contiguous(), g, out);
+    kernels::avg_pool2d(x.contiguous(), g, out);
   }
   if (any_requires_grad({x}))
     record("avg_pool2d", {x}, {out}, [g, dt = x.dtype(), dev = x.device()](const Grads& gr) {
       Tensor gi = empty({g.n, g.c, g.h, g.w}, {.dtype = dt, .device = dev});
-      backend(dev).avg_pool2d_backward(gr[0].contiguous(), g, gi);
+      kernels::avg_pool2d_backward(gr[0].contiguous(), g, gi);
       return Grads{gi};
     });
   return out;

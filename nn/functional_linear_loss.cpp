@@ -6,25 +6,19 @@
 // (1 / count for the mean). So the forward pass takes the rows in equal chunks of at most 1 GiB of logits;
 // for each it runs the GEMM, the cross-entropy kernel (loss and log-sum-exp), the cross-entropy backward
 // in place with s = 1 (the chunk's buffer now holds its unit gradient), dx rows = dz · w, and
-// dw += dzᵀ · x (accumulated in f32 by the GEMM itself where the backend can). The backward pass only
+// dw += dzᵀ · x (accumulated in f32 by the GEMM itself where the device can). The backward pass only
 // scales dx and dw by s. The (N, C) logits never exist whole: GPT-2's lm_head at B·T = 16384 held
 // 1.65 GB of bf16 logits until the backward; now two chunks of 0.82 GB in turn, then dw in f32
 // (154 MB) and dx (25 MB).
 #include <algorithm>
 
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/shape.h>
+#include <kiln/core/kernels/cross_entropy.h>
+#include <kiln/core/kernels/gemm.h>
+#include <kiln/core/kernels/linear.h>
+#include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 constexpr int64_t kChunkBytes = int64_t(1) << 30;  // logits per chunk
@@ -80,7 +74,6 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     dx = rx ? empty({N, K}, {.dtype = t, .device = dev}) : Tensor();
     dw = rw ? (N > 0 && C > 0 ? empty({C, K}, {.dtype = acc, .device = dev}) : zeros({C, K}, {.dtype = acc, .device = dev}))
             : Tensor();
-    Backend& be = backend(dev);
     // Equal chunks of at most kChunkBytes, in whole 128-row GEMM tiles. Each chunk after the first reads
     // and writes dw once more in the accumulating GEMM (2 x 154 MB for GPT-2's lm_head), so chunks are
     // as large as the memory saving allows.
@@ -93,10 +86,10 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
       const int64_t rows = std::min(chunk, N - r0);
       const Tensor z = buffer.narrow(0, 0, rows), xc = x2.narrow(0, r0, rows), tc = tgt.narrow(0, r0, rows);
       const Tensor lc = loss.narrow(0, r0, rows), sc = lse.narrow(0, r0, rows);
-      be.linear(xc, w2, Tensor(), Epilogue::none, z, Tensor());
-      be.cross_entropy_in_place(z, tc, opt.ignore_index, opt.label_smoothing, row_weight.narrow(0, r0, rows), lc, sc);
-      if (rx) be.linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
-      if (rw && !be.matmul_accumulate_f32(z.t(), xc, dw, r0 > 0)) {
+      kernels::linear(xc, w2, Tensor(), Epilogue::none, z, Tensor());
+      kernels::cross_entropy_in_place(z, tc, opt.ignore_index, opt.label_smoothing, row_weight.narrow(0, r0, rows), lc, sc);
+      if (rx) kernels::linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
+      if (rw && !kernels::matmul_accumulate_f32(z.t(), xc, dw, r0 > 0)) {
         Tensor part = cast(matmul(z.t(), xc), acc);
         dw = r0 > 0 ? add(dw, part) : part;
       }

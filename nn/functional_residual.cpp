@@ -1,18 +1,10 @@
 // add_layer_norm: the pre-LayerNorm transformer's residual add and the norm that reads its sum, one
-// autograd node where the backend has the fused kernel (CUDA, f32 residual stream, bf16/f16 autocast).
-#include <kiln/autograd/grad_mode.h>
-#include <kiln/autograd/node.h>
-#include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
-#include <kiln/core/shape.h>
+// autograd node where the device has the fused kernel (CUDA, f32 residual stream, bf16/f16 autocast).
+#include <kiln/core/kernels/layer_norm.h>
+#include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 
@@ -55,7 +47,7 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
     y = empty({M, C}, {.dtype = low, .device = x.device()});
     mean = empty({M}, f32);
     rstd = empty({M}, f32);
-    fused = backend(x.device()).add_layer_norm(xc, dc, weight, bias, eps, h, y, mean, rstd);
+    fused = kernels::add_layer_norm(xc, dc, weight, bias, eps, h, y, mean, rstd);
   }
   if (!fused) return composed(x, delta, weight, bias, eps);
   h = h.reshape(x.sizes());
@@ -75,8 +67,8 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
            Tensor dh = empty({M, C}, f32);
            Tensor dd = want_delta ? empty({M, C}, {.dtype = low, .device = hh.device()}) : Tensor();
            Tensor dw = want_w ? empty({C}, f32) : Tensor(), db = want_b ? empty({C}, f32) : Tensor();
-           KILN_CHECK(backend(hh.device()).add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db),
-                      "add_layer_norm: the backend ran the forward kernel but has no backward for ", hh.str());
+           KILN_CHECK(kernels::add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db),
+                      "add_layer_norm: the device ran the forward kernel but has no backward for ", hh.str());
            return Grads{dh.reshape(shape), want_delta ? dd.reshape(shape) : Tensor(), dw, db};
          });
   return {has_delta ? h : x, y};

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <map>
 
@@ -43,7 +43,7 @@ void AdamW::step() {
   NoGradGuard no_grad;
   for (const auto& g : param_groups()) check_group(g);  // options may have been edited since construction
   // One fused multi-tensor update per (group, device): all parameters with a gradient go through the
-  // device's adamw_step kernel (the math is in core/backend.h). Parameters are updated in place in
+  // device's adamw_step kernel (the math is in core/kernels/optim.h). Parameters are updated in place in
   // their own dtype; the state is f32 (f64 for f64 parameters).
   int64_t index = 0;
   for (auto& g : param_groups()) {
@@ -82,7 +82,7 @@ void AdamW::step() {
         }
         // Bias corrections in double on the host, as PyTorch does with Python floats.
         AdamWHyper h{lr, beta1, beta2, eps, wd, 1.0 - std::pow(beta1, double(t)), std::sqrt(1.0 - std::pow(beta2, double(t)))};
-        backend(ps[0].device()).adamw_step(ps, gs, ms, vs, h);
+        kernels::adamw_step(ps, gs, ms, vs, h);
         for (size_t k = 0; k < ids.size(); ++k) {
           Tensor p = param(ids[k]);
           if (!ps[k].is_same(p)) p.copy_(ps[k]);

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 
 namespace kiln::optim {
@@ -44,7 +44,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     Device d{DeviceType(dev.first), dev.second};
     Tensor inv = full({}, 1.0 / state_.scale, {.dtype = DType::f32, .device = d});
     Tensor flag = zeros({}, {.dtype = DType::f32, .device = d});
-    backend(d).amp_unscale(grads, inv, flag);
+    kernels::amp_unscale(grads, inv, flag);
     for (auto& g : grads) g.bump_version();
     // Combine the device flags into one on the first device (a cross-device copy only with several GPUs).
     found = found.defined() ? maximum(found, flag.to(found.device())) : flag;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/core/shape.h>
@@ -105,18 +105,18 @@ Operand make(const Layout& l, DType t, uint64_t seed, bool positive, bool quanti
   return {l.view(base), l.view(base.to(kGpu))};
 }
 
-// Calls the backend like the op entry points do: operands expanded to the broadcast shape, a fresh
+// Calls the kernel like the op entry points do: operands expanded to the broadcast shape, a fresh
 // contiguous output.
 Tensor run_unary(UnaryOp op, const Tensor& x, DType out_dtype, double p0, double p1) {
   Tensor out = empty(x.sizes(), {.dtype = out_dtype, .device = x.device()});
-  backend(x.device()).unary(op, x, out, p0, p1);
+  kernels::unary(op, x, out, p0, p1);
   return out;
 }
 bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq && op <= BinaryOp::ge; }
 Tensor run_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   Shape s = broadcast_shapes(a.sizes(), b.sizes(), "test");
   Tensor out = empty(s, {.dtype = is_comparison(op) ? DType::boolean : a.dtype(), .device = a.device()});
-  backend(a.device()).binary(op, a.expand(s), b.expand(s), out);
+  kernels::binary(op, a.expand(s), b.expand(s), out);
   return out;
 }
 
@@ -440,9 +440,9 @@ TEST(CudaElementwise, BadArgumentsAreErrors) {
   KILN_REQUIRE_GPU();
   Tensor a = ones({4}, {.device = kGpu}), b = ones({4}, {.dtype = DType::f64, .device = kGpu});
   Tensor out = empty({4}, {.device = kGpu});
-  EXPECT_THROW(backend(kGpu).binary(BinaryOp::add, a, b, out), Error);
-  EXPECT_THROW(backend(kGpu).binary(BinaryOp::add, a, ones({5}, {.device = kGpu}), out), Error);
-  EXPECT_THROW(backend(kGpu).unary(UnaryOp::neg, a, empty({8}, {.device = kGpu}).slice(0, 0, 8, 2), 0, 0), Error);
+  EXPECT_THROW(kernels::binary(BinaryOp::add, a, b, out), Error);
+  EXPECT_THROW(kernels::binary(BinaryOp::add, a, ones({5}, {.device = kGpu}), out), Error);
+  EXPECT_THROW(kernels::unary(UnaryOp::neg, a, empty({8}, {.device = kGpu}).slice(0, 0, 8, 2), 0, 0), Error);
   EXPECT_THROW(add(a, ones({4})), Error);  // devices differ
 }
 

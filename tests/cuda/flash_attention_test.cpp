@@ -1,4 +1,4 @@
-// Flash attention on the GPU (cuda/flash_attention.cu) against the CPU reference (core/cpu/cpu_attention.cpp)
+// Flash attention on the GPU (cuda/flash_attention.cu) against the CPU reference (core/cpu/attention.cpp)
 // computed in f64 on the same (rounded) inputs: output, log-sum-exp and the three gradients, for bf16 and
 // f16 at head dims 64 and 128 (tensor cores), causal and not, lengths that are not multiples of the tiles,
 // strided head views of a packed (B, T, 3, H, D) projection, and dropout with the same mask on both
@@ -11,7 +11,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/attention.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
@@ -47,7 +47,7 @@ struct Outputs {
   Tensor out, lse, dq, dk, dv;
 };
 
-// Forward and backward through the backend of `dev` on inputs of dtype t (views as the case asks).
+// Forward and backward through the kernels of `dev` on inputs of dtype t (views as the case asks).
 Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, Device dev) {
   const DType t = q.dtype();
   const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
@@ -55,13 +55,12 @@ Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tenso
   o.out = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.out.fill_(NAN);  // poisoned: every element must be written
   o.lse = full({c.B, c.H, c.Tq}, NAN, {.dtype = stat_dtype(t), .device = dev});
-  Backend& be = backend(dev);
-  be.attention_forward(q, k, v, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_forward(q, k, v, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
   o.dq = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.dk = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   o.dv = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   for (Tensor* g : {&o.dq, &o.dk, &o.dv}) g->fill_(NAN);
-  be.attention_backward(dout, q, k, v, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_backward(dout, q, k, v, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
   return o;
 }
 

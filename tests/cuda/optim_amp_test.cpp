@@ -5,7 +5,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/sgd.h>
@@ -54,8 +54,8 @@ TEST(CudaAdamW, FusedStepMatchesTheCpuOverManyTensors) {
     mg.push_back(mc.back().to(gpu()));
     vg.push_back(vc.back().to(gpu()));
     AdamWHyper h{1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - std::pow(0.9, 3), std::sqrt(1 - std::pow(0.999, 3))};
-    backend(Device::cpu()).adamw_step(pc, gc, mc, vc, h);
-    backend(gpu()).adamw_step(pg, gg, mg, vg, h);
+    kernels::adamw_step(pc, gc, mc, vc, h);
+    kernels::adamw_step(pg, gg, mg, vg, h);
     for (size_t i = 0; i < pc.size(); ++i) {
       expect_close(pc[i], pg[i], std::string("param ") + dtype_name(pd), pd == DType::f32 ? 1e-5 : -1);
       expect_close(mc[i], mg[i], "exp_avg");
@@ -98,8 +98,8 @@ TEST(CudaGradScaler, UnscaleMatchesTheCpuAndFlagsInfAndNaN) {
     }
     Tensor inv_c = full({}, 1.0 / 1024, {.dtype = DType::f32}), flag_c = zeros({}, {.dtype = DType::f32});
     Tensor inv_g = inv_c.to(gpu()), flag_g = flag_c.to(gpu());
-    backend(Device::cpu()).amp_unscale(cpu_t, inv_c, flag_c);
-    backend(gpu()).amp_unscale(gpu_t, inv_g, flag_g);
+    kernels::amp_unscale(cpu_t, inv_c, flag_c);
+    kernels::amp_unscale(gpu_t, inv_g, flag_g);
     EXPECT_EQ(flag_g.item<float>(), bad == 0.0f ? 0.0f : 1.0f);
     EXPECT_EQ(flag_c.item<float>(), flag_g.item<float>());
     for (size_t i = 1; i < cpu_t.size(); ++i) expect_close(cpu_t[i], gpu_t[i], "unscaled gradient");

@@ -7,7 +7,10 @@
 #include <functional>
 #include <vector>
 
-#include <kiln/core/backend.h>
+#include <kiln/core/kernels/cross_entropy.h>
+#include <kiln/core/kernels/layer_norm.h>
+#include <kiln/core/kernels/reduce.h>
+#include <kiln/core/kernels/softmax.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -43,7 +46,6 @@ void report(const char* what, double us, double bytes) {
 
 TEST(CudaRowKernelBench, DISABLED_IssueSizes) {
   KILN_REQUIRE_GPU();
-  Backend& be = backend(gpu());
   for (DType t : {DType::f32, DType::bf16}) {
     int64_t M = 16384, C = 4096;
     double es = double(element_size(t));
@@ -54,14 +56,14 @@ TEST(CudaRowKernelBench, DISABLED_IssueSizes) {
     Tensor dw = empty({C}, {.dtype = t, .device = gpu()}), db = empty({C}, {.dtype = t, .device = gpu()});
     std::string n = name(t);
     report(("layer_norm fwd " + n + " 16384x4096").c_str(),
-           median_us([&] { be.layer_norm(x, w, b, 1e-5, y, mean, rstd); }), 2.0 * M * C * es);
+           median_us([&] { kernels::layer_norm(x, w, b, 1e-5, y, mean, rstd); }), 2.0 * M * C * es);
     report(("layer_norm bwd " + n + " 16384x4096").c_str(),
-           median_us([&] { be.layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db); }), 3.0 * M * C * es);
-    report(("softmax fwd " + n + " 16384x4096").c_str(), median_us([&] { be.softmax(x, y, false); }), 2.0 * M * C * es);
+           median_us([&] { kernels::layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db); }), 3.0 * M * C * es);
+    report(("softmax fwd " + n + " 16384x4096").c_str(), median_us([&] { kernels::softmax(x, y, false); }), 2.0 * M * C * es);
     report(("softmax bwd " + n + " 16384x4096").c_str(),
-           median_us([&] { be.softmax_backward(dy, y, dx, false); }), 3.0 * M * C * es);
+           median_us([&] { kernels::softmax_backward(dy, y, dx, false); }), 3.0 * M * C * es);
     report(("sum rows " + n + " 16384x4096").c_str(),
-           median_us([&] { be.reduce(ReduceOp::sum, x, mean.to(t)); }), 1.0 * M * C * es);
+           median_us([&] { kernels::reduce(ReduceOp::sum, x, mean.to(t)); }), 1.0 * M * C * es);
   }
   {
     int64_t N = 8192, C = 50304;
@@ -72,8 +74,8 @@ TEST(CudaRowKernelBench, DISABLED_IssueSizes) {
     Tensor gl = rand_cpu({N}, DType::f32).to(gpu());
     Tensor grad = empty({N, C}, {.dtype = t, .device = gpu()});
     report("cross_entropy fwd bf16 8192x50304",
-           median_us([&] { be.cross_entropy(logits, target, -100, 0.1, loss, lse); }), 2.0 * N * C);
+           median_us([&] { kernels::cross_entropy(logits, target, -100, 0.1, loss, lse); }), 2.0 * N * C);
     report("cross_entropy bwd bf16 8192x50304",
-           median_us([&] { be.cross_entropy_backward(logits, target, lse, gl, -100, 0.1, grad); }), 4.0 * N * C);
+           median_us([&] { kernels::cross_entropy_backward(logits, target, lse, gl, -100, 0.1, grad); }), 4.0 * N * C);
   }
 }

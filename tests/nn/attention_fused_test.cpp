@@ -1,12 +1,12 @@
-// The fused scaled-dot-product attention on the CPU (Backend::attention_forward/backward): equal to the
+// The fused scaled-dot-product attention on the CPU (kernels::attention_forward/backward): equal to the
 // reference composite in value and gradient, gradcheck in f64 (with and without causal masking, with
 // dropout under a fixed generator), the dropout mask as documented, and the output memory order.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include <kiln/autograd/gradcheck.h>
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/gradcheck.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
@@ -119,7 +119,7 @@ TEST(FusedAttention, DropoutMaskIsThePhiloxFunctionOfHeadRowAndColumn) {
   const uint64_t offset = gen.state().offset;
   Tensor out = F::scaled_dot_product_attention(q, k, v, false, std::nullopt, p, true, &gen);
   EXPECT_EQ(gen.state().offset, offset + uint64_t(B * H * Tq * ((Tk + 3) / 4)));
-  // mask(bh, i, j) from the formula of Backend::attention_forward
+  // mask(bh, i, j) from the formula of kernels::attention_forward
   std::vector<double> mask;
   int64_t dropped = 0;
   for (int64_t bh = 0; bh < B * H; ++bh)

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/window.h>
 
 namespace kiln::cpu {
 
@@ -157,24 +157,24 @@ void avg_pool_backward_typed(const Tensor& go_t, const Window2d& g, const Tensor
 
 }  // namespace
 
-void CpuBackend::im2col(const Tensor& x, const Window2d& g, const Tensor& cols) const {
+void kernels::im2col(const Tensor& x, const Window2d& g, const Tensor& cols) {
   KILN_DISPATCH_FLOATING(x.dtype(), "im2col", im2col_typed<scalar_t>(x, g, cols));
 }
-void CpuBackend::col2im(const Tensor& cols, const Window2d& g, const Tensor& x) const {
+void kernels::col2im(const Tensor& cols, const Window2d& g, const Tensor& x) {
   KILN_DISPATCH_FLOATING(x.dtype(), "col2im", col2im_typed<scalar_t>(cols, g, x));
 }
-void CpuBackend::max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) const {
+void kernels::max_pool2d(const Tensor& x, const Window2d& g, const Tensor& out, const Tensor& indices) {
   KILN_DISPATCH_FLOATING(x.dtype(), "max_pool2d", max_pool_typed<scalar_t>(x, g, out, indices));
 }
-void CpuBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
-                                     const Tensor& grad_in) const {
+void kernels::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                                     const Tensor& grad_in) {
   KILN_DISPATCH_FLOATING(grad_in.dtype(), "max_pool2d_backward",
                          max_pool_backward_typed<scalar_t>(grad_out, indices, g, grad_in));
 }
-void CpuBackend::avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) const {
+void kernels::avg_pool2d(const Tensor& x, const Window2d& g, const Tensor& out) {
   KILN_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", avg_pool_typed<scalar_t>(x, g, out));
 }
-void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) const {
+void kernels::avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, const Tensor& grad_in) {
   KILN_DISPATCH_FLOATING(grad_in.dtype(), "avg_pool2d_backward", avg_pool_backward_typed<scalar_t>(grad_out, g, grad_in));
 }
 

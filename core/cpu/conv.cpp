@@ -3,26 +3,30 @@
 //   backward input:  grad_x  = col2im(Wᵀ · grad_out[n])
 //   backward weight: grad_w  = sum_n grad_out[n] · cols(x[n])ᵀ
 // Each step rounds to the storage dtype where the composed ops (matmul, add, sum) did before this moved
-// into the kernel table, so results are bit-identical to that composition. cols is recomputed in
+// into the kernels, so results are bit-identical to that composition. cols is recomputed in
 // backward rather than saved: it holds kh*kw times the input.
-#include <kiln/core/cpu/cpu_backend.h>
+#include <kiln/core/kernels/conv.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/gemm.h>
+#include <kiln/core/kernels/reduce.h>
 
 namespace kiln::cpu {
 
 namespace {
 
-Tensor make_cols(const CpuBackend& be, const Tensor& x, const Window2d& g) {
+Tensor make_cols(const Tensor& x, const Window2d& g) {
   Tensor cols = empty({g.n, g.c * g.kh * g.kw, g.oh * g.ow}, {.dtype = x.dtype()});
-  be.im2col(x, g, cols);
+  kernels::im2col(x, g, cols);
   return cols;
 }
 
 }  // namespace
 
-void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
-                                const Tensor& out) const {
+void kernels::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& g,
+                                const Tensor& out) {
   int64_t O = w.size(0), CK = g.c * g.kh * g.kw, L = g.oh * g.ow;
-  Tensor cols = make_cols(*this, x, g);
+  Tensor cols = make_cols(x, g);
   Tensor wb = w.reshape({1, O, CK}).expand({g.n, O, CK});  // one weight for every sample (batch stride 0)
   Tensor out3 = out.reshape({g.n, O, L});
   if (!bias.defined()) {
@@ -34,8 +38,8 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   binary(BinaryOp::add, prod, bias.reshape({1, O, 1}).expand({g.n, O, L}), out3);
 }
 
-void CpuBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
-                                       const Tensor& grad_x) const {
+void kernels::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Window2d& g,
+                                       const Tensor& grad_x) {
   int64_t O = w.size(0), CK = g.c * g.kh * g.kw, L = g.oh * g.ow;
   Tensor wt = w.reshape({O, CK}).t().unsqueeze(0).expand({g.n, CK, O});  // column-major Wᵀ, shared
   Tensor dcols = empty({g.n, CK, L}, {.dtype = grad_x.dtype()});
@@ -44,15 +48,15 @@ void CpuBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, 
   col2im(dcols, g, grad_x);
 }
 
-void CpuBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
-                                        const Tensor& grad_w) const {
+void kernels::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Window2d& g,
+                                        const Tensor& grad_w) {
   int64_t O = grad_w.size(0), CK = g.c * g.kh * g.kw, L = g.oh * g.ow;
   if (grad_w.numel() == 0) return;
   if (g.n == 0) {
     fill(grad_w, 0.0);
     return;
   }
-  Tensor cols = make_cols(*this, x, g);
+  Tensor cols = make_cols(x, g);
   Tensor per_sample = empty({g.n, O, CK}, {.dtype = grad_w.dtype()});
   bmm(grad_out.reshape({g.n, O, L}), cols.transpose(1, 2), per_sample);
   // sum over n: rows (o, ck) of a contiguous (O*CK, N) matrix, as the reduction op lays it out

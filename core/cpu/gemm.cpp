@@ -8,8 +8,10 @@
 #define EIGEN_DONT_PARALLELIZE
 #include <Eigen/Core>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/gemm.h>
 
 namespace kiln::cpu {
 
@@ -73,7 +75,7 @@ void gemm_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
-void CpuBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) const {
+void kernels::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
   if (a.size(2) == 0) {
     fill(out, 0.0);

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu_memory.h>
+#include <kiln/core/kernels/memory.h>
 
 namespace kiln::cpu {
 
@@ -34,7 +34,7 @@ size_t machine_memory_bytes() {
 
 size_t memory_allocated() { return allocated_bytes.load(std::memory_order_relaxed); }
 
-void* CpuBackend::allocate(size_t nbytes, Device) {
+void* kernels::allocate(size_t nbytes, Device) {
   KILN_CHECK(nbytes <= machine_memory_bytes() && nbytes <= SIZE_MAX - 63, "cpu allocate: out of memory requesting ",
              nbytes, " bytes, more than this machine's ", machine_memory_bytes(), " bytes of memory and swap");
   void* p = std::aligned_alloc(64, aligned_size(nbytes));
@@ -44,7 +44,7 @@ void* CpuBackend::allocate(size_t nbytes, Device) {
   return p;
 }
 
-void CpuBackend::deallocate(void* ptr, size_t nbytes, Device) {
+void kernels::deallocate(void* ptr, size_t nbytes, Device) {
   std::free(ptr);
   allocated_bytes.fetch_sub(aligned_size(nbytes), std::memory_order_relaxed);
 }

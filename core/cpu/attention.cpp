@@ -1,5 +1,5 @@
 // Scaled-dot-product attention on the CPU: the reference the GPU's flash-attention kernels are tested
-// against (the math, the layouts and the dropout mask are stated at Backend::attention_forward). Every
+// against (the math, the layouts and the dropout mask are stated at kernels::attention_forward (core/kernels/attention.h)). Every
 // product and sum is in double; one query row (forward) or one (b, h) head (backward) per task, so results
 // never depend on the number of threads. Backward recomputes the probabilities from the saved lse.
 #include <algorithm>
@@ -7,8 +7,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/attention.h>
 #include <kiln/core/random.h>
 
 namespace kiln::cpu {
@@ -28,7 +28,7 @@ struct Rows {
   T* row(int64_t bh, int64_t i) const { return base + (bh / H) * sb + (bh % H) * sh + i * st; }
 };
 
-// The dropout mask of Backend::attention_forward: 1/(1-p) where kept, 0 where dropped, 1 without dropout.
+// The dropout mask of kernels::attention_forward (core/kernels/attention.h): 1/(1-p) where kept, 0 where dropped, 1 without dropout.
 struct DropoutMask {
   double p;
   uint64_t seed, offset;
@@ -132,17 +132,17 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
 
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                    const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
-                                   uint64_t offset) const {
+                                   uint64_t offset) {
   DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", forward_impl<scalar_t>(q, k, v, out, lse, causal, scale, mask));
 }
 
-void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+void kernels::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
-                                    uint64_t offset) const {
+                                    uint64_t offset) {
   DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_backward",
                          backward_impl<scalar_t>(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, mask));

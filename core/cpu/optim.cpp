@@ -2,8 +2,8 @@
 // One pass over each tensor, in double, rounding once into each stored dtype.
 #include <cmath>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/optim.h>
 
 namespace kiln::cpu {
 
@@ -29,9 +29,9 @@ void adamw_typed(const Tensor& p_t, const Tensor& g_t, const Tensor& m_t, const 
 
 }  // namespace
 
-void CpuBackend::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                            const AdamWHyper& h) const {
+                            const AdamWHyper& h) {
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor &p = params[i], &g = grads[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
     if (m.dtype() == DType::f64) {
@@ -42,7 +42,7 @@ void CpuBackend::adamw_step(const std::vector<Tensor>& params, const std::vector
   }
 }
 
-void CpuBackend::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) const {
+void kernels::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) {
   double inv = double(*static_cast<const float*>(inv_scale.raw_data()));
   bool bad = false;
   for (const Tensor& t : tensors) {

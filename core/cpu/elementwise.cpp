@@ -1,10 +1,10 @@
-// Elementwise CPU kernels: copy/cast, fill, unary, binary, where, random. Each walks the output in
-// chunks, converts operands to double, applies the op, and rounds once into the output dtype.
+// Elementwise CPU kernels: fill, unary, binary, where. Each walks the output in chunks, converts operands
+// to double, applies the op, and rounds once into the output dtype.
 #include <cmath>
 #include <cstring>
 
-#include <kiln/core/cpu/cpu_backend.h>
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/elementwise.h>
 
 namespace kiln::cpu {
 
@@ -92,54 +92,9 @@ void apply_binary(BinaryOp op, double* a, const double* b, int64_t n) {
   }
 }
 
-// Same-dtype strided copy by element size: exact for every dtype, including i64 beyond 2^53.
-template <class W>
-void copy_words(const Tensor& src, const Tensor& dst) {
-  const W* s = static_cast<const W*>(src.raw_data());
-  W* d = static_cast<W*>(dst.raw_data());
-  bool sc = src.is_contiguous(), dc = dst.is_contiguous();
-  parallel_chunks(dst.numel(), kChunk, [&](int64_t start, int64_t n) {
-    int64_t so[kChunk], dof[kChunk];
-    if (!sc) element_offsets(src, start, n, so);
-    if (!dc) element_offsets(dst, start, n, dof);
-    for (int64_t i = 0; i < n; ++i) d[dc ? start + i : dof[i]] = s[sc ? start + i : so[i]];
-  });
-}
-
-// The value v takes once stored in dtype t.
-double rounded(DType t, double v) {
-  switch (t) {
-    case DType::f32: return double(float(v));
-    case DType::f16: return double(float(Half(float(v))));
-    case DType::bf16: return double(float(BFloat16(float(v))));
-    default: return v;
-  }
-}
-
 }  // namespace
 
-void CpuBackend::copy(const Tensor& src, const Tensor& dst) const {
-  if (dst.numel() == 0) return;
-  if (src.dtype() == dst.dtype()) {
-    if (src.is_contiguous() && dst.is_contiguous()) {
-      std::memcpy(dst.raw_data(), src.raw_data(), size_t(dst.numel()) * dst.element_size());
-      return;
-    }
-    switch (dst.element_size()) {
-      case 1: return copy_words<uint8_t>(src, dst);
-      case 2: return copy_words<uint16_t>(src, dst);
-      case 4: return copy_words<uint32_t>(src, dst);
-      case 8: return copy_words<uint64_t>(src, dst);
-    }
-  }
-  parallel_chunks(dst.numel(), kChunk, [&](int64_t start, int64_t n) {
-    double buf[kChunk];
-    load(src, start, n, buf);
-    store(dst, start, n, buf);
-  });
-}
-
-void CpuBackend::fill(const Tensor& dst, double value) const {
+void kernels::fill(const Tensor& dst, double value) {
   parallel_chunks(dst.numel(), kChunk, [&](int64_t start, int64_t n) {
     double buf[kChunk];
     for (int64_t i = 0; i < n; ++i) buf[i] = value;
@@ -147,7 +102,7 @@ void CpuBackend::fill(const Tensor& dst, double value) const {
   });
 }
 
-void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) const {
+void kernels::unary(UnaryOp op, const Tensor& in, const Tensor& out, double p0, double p1) {
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
     double buf[kChunk];
     load(in, start, n, buf);
@@ -156,7 +111,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out, double p
   });
 }
 
-void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) const {
+void kernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
     double x[kChunk], y[kChunk];
     load(a, start, n, x);
@@ -166,7 +121,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
   });
 }
 
-void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) const {
+void kernels::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
     double c[kChunk], x[kChunk], y[kChunk];
     load(cond, start, n, c);
@@ -175,36 +130,6 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
     for (int64_t i = 0; i < n; ++i) x[i] = c[i] != 0.0 ? x[i] : y[i];
     store(out, start, n, x);
   });
-}
-
-void CpuBackend::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) const {
-  const DType dt = out.dtype();
-  const double top = dist == Distribution::uniform && b > a ? largest_below(dt, b) : b;
-  parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {
-    double buf[kChunk];
-    for (int64_t i = 0; i < n; ++i) {
-      uint64_t e = uint64_t(start + i);
-      if (dist == Distribution::uniform) {
-        uint32_t w = philox4x32(offset + e / 4, seed)[e % 4];
-        buf[i] = a + (b - a) * double(uint_to_unit_float(w));
-        // u < 1, but rounding into a narrow dtype (bf16 keeps 8 bits) can still give b
-        if (b > a && rounded(dt, buf[i]) >= b) buf[i] = top;
-      } else {
-        // Box-Muller on two words: u1 in (0, 1] so the log is finite.
-        auto w = philox4x32(offset + e / 2, seed);
-        uint32_t w1 = w[2 * (e % 2)], w2 = w[2 * (e % 2) + 1];
-        double u1 = (double(w1 >> 8) + 1.0) * (1.0 / 16777216.0);
-        double u2 = double(w2 >> 8) * (1.0 / 16777216.0);
-        buf[i] = a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-      }
-    }
-    store(out, start, n, buf);
-  });
-}
-
-Backend& cpu_backend() {
-  static CpuBackend instance;
-  return instance;
 }
 
 }  // namespace kiln::cpu

@@ -1,5 +1,4 @@
-// The CUDA backend's memory and copy kernels: allocation through the caching allocator, strided copies
-// and casts on the device, and host <-> device transfers.
+// The CUDA copy kernel: strided copies and casts on the device, and host <-> device transfers.
 //
 // Fast paths, for the copies autocast and the layer code make on every step: contiguous casts between f32
 // and bf16/f16 move 16-byte vectors (the generic cast kernel reads each element through a dtype switch and
@@ -9,21 +8,15 @@
 #include <cstring>
 #include <numeric>
 
+#include <kiln/core/kernels/copy.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/cuda_backend.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
 #include <kiln/cuda/strided.cuh>
 
 namespace kiln::cuda {
-
-void* CudaBackend::allocate(size_t nbytes, Device device) {
-  return allocator(device.index).allocate(nbytes, uintptr_t(current_stream()));
-}
-
-void CudaBackend::deallocate(void* ptr, size_t, Device device) { allocator(device.index).free(ptr); }
 
 namespace {
 
@@ -162,7 +155,7 @@ void device_copy(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
-void CudaBackend::copy(const Tensor& src, const Tensor& dst) const {
+void kernels::copy(const Tensor& src, const Tensor& dst) {
   NvtxRange range("copy");
   if (src.device().is_cuda() && dst.device().is_cuda()) {
     KILN_CHECK(src.device() == dst.device(), "copy: between CUDA devices (", src.str(), " -> ", dst.str(),
@@ -196,13 +189,8 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) const {
     stage_device_error();
     KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     check_device_error();
-    if (!host.is_same(dst)) backend(Device::cpu()).copy(host, dst);
+    if (!host.is_same(dst)) cpu::kernels::copy(host, dst);
   }
-}
-
-Backend& cuda_backend() {
-  static CudaBackend instance;
-  return instance;
 }
 
 }  // namespace kiln::cuda

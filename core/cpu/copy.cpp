@@ -1,0 +1,50 @@
+// Copy and cast on the CPU: same-dtype copies move whole words (exact for every dtype, i64 beyond 2^53
+// included); casts go through double and round once.
+#include <cmath>
+#include <cstring>
+
+#include <kiln/core/cpu/strided.h>
+#include <kiln/core/kernels/copy.h>
+
+namespace kiln::cpu {
+
+namespace {
+
+// Same-dtype strided copy by element size: exact for every dtype, including i64 beyond 2^53.
+template <class W>
+void copy_words(const Tensor& src, const Tensor& dst) {
+  const W* s = static_cast<const W*>(src.raw_data());
+  W* d = static_cast<W*>(dst.raw_data());
+  bool sc = src.is_contiguous(), dc = dst.is_contiguous();
+  parallel_chunks(dst.numel(), kChunk, [&](int64_t start, int64_t n) {
+    int64_t so[kChunk], dof[kChunk];
+    if (!sc) element_offsets(src, start, n, so);
+    if (!dc) element_offsets(dst, start, n, dof);
+    for (int64_t i = 0; i < n; ++i) d[dc ? start + i : dof[i]] = s[sc ? start + i : so[i]];
+  });
+}
+
+}  // namespace
+
+void kernels::copy(const Tensor& src, const Tensor& dst) {
+  if (dst.numel() == 0) return;
+  if (src.dtype() == dst.dtype()) {
+    if (src.is_contiguous() && dst.is_contiguous()) {
+      std::memcpy(dst.raw_data(), src.raw_data(), size_t(dst.numel()) * dst.element_size());
+      return;
+    }
+    switch (dst.element_size()) {
+      case 1: return copy_words<uint8_t>(src, dst);
+      case 2: return copy_words<uint16_t>(src, dst);
+      case 4: return copy_words<uint32_t>(src, dst);
+      case 8: return copy_words<uint64_t>(src, dst);
+    }
+  }
+  parallel_chunks(dst.numel(), kChunk, [&](int64_t start, int64_t n) {
+    double buf[kChunk];
+    load(src, start, n, buf);
+    store(dst, start, n, buf);
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,115 @@
+// The bias gradient of a linear layer on the GPU (the GELU epilogue's backward fused with it): column
+// sums of the output gradient, optionally through gelu_tanh', for cuda/gemm.cpp's linear_backward.
+#include <kiln/core/half.h>
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/gelu.cuh>
+#include <kiln/cuda/linear_bias.h>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+// Column sums of a linear layer's output gradient (its bias gradient), optionally through the GELU:
+// with kGelu, dz = dy ⊙ gelu_tanh'(pre) is written and summed (the rounded dz, which the GEMMs read);
+// without, dy itself is summed. One thread per 8-column vector of a 32-vector strip, 8 rows down a
+// block (256 threads); rows stride over gridDim.y. Each thread keeps its 8 column sums; the block adds
+// its 8 rows' sums in shared memory and writes one partial row; column_sum_kernel adds the partial rows
+// in a fixed order (deterministic).
+template <class T, bool kGelu>
+__global__ void __launch_bounds__(256)
+    bias_gradient_kernel(const T* dy, const T* pre, T* dz, int64_t M, int64_t N, float* part) {
+  __shared__ float sums[8][32][9];  // [row][vector][column], padded
+  const int64_t nvec = N / 8, v = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (v < nvec)
+    for (int64_t r = int64_t(blockIdx.y) * 8 + threadIdx.y; r < M; r += int64_t(gridDim.y) * 8) {
+      const int64_t at = r * N + v * 8;
+      float g[8];
+      widen16<T>(load16(dy + at), g);
+      if constexpr (kGelu) {
+        float z[8];
+        widen16<T>(load16(pre + at), z);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) g[j] *= gelu_tanh_grad(z[j]);
+        const uint4 out = narrow16<T>(g);
+        store16(dz + at, out);
+        widen16<T>(out, g);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += g[j];
+    }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sums[threadIdx.y][threadIdx.x][j] = acc[j];
+  __syncthreads();
+  if (threadIdx.y != 0 || v >= nvec) return;
+  for (int y = 1; y < 8; ++y)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += sums[y][threadIdx.x][j];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) part[int64_t(blockIdx.y) * N + v * 8 + j] = acc[j];
+}
+
+// Whether the kernel serves: contiguous, aligned bf16/f16 (M, N) with N a multiple of 8, db (N) in their
+// dtype or f32.
+bool bias_gradient_servable(const Tensor& dy, const Tensor& db) {
+  const DType t = dy.dtype();
+  return (t == DType::bf16 || t == DType::f16) && dy.dim() == 2 && dy.is_contiguous() && aligned16(dy.raw_data()) &&
+         dy.size(1) % 8 == 0 && dy.numel() > 0 && db.defined() && (db.dtype() == t || db.dtype() == DType::f32) &&
+         db.numel() == dy.size(1) && db.is_contiguous() && db.device() == dy.device();
+}
+
+void launch_bias_gradient(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
+  const int64_t M = dy.size(0), N = dy.size(1), strips = (N / 8 + 31) / 32;
+  // about 8 blocks per multiprocessor; each partial row is N floats (L2-resident)
+  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8, sm_count() * 8 / strips + 1));
+  Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dy.device()});
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks)), block(32, 8);
+  float* pp = static_cast<float*>(part.raw_data());
+  const dim3 sum_grid(static_cast<unsigned>((N + 31) / 32), 1), sum_block(32, 32);
+  auto launch = [&](auto tag) {  // S: the element type, bf16 or f16
+    using S = decltype(tag);
+    using D = device_t<S>;
+    const D* g = static_cast<const D*>(dy.raw_data());
+    if (pre.defined())
+      bias_gradient_kernel<D, true><<<grid, block, 0, current_stream()>>>(
+          g, static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M, N, pp);
+    else
+      bias_gradient_kernel<D, false><<<grid, block, 0, current_stream()>>>(g, nullptr, nullptr, M, N, pp);
+    KILN_LAUNCH_CHECK("bias_gradient_kernel", "linear_backward");
+    if (db.dtype() == DType::f32)
+      column_sum_kernel<float><<<sum_grid, sum_block, 0, current_stream()>>>(
+          pp, nullptr, row_blocks, N, static_cast<float*>(db.raw_data()), nullptr);
+    else
+      column_sum_kernel<S><<<sum_grid, sum_block, 0, current_stream()>>>(pp, nullptr, row_blocks, N,
+                                                                         static_cast<D*>(db.raw_data()), nullptr);
+    KILN_LAUNCH_CHECK("column_sum_kernel", "linear_backward");
+  };
+  if (dy.dtype() == DType::bf16) launch(BFloat16{});
+  else launch(Half{});
+}
+
+}  // namespace
+
+bool gelu_tanh_backward_with_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
+  const DType t = dy.dtype();
+  if (!bias_gradient_servable(dy, db) || pre.sizes() != dy.sizes() || pre.dtype() != t || !pre.is_contiguous() ||
+      !aligned16(pre.raw_data()) || dz.sizes() != dy.sizes() || dz.dtype() != t || !dz.is_contiguous() ||
+      !aligned16(dz.raw_data()))
+    return false;
+  NvtxRange range("gelu_tanh_backward_with_bias");
+  launch_bias_gradient(dy, pre, dz, db);
+  return true;
+}
+
+bool bias_gradient(const Tensor& dy, const Tensor& db) {
+  if (!bias_gradient_servable(dy, db)) return false;
+  NvtxRange range("bias_gradient");
+  launch_bias_gradient(dy, Tensor(), Tensor(), db);
+  return true;
+}
+
+}  // namespace kiln::cuda
