@@ -5,7 +5,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include <kiln/core/archive.h>
+#include <kiln/core/archive/archive.h>
 #include <kiln/core/random.h>
 
 namespace kiln::optim {

@@ -28,7 +28,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/nn/modules.h>

@@ -1,4 +1,4 @@
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 

@@ -1,5 +1,5 @@
 // Dataset helpers: single examples and datasets held in two tensors.
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/ops.h>

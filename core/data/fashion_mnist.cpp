@@ -3,7 +3,7 @@
 // idx (LeCun's MNIST format): a 4-byte magic number 0x00 0x00 <type> <ndims>, then ndims big-endian uint32
 // dimensions, then the values, row-major. Type 0x08 is unsigned byte; images are idx3 (N, rows, cols), labels
 // idx1 (N). The files are distributed gzip-compressed; zlib's gzread reads compressed and plain files alike.
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 
 #include <zlib.h>
 

@@ -26,7 +26,7 @@
 //     registers, writes dSᵀ to shared memory, and after a barrier all warps compute dQ_tile = dS K and add
 //     it into an f32 scratch with float4 atomics; a last kernel scales dQ into the output dtype. D_i comes
 //     from a row kernel before.
-// On compute capability 9.0 the wgmma/TMA kernels of cuda/flash_attention_sm90.cu take the tensor-core path
+// On compute capability 9.0 the wgmma/TMA kernels of cuda/attention_sm90.cu take the tensor-core path
 // instead (KILN_FLASH_ATTENTION_SM90=0 keeps these).
 // Everything else (f32, f64, other head dims up to 256, misaligned views; the forward also for scale <= 0):
 // a simple kernel per query row (forward, dQ) and per key row (dK, dV), one warp each, exact in f32/f64,
@@ -42,7 +42,7 @@
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/dtype.cuh>
-#include <kiln/cuda/flash_attention_common.cuh>
+#include <kiln/cuda/attention_common.cuh>
 #include <kiln/cuda/nvtx.h>
 
 namespace kiln::cuda {

@@ -1,4 +1,4 @@
-// Flash attention on Hopper: the forward and backward of cuda/flash_attention.cu (same math, same
+// Flash attention on Hopper: the forward and backward of cuda/attention.cu (same math, same
 // arguments, same dropout mask) with warpgroup MMAs (wgmma, sm_90a; cuda/wgmma.cuh) fed by TMA loads
 // (cuda/tma.cuh). Built only for sm_90a and used only on compute capability 9.0 devices; elsewhere the
 // mma.sync kernels run. The design follows FlashAttention-3 (Shah et al. 2024) in its main points.
@@ -36,13 +36,13 @@
 #include <kiln/core/error.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
-#include <kiln/cuda/flash_attention_common.cuh>
+#include <kiln/cuda/attention_common.cuh>
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/tma.cuh>
 #include <kiln/cuda/wgmma.cuh>
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "flash_attention_sm90.cu is compiled for sm_90a only (CMakeLists.txt)"
+#error "attention_sm90.cu is compiled for sm_90a only (CMakeLists.txt)"
 #endif
 
 namespace kiln::cuda::flash {

@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 
 namespace kiln::data {
 namespace {

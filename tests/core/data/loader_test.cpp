@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 #include <kiln/core/random.h>
 
 namespace kiln::data {

@@ -5,7 +5,7 @@
 // and a consumer slower than the loader never lets memory grow. An exception in the worker (a dataset
 // error) travels through the queue and is rethrown by the iterator at the batch where it happened.
 // Destroying the iterator (the end of the loop, a break, an exception) stops the worker and joins it.
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 
 #include <condition_variable>
 #include <deque>

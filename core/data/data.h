@@ -111,7 +111,7 @@ struct LoaderOptions {
 // e * 2^40, so it depends on (seed, epoch) only: a resumed run calls set_epoch() and sees the same batches.
 // The Loader keeps a reference to the dataset, which must outlive it.
 class Loader {
-  struct Run;  // one pass: order, prefetch thread, queue (data_loader.cpp)
+  struct Run;  // one pass: order, prefetch thread, queue (loader.cpp)
 
  public:
   struct Sentinel {};

@@ -1,4 +1,4 @@
-// Flash attention on the GPU (cuda/flash_attention.cu) against the CPU reference (core/cpu/attention.cpp)
+// Flash attention on the GPU (cuda/attention.cu) against the CPU reference (core/cpu/attention.cpp)
 // computed in f64 on the same (rounded) inputs: output, log-sum-exp and the three gradients, for bf16 and
 // f16 at head dims 64 and 128 (tensor cores), causal and not, lengths that are not multiples of the tiles,
 // strided head views of a packed (B, T, 3, H, D) projection, and dropout with the same mask on both
@@ -148,7 +148,7 @@ class ScopedEnv {
   const char* name_;
 };
 
-// On a Hopper GPU the cases above run the wgmma kernels (cuda/flash_attention_sm90.cu); these run the
+// On a Hopper GPU the cases above run the wgmma kernels (cuda/attention_sm90.cu); these run the
 // mma.sync kernels, every other GPU's tensor-core path, on the same GPU.
 TEST(FlashAttention, MmaSyncKernelsMatchTheCpuReference) {
   KILN_REQUIRE_GPU();

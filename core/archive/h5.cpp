@@ -5,7 +5,7 @@
 // what was being done, the failing call and HDF5's own explanation taken from its error stack. HDF5's
 // automatic printing of that stack is switched off while the archive works, so users see one message.
 // The serial HDF5 library is not thread-safe, hence one process-wide mutex around save() and load().
-#include <kiln/core/archive.h>
+#include <kiln/core/archive/archive.h>
 
 #include <fcntl.h>
 #include <signal.h>

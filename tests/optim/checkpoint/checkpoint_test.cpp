@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <kiln/core/archive.h>
+#include <kiln/core/archive/archive.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/sgd.h>

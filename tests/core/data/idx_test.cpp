@@ -8,7 +8,7 @@
 #include <fstream>
 #include <iterator>
 
-#include <kiln/core/data.h>
+#include <kiln/core/data/data.h>
 
 namespace kiln::data {
 namespace {

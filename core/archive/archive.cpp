@@ -1,6 +1,6 @@
 // The in-memory side of the tensor archive: names, lookups, typed attribute getters and the
-// check-then-copy that restores tensors into a model. The HDF5 side is core/archive_h5.cpp.
-#include <kiln/core/archive.h>
+// check-then-copy that restores tensors into a model. The HDF5 side is core/archive/h5.cpp.
+#include <kiln/core/archive/archive.h>
 
 #include <algorithm>
 #include <sstream>

@@ -1,6 +1,6 @@
 #pragma once
-// What the flash-attention kernels of cuda/flash_attention.cu (mma.sync, any sm_80+ GPU) and
-// cuda/flash_attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, the kernels' arguments,
+// What the flash-attention kernels of cuda/attention.cu (mma.sync, any sm_80+ GPU) and
+// cuda/attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, the kernels' arguments,
 // and the entry points of the Hopper kernels.
 #include <cstdint>
 #include <type_traits>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <kiln/core/archive.h>
+#include <kiln/core/archive/archive.h>
 #include <kiln/core/tensor.h>
 
 namespace kiln::archive::test {
