@@ -305,6 +305,24 @@ void Tensor::set_grad(const Tensor& g) const {
     KILN_CHECK(g.sizes() == sizes() && g.device() == device() && g.dtype() == dtype(), "set_grad: gradient ", g.str(),
                " does not match ", str(), " (shape, dtype and device must be the tensor's)");
   impl().grad = g.impl_ptr();
+  impl().grad_pinned = false;
+}
+
+void Tensor::set_pinned_grad(const Tensor& view) const {
+  KILN_CHECK(view.defined(), "set_pinned_grad: undefined gradient for ", str());
+  set_grad(view);
+  impl().grad_pinned = true;
+}
+
+void Tensor::set_data(const Tensor& other) const {
+  KILN_CHECK(defined() && other.defined(), "set_data: undefined tensor");
+  KILN_CHECK(other.sizes() == sizes() && other.dtype() == dtype() && other.device() == device(), "set_data: ",
+             other.str(), " does not match ", str(), " (shape, dtype and device must be the tensor's)");
+  TensorImpl& self = impl();
+  const TensorImpl& src = other.impl();
+  self.storage = src.storage;
+  self.strides = src.strides;
+  self.offset = src.offset;
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {

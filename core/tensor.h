@@ -57,6 +57,7 @@ struct TensorImpl {
   uint32_t output_nr = 0;                         // which output of grad_fn this is
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: where incoming gradients are summed
   bool retains_grad = false;
+  bool grad_pinned = false;  // grad is a view of a flat buffer that zero_grad zeroes instead of dropping
 };
 
 struct TensorOptions {
@@ -130,6 +131,16 @@ class Tensor {
   Tensor& requires_grad_(bool value = true);
   Tensor grad() const;                     // undefined until a backward pass reaches it
   void set_grad(const Tensor& g) const;    // replaces .grad (undefined clears it)
+  // Makes `view` (this tensor's shape, dtype and device) the gradient for good: backward adds into it and
+  // zero_grad (Module's and Optimizer's) zeroes it in place instead of dropping it, so a gradient that is a
+  // view of a flat buffer (optim::FlatParameters) stays one. set_grad releases it.
+  void set_pinned_grad(const Tensor& view) const;
+  bool grad_is_pinned() const { return impl().grad_pinned; }
+  // This tensor now holds other's elements: other's storage, offset and strides (other has this tensor's
+  // shape, dtype and device), as PyTorch's `param.data = other`. Its autograd identity (requires_grad,
+  // .grad, hooks) stays, so a module's parameter can be moved into a flat buffer without the module
+  // noticing. Not while a graph that saved this tensor is alive (the saved copy keeps the old storage).
+  void set_data(const Tensor& other) const;
   Tensor& mutable_grad_ref() = delete;
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
   bool is_leaf() const { return impl().grad_fn == nullptr; }

@@ -119,7 +119,8 @@ class Module {
   void to(Device device);
   void to(DType dtype);
   void to(Device device, DType dtype);
-  // Clears every parameter's gradient (sets it undefined, like PyTorch's set_to_none=True).
+  // Clears every parameter's gradient (sets it undefined, like PyTorch's set_to_none=True); a pinned
+  // gradient (Tensor::set_pinned_grad, a view of a flat buffer) is zeroed in place instead.
   void zero_grad();
 
   // ---- state ----

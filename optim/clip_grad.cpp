@@ -45,10 +45,16 @@ Tensor total_norm(const std::vector<Tensor>& grads, double norm_type) {
 }  // namespace
 
 Tensor clip_grad_norm_async(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  return clip_gradients_async(defined_grads(params), max_norm, norm_type);
+}
+
+Tensor clip_gradients_async(const std::vector<Tensor>& grads_in, double max_norm, double norm_type) {
   KILN_CHECK(norm_type > 0.0, "clip_grad_norm: norm_type must be positive (or infinity), got ", norm_type);
   KILN_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be non-negative, got ", max_norm);
   NoGradGuard no_grad;
-  std::vector<Tensor> grads = defined_grads(params);
+  std::vector<Tensor> grads;
+  for (const Tensor& g : grads_in)
+    if (g.defined() && g.numel() > 0) grads.push_back(g);
   if (grads.empty()) return zeros({});
   Tensor total = total_norm(grads, norm_type);
   // min(1, max_norm / (total + 1e-6)) as PyTorch's clamp(max=1): a NaN factor is applied, as in PyTorch.

@@ -21,6 +21,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
 // torch.nn.utils.clip_grad_norm_ returns it). Use it in GPU training loops, where reading the norm on the
 // host would stall the step every iteration. All gradients must be on one device.
 Tensor clip_grad_norm_async(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+// clip_grad_norm_async over gradient tensors themselves (a flat gradient buffer, FlatParameters::grad()).
+Tensor clip_gradients_async(const std::vector<Tensor>& grads, double max_norm, double norm_type = 2.0);
 
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 

@@ -69,7 +69,7 @@ void Optimizer::zero_grad(bool set_to_none) {
     for (auto& p : g.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (set_to_none)
+      if (set_to_none && !p.grad_is_pinned())
         p.set_grad(Tensor());
       else
         grad.zero_();

@@ -55,7 +55,8 @@ class Optimizer {
 
   // Appends a group; options it does not set come from the defaults. A parameter may be in one group only.
   void add_param_group(ParamGroup group);
-  // Clears every parameter's gradient: drops it (set_to_none) or fills it with zeros.
+  // Clears every parameter's gradient: drops it (set_to_none) or fills it with zeros; a pinned gradient
+  // (Tensor::set_pinned_grad, a view of a flat buffer) is always zeroed in place.
   void zero_grad(bool set_to_none = true);
   // One update of every parameter that has a gradient. Runs without recording autograd history.
   virtual void step() = 0;

@@ -24,8 +24,9 @@
 // iteration) over the time spent in training iterations only.
 //
 // The training step makes no host synchronization: the loss is read only at evaluation points, the
-// gradients live in one flat buffer (FlatGrads: one fill to zero them, one reduction for the clipping
-// norm, which stays on the device), and each batch is one asynchronous copy from page-locked memory.
+// parameters and gradients live in flat buffers (optim::FlatParameters: one fill to zero the gradients, one
+// reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
+// page-locked memory (data::WindowSampler).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +45,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/data/window_sampler.h>
 #include <kiln/core/phase_timer.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -52,6 +54,7 @@
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
+#include <kiln/optim/flat_parameters.h>
 #include <kiln/optim/lr_scheduler.h>
 
 #include "../common/cli.h"
@@ -159,7 +162,7 @@ std::string data_path(const Args& a) {
 // The text as token ids (indices into the sorted set of its characters).
 struct Corpus {
   std::string vocab;
-  std::vector<uint8_t> train, val;
+  std::vector<int32_t> train, val;
 };
 
 Corpus load_corpus(const std::string& path) {
@@ -180,67 +183,6 @@ Corpus load_corpus(const std::string& path) {
   for (size_t i = 0; i < text.size(); ++i) (i < n_train ? c.train : c.val).push_back(lut[(unsigned char)text[i]]);
   return c;
 }
-
-// Draws batches of B windows: inputs (B, T) and targets (B, T) i64, on `device`. Both are built in one
-// (2, B, T) host tensor (page-locked for a GPU) and moved with one asynchronous copy.
-class Batcher {
- public:
-  Batcher(int64_t batch, int64_t block, Device device) : B_(batch), T_(block), device_(device) {}
-
-  std::pair<Tensor, Tensor> get(const std::vector<uint8_t>& data, Generator& gen) const {
-    KILN_CHECK(int64_t(data.size()) > T_ + 1, "char_gpt: a split has ", data.size(), " characters, fewer than the context ",
-               T_, " + 2");
-    Tensor host = device_.is_cuda() ? cuda::empty_pinned({2, B_, T_}, DType::i64) : empty({2, B_, T_}, {.dtype = DType::i64});
-    int64_t* x = host.data_ptr<int64_t>();
-    int64_t* y = x + B_ * T_;
-    for (int64_t b = 0; b < B_; ++b) {
-      const size_t start = size_t(gen.random_below(uint64_t(data.size()) - uint64_t(T_)));
-      for (int64_t t = 0; t < T_; ++t) {
-        x[b * T_ + t] = data[start + size_t(t)];
-        y[b * T_ + t] = data[start + size_t(t) + 1];
-      }
-    }
-    Tensor dev = host.to(device_);
-    return {dev.select(0, 0), dev.select(0, 1)};
-  }
-
- private:
-  int64_t B_, T_;
-  Device device_;
-};
-
-// The gradients of all parameters as views of one flat f32 buffer: zeroing them is one fill, and the global
-// norm for clipping is one reduction over the buffer instead of one per parameter (the model is small
-// enough that every launch counts). Backward accumulates into existing gradients in place, so the views
-// stay in place across steps; the optimizer reads them as ordinary (contiguous) gradients.
-class FlatGrads {
- public:
-  FlatGrads(const std::vector<Tensor>& params, Device device) {
-    int64_t n = 0;
-    for (const Tensor& p : params) n += p.numel();
-    flat_ = zeros({n}, {.dtype = DType::f32, .device = device});
-    int64_t offset = 0;
-    for (const Tensor& p : params) {
-      KILN_CHECK(p.dtype() == DType::f32, "char_gpt: expected f32 parameters, got ", p.str());
-      p.set_grad(flat_.narrow(0, offset, p.numel()).view(p.sizes()));
-      offset += p.numel();
-    }
-  }
-  // Replaces optimizer.zero_grad(): the views must survive.
-  void zero() { flat_.zero_(); }
-  // torch.nn.utils.clip_grad_norm_ (2-norm) without reading the norm on the host: the sum of squares, the
-  // factor min(1, max_norm / (norm + 1e-6)) and the scaling all stay on the device, so the step does not
-  // wait for the GPU. Returns the norm (a device scalar).
-  Tensor clip(double max_norm) {
-    NoGradGuard no_grad;
-    Tensor norm = sqrt(sum(square(flat_)));
-    flat_.mul_(clamp(rdiv(add(norm, 1e-6), max_norm), 0.0, 1.0));
-    return norm;
-  }
-
- private:
-  Tensor flat_;
-};
 
 std::string best_path(const std::string& path) {
   std::filesystem::path p(path);
@@ -281,10 +223,10 @@ int run(const Args& args) {
   optim::AdamW opt(groups.decay, {.lr = args.lr, .betas = betas, .weight_decay = args.weight_decay});
   opt.add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
   optim::CosineWithWarmup schedule(opt, args.warmup_iters, args.lr_decay_iters, args.min_lr);
-  std::vector<Tensor> params = model.parameters();
-  FlatGrads grads(params, dev);
+  optim::FlatParameters flat(model.parameters());
 
-  Batcher batcher(args.batch_size, args.block_size, dev);
+  const data::WindowSampler train_batches(corpus.train, args.batch_size, args.block_size, dev);
+  const data::WindowSampler val_batches(corpus.val, args.batch_size, args.block_size, dev);
   Generator batch_gen(args.seed);  // training batches; its state goes into the checkpoint
   int64_t start_iter = 0;
   double best_val = std::numeric_limits<double>::infinity();
@@ -315,7 +257,7 @@ int run(const Args& args) {
   // Mean loss over eval_iters batches of a split, in eval mode without gradients. The batches depend on
   // (seed, iteration) only, so a resumed run measures what the uninterrupted one would have. Several
   // batches go through the model at once (fewer, larger launches; the mean is the same).
-  auto estimate_loss = [&](const std::vector<uint8_t>& split, uint64_t stream, int64_t iter) {
+  auto estimate_loss = [&](const data::WindowSampler& split, uint64_t stream, int64_t iter) {
     NoGradGuard no_grad;
     amp::Autocast autocast(dev, DType::bf16, amp_on);
     model.eval();
@@ -326,7 +268,7 @@ int run(const Args& args) {
       const int64_t n = std::min(kGroup, args.eval_iters - done);
       std::vector<Tensor> xs, ys;
       for (int64_t k = 0; k < n; ++k) {
-        auto [x, y] = batcher.get(split, gen);
+        auto [x, y] = split.sample(gen);
         xs.push_back(x);
         ys.push_back(y);
       }
@@ -337,6 +279,29 @@ int run(const Args& args) {
     model.train();
     return total.item<double>() / double(args.eval_iters);
   };
+
+  // One training iteration, written once: `timer` times its phases under --profile; the untimed one runs
+  // them back to back.
+  auto train_step = [&](PhaseTimer& timer) {
+    Tensor x, y, loss;
+    timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen); });
+    timer.time("forward", [&] {
+      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      loss = model.loss(x, y);
+    });
+    timer.time("backward", [&] {
+      flat.zero_grad();
+      loss.backward();
+    });
+    timer.time("clip", [&] {
+      if (args.grad_clip > 0) flat.clip_grad_norm(args.grad_clip);
+    });
+    timer.time("step", [&] {
+      opt.step();
+      schedule.step();
+    });
+  };
+  PhaseTimer untimed(dev, /*enabled=*/false);
 
   const int64_t tokens_per_iter = args.batch_size * args.block_size;
   double train_seconds = 0;
@@ -350,8 +315,8 @@ int run(const Args& args) {
       sync();
       const double seg = std::chrono::duration<double>(Clock::now() - segment_start).count();
       train_seconds += seg;
-      const double train_loss = estimate_loss(corpus.train, 1, iter);
-      const double val_loss = estimate_loss(corpus.val, 2, iter);
+      const double train_loss = estimate_loss(train_batches, 1, iter);
+      const double val_loss = estimate_loss(val_batches, 2, iter);
       const bool improved = val_loss < best_val;
       if (improved) best_val = val_loss;
       std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
@@ -376,17 +341,7 @@ int run(const Args& args) {
     }
     if (last) break;
 
-    auto [x, y] = batcher.get(corpus.train, batch_gen);
-    Tensor loss;
-    {
-      amp::Autocast autocast(dev, DType::bf16, amp_on);
-      loss = model.loss(x, y);
-    }
-    grads.zero();
-    loss.backward();
-    if (args.grad_clip > 0) grads.clip(args.grad_clip);
-    opt.step();
-    schedule.step();
+    train_step(untimed);
     ++segment_iters;
     ++trained_iters;
   }
@@ -396,37 +351,11 @@ int run(const Args& args) {
   if (args.profile > 0) {
     // Where an iteration's time goes (host and wall time of each phase; core/phase_timer.h).
     PhaseTimer timer(dev);
-    for (int64_t i = 0; i < args.profile; ++i) {
-      Tensor x, y, loss;
-      timer.time("batch", [&] { std::tie(x, y) = batcher.get(corpus.train, batch_gen); });
-      timer.time("forward", [&] {
-        amp::Autocast autocast(dev, DType::bf16, amp_on);
-        loss = model.loss(x, y);
-      });
-      timer.time("backward", [&] {
-        grads.zero();
-        loss.backward();
-      });
-      timer.time("clip", [&] {
-        if (args.grad_clip > 0) grads.clip(args.grad_clip);
-      });
-      timer.time("step", [&] { opt.step(); });
-    }
+    for (int64_t i = 0; i < args.profile; ++i) train_step(timer);
     // The same iterations back to back, without the synchronizations.
     sync();
     auto a = Clock::now();
-    for (int64_t i = 0; i < args.profile; ++i) {
-      auto [x, y] = batcher.get(corpus.train, batch_gen);
-      Tensor loss;
-      {
-        amp::Autocast autocast(dev, DType::bf16, amp_on);
-        loss = model.loss(x, y);
-      }
-      grads.zero();
-      loss.backward();
-      if (args.grad_clip > 0) grads.clip(args.grad_clip);
-      opt.step();
-    }
+    for (int64_t i = 0; i < args.profile; ++i) train_step(untimed);
     auto b = Clock::now();
     sync();
     auto c = Clock::now();

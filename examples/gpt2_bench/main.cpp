@@ -109,17 +109,23 @@ int run(const Args& args) {
     batches.emplace_back(randint(0, args.vocab_size, {B, T}, {.dtype = DType::i64}, &gen).to(dev),
                          randint(0, args.vocab_size, {B, T}, {.dtype = DType::i64}, &gen).to(dev));
 
+  // One training step, written once: `timer` times its phases under --profile (synchronizing between
+  // them); the untimed one runs them back to back.
   Tensor loss;
-  auto step = [&](int64_t i) {
+  auto timed_step = [&](int64_t i, PhaseTimer& timer) {
     const auto& [x, y] = batches[size_t(i) % batches.size()];
-    {
+    timer.time("forward", [&] {
       amp::Autocast autocast(dev, DType::bf16, amp_on);
       loss = model.loss(x, y);
-    }
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
+    });
+    timer.time("backward", [&] {
+      opt.zero_grad();
+      loss.backward();
+    });
+    timer.time("optimizer", [&] { opt.step(); });
   };
+  PhaseTimer untimed(dev, /*enabled=*/false);
+  auto step = [&](int64_t i) { timed_step(i, untimed); };
 
   for (int64_t i = 0; i < args.warmup; ++i) step(i);
   sync();
@@ -130,20 +136,10 @@ int run(const Args& args) {
 
   if (args.profile > 0) {
     // Host and wall time of each phase, synchronizing between phases (core/phase_timer.h).
+    const Tensor final_loss = loss;
     PhaseTimer timer(dev);
-    for (int64_t i = 0; i < args.profile; ++i) {
-      const auto& [x, y] = batches[size_t(i) % batches.size()];
-      Tensor l;
-      timer.time("forward", [&] {
-        amp::Autocast autocast(dev, DType::bf16, amp_on);
-        l = model.loss(x, y);
-      });
-      timer.time("backward", [&] {
-        opt.zero_grad();
-        l.backward();
-      });
-      timer.time("optimizer", [&] { opt.step(); });
-    }
+    for (int64_t i = 0; i < args.profile; ++i) timed_step(i, timer);
+    loss = final_loss;  // the loss reported below is the measured run's
     std::fputs(timer.report(args.profile).c_str(), stderr);
   }
 
