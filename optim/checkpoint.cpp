@@ -47,31 +47,25 @@ void check_metadata_key(const std::string& key) {
 
 // ---- writing ----
 
-void write_optimizer(archive::Archive& ar, const Optimizer& opt, const nn::Module& model) {
-  ar.set("optimizer/type", opt.type());
-  ar.set("optimizer/num_param_groups", int64_t(opt.param_groups().size()));
-  int64_t index = 0;
-  for (size_t gi = 0; gi < opt.param_groups().size(); ++gi) {
-    const auto& g = opt.param_groups()[gi];
-    const std::string prefix = "optimizer/param_groups/" + std::to_string(gi) + "/";
-    std::vector<int64_t> params;
-    for (size_t i = 0; i < g.params.size(); ++i) params.push_back(index++);
-    ar.set(prefix + "params", params);
-    for (const auto& [name, value] : g.options) {
-      KILN_CHECK(name != "params", "save_checkpoint: optimizer option name 'params' is reserved");
-      ar.set(prefix + name, value);
+void check_component_name(const std::string& name) {
+  KILN_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "model" && name != "rng" &&
+                 name != "metadata",
+             "save_checkpoint: component name '", name, "' must be non-empty, contain no '/' and not be one of "
+             "model, rng, metadata");
+}
+
+void write_component(archive::Archive& ar, const std::string& name, const State& state) {
+  for (const auto& [key, value] : state) {
+    const std::string path = name + "/" + key;
+    if (const Tensor* t = std::get_if<Tensor>(&value)) {
+      ar.add(path, *t);  // the archive copies each tensor to the host as it writes it: no snapshot needed
+    } else {
+      std::visit(
+          [&](const auto& v) {
+            if constexpr (!std::is_same_v<std::decay_t<decltype(v)>, Tensor>) ar.set(path, v);
+          },
+          value);
     }
-  }
-  const auto names = parameter_names(model);
-  for (int64_t i = 0; i < opt.num_params(); ++i) {
-    const ParamState& st = opt.state(i);
-    if (st.empty()) continue;
-    const std::string prefix = "optimizer/state/" + std::to_string(i) + "/";
-    ar.set(prefix + "step", st.step);
-    auto it = names.find(opt.param(i).impl_ptr().get());
-    if (it != names.end()) ar.set(prefix + "param_name", it->second);
-    // The archive copies each tensor to the host as it writes it; no snapshot copy is needed here.
-    for (const auto& [name, t] : st.tensors) ar.add(prefix + name, t);
   }
 }
 
@@ -88,57 +82,18 @@ void attempt(Errors& errors, Fn&& fn) {
   }
 }
 
-OptimizerStateDict read_optimizer(const archive::Archive& ar, Errors& errors,
-                                  std::map<int64_t, std::string>& param_names) {
-  OptimizerStateDict sd;
-  if (!ar.has("optimizer/type")) {
-    errors.push_back("an optimizer was given but the file holds no optimizer state (no /optimizer group)");
-    return sd;
-  }
-  attempt(errors, [&] { sd.type = ar.get_string("optimizer/type"); });
-  int64_t num_groups = 0;
-  attempt(errors, [&] { num_groups = ar.get_int("optimizer/num_param_groups"); });
-  for (int64_t gi = 0; gi < num_groups; ++gi) {
-    const std::string prefix = "optimizer/param_groups/" + std::to_string(gi) + "/";
-    OptimizerStateDict::Group g;
-    attempt(errors, [&] { g.params = ar.get_ints(prefix + "params"); });
-    for (const auto& [key, value] : ar.attributes) {
-      if (!starts_with(key, prefix) || key == prefix + "params") continue;
-      const std::string name = key.substr(prefix.size());
-      if (const double* d = std::get_if<double>(&value))
-        g.options[name] = *d;
-      else
-        errors.push_back("optimizer option " + key + " is a " + archive::attribute_type_name(value) + ", expected a double");
-    }
-    sd.param_groups.push_back(std::move(g));
-  }
-  // State: datasets optimizer/state/<i>/<name>, attributes optimizer/state/<i>/{step, param_name}.
-  for (const auto& [rel, t] : ar.tensors_under("optimizer/state")) {
-    const size_t sep = rel.find_first_of("/.");
-    const int64_t i = sep == std::string::npos ? -1 : parse_index(rel.substr(0, sep));
-    if (i < 0) {
-      errors.push_back("unexpected optimizer state tensor optimizer/state/" + rel);
-      continue;
-    }
-    sd.state[i].tensors[rel.substr(sep + 1)] = t;
-  }
-  const std::string state_prefix = "optimizer/state/";
-  for (const auto& [key, value] : ar.attributes) {
-    if (!starts_with(key, state_prefix)) continue;
-    const std::string rel = key.substr(state_prefix.size());
-    const size_t sep = rel.find('/');
-    const int64_t i = sep == std::string::npos ? -1 : parse_index(rel.substr(0, sep));
-    const std::string name = sep == std::string::npos ? rel : rel.substr(sep + 1);
-    if (i >= 0 && name == "step") {
-      attempt(errors, [&] { sd.state[i].step = ar.get_int(key); });
-    } else if (i >= 0 && name == "param_name") {
-      attempt(errors, [&] { param_names[i] = ar.get_string(key); });
-    } else {
-      errors.push_back("unexpected optimizer state attribute " + key);
-    }
-  }
-  return sd;
+// Everything the file holds under /<name>/, as a component's State.
+State read_component(const archive::Archive& ar, const std::string& name) {
+  State state;
+  const std::string prefix = name + "/";
+  for (const auto& [key, value] : ar.attributes)
+    if (starts_with(key, prefix)) std::visit([&](const auto& v) { state[key.substr(prefix.size())] = v; }, value);
+  for (const auto& [rel, t] : ar.tensors_under(name)) state[rel] = t;
+  return state;
 }
+
+// What the file calls a component's missing group ("a grad scaler", as the scaler is known to users).
+std::string component_label(const std::string& name) { return name == "scaler" ? "a grad scaler" : "a " + name; }
 
 MetadataValue to_metadata(const std::string& key, const archive::Attribute& a) {
   if (auto v = std::get_if<int64_t>(&a)) return *v;
@@ -149,21 +104,27 @@ MetadataValue to_metadata(const std::string& key, const archive::Attribute& a) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer* optimizer,
-                     const Metadata& metadata, int64_t step, const LRScheduler* scheduler, const GradScaler* scaler) {
+void save_checkpoint(const std::string& path, const nn::Module& model, const SavedComponents& components,
+                     const Metadata& metadata, int64_t step) {
   archive::Archive ar;
   ar.set(kVersionKey, kCheckpointVersion);
   ar.set("step", step);
   for (const auto& [name, t] : model.state_dict()) ar.add("model/" + name, t);
-  if (optimizer) write_optimizer(ar, *optimizer, model);
-  if (scheduler) {
-    ar.set("scheduler/last_step", scheduler->last_step());
-    ar.set("scheduler/base_lrs", scheduler->base_lrs());
-    for (const auto& [name, value] : scheduler->schedule()) ar.set("scheduler/schedule/" + name, value);
-  }
-  if (scaler) {
-    ar.set("scaler/scale", scaler->state_dict().scale);
-    ar.set("scaler/growth_tracker", scaler->state_dict().growth_tracker);
+  for (const auto& [name, component] : components) {
+    check_component_name(name);
+    KILN_CHECK(component != nullptr, "save_checkpoint: component '", name, "' is null");
+    State state = component->save_state();
+    // An optimizer's state is keyed by parameter index; the parameters' names in the model let a resume
+    // catch a model whose parameters come in another order.
+    if (const auto* opt = dynamic_cast<const Optimizer*>(component)) {
+      const auto names = parameter_names(model);
+      for (int64_t i = 0; i < opt->num_params(); ++i) {
+        if (opt->state(i).empty()) continue;
+        auto it = names.find(opt->param(i).impl_ptr().get());
+        if (it != names.end()) state["state/" + std::to_string(i) + "/param_name"] = it->second;
+      }
+    }
+    write_component(ar, name, state);
   }
   // Generator state is two integers (Philox key and counter); uint64 is stored bit for bit as int64.
   const GeneratorState rng = default_generator().state();
@@ -177,8 +138,20 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
   archive::save(path, ar);
 }
 
-CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
-                               LRScheduler* scheduler, GradScaler* scaler) {
+void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer* optimizer,
+                     const Metadata& metadata, int64_t step, const LRScheduler* scheduler, const GradScaler* scaler) {
+  SavedComponents components;
+  if (optimizer) components["optimizer"] = optimizer;
+  if (scheduler) components["scheduler"] = scheduler;
+  if (scaler) components["scaler"] = scaler;
+  save_checkpoint(path, model, components, metadata, step);
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, const LoadedComponents& components) {
+  for (const auto& [name, component] : components) {
+    check_component_name(name);
+    KILN_CHECK(component != nullptr, "load_checkpoint: component '", name, "' is null");
+  }
   // 1. Read and check the whole file; a truncated or corrupted file fails here, before anything changes.
   const archive::Archive ar = archive::load(path);
 
@@ -200,62 +173,32 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optim
   const nn::StateDict targets = model.state_dict();
   attempt(errors, [&] { archive::check_tensors(ar, "model", targets); });
 
-  OptimizerStateDict opt_sd;
-  if (optimizer) {
-    std::map<int64_t, std::string> saved_names;
-    opt_sd = read_optimizer(ar, errors, saved_names);
-    if (ar.has("optimizer/type")) {
-      for (const std::string& e : optimizer->check_state_dict(opt_sd)) errors.push_back("optimizer: " + e);
-      // The state is keyed by parameter index; the recorded names catch a model whose parameters come
-      // in another order than when it was saved.
+  std::map<std::string, State> states;
+  for (const auto& [name, component] : components) {
+    State state = read_component(ar, name);
+    if (state.empty()) {
+      errors.push_back(component_label(name) + " was given but the file holds no " + name + " state (no /" + name +
+                       " group)");
+      continue;
+    }
+    for (const std::string& e : component->check_state(state)) errors.push_back(name + ": " + e);
+    // The optimizer's state is keyed by parameter index; the recorded names catch a model whose
+    // parameters come in another order than when it was saved.
+    if (const auto* opt = dynamic_cast<const Optimizer*>(component)) {
       const auto names = parameter_names(model);
-      for (const auto& [i, saved] : saved_names) {
-        if (i >= optimizer->num_params()) continue;  // reported by check_state_dict
-        auto it = names.find(optimizer->param(i).impl_ptr().get());
-        if (it != names.end() && it->second != saved)
-          errors.push_back("optimizer state " + std::to_string(i) + " belongs to parameter '" + saved +
+      for (const auto& [key, value] : state) {
+        const std::string* saved = std::get_if<std::string>(&value);
+        if (!saved || !starts_with(key, "state/") || key.size() < 17 || key.compare(key.size() - 11, 11, "/param_name"))
+          continue;
+        const int64_t i = parse_index(key.substr(6, key.size() - 17));
+        if (i < 0 || i >= opt->num_params()) continue;  // reported by check_state
+        auto it = names.find(opt->param(i).impl_ptr().get());
+        if (it != names.end() && it->second != *saved)
+          errors.push_back("optimizer state " + std::to_string(i) + " belongs to parameter '" + *saved +
                            "' in the file but to '" + it->second + "' in this model");
       }
     }
-  }
-
-  SchedulerState sched_sd;
-  if (scheduler) {
-    if (!ar.has("scheduler/last_step")) {
-      errors.push_back("a scheduler was given but the file holds no scheduler state (no /scheduler group)");
-    } else {
-      attempt(errors, [&] { sched_sd.last_step = ar.get_int("scheduler/last_step"); });
-      attempt(errors, [&] { sched_sd.base_lrs = ar.get_doubles("scheduler/base_lrs"); });
-      if (sched_sd.base_lrs.size() != scheduler->base_lrs().size())
-        errors.push_back("scheduler: the file has " + std::to_string(sched_sd.base_lrs.size()) +
-                         " base learning rates, the scheduler " + std::to_string(scheduler->base_lrs().size()));
-      if (sched_sd.last_step < 0) errors.push_back("scheduler: negative last_step " + std::to_string(sched_sd.last_step));
-      // Files written before the schedule was stored have none to check.
-      for (const auto& [name, value] : scheduler->schedule()) {
-        const std::string key = "scheduler/schedule/" + name;
-        if (!ar.has(key)) continue;
-        attempt(errors, [&] {
-          const double saved = ar.get_double(key);
-          if (saved != value)
-            errors.push_back("scheduler: the file's schedule has " + name + " = " + format_number(saved) +
-                             ", this scheduler " + name + " = " + format_number(value) +
-                             " (a resume must keep the schedule: another batch size or length changes it)");
-        });
-      }
-    }
-  }
-
-  GradScalerState scaler_sd;
-  if (scaler) {
-    if (!ar.has("scaler/scale")) {
-      errors.push_back("a grad scaler was given but the file holds no scaler state (no /scaler group)");
-    } else {
-      attempt(errors, [&] { scaler_sd.scale = ar.get_double("scaler/scale"); });
-      attempt(errors, [&] { scaler_sd.growth_tracker = ar.get_int("scaler/growth_tracker"); });
-      if (!(scaler_sd.scale > 0.0) || scaler_sd.growth_tracker < 0)
-        errors.push_back("scaler: invalid state (scale " + std::to_string(scaler_sd.scale) + ", growth_tracker " +
-                         std::to_string(scaler_sd.growth_tracker) + ")");
-    }
+    states[name] = std::move(state);
   }
 
   GeneratorState rng;
@@ -283,11 +226,18 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optim
 
   // 3. Apply. Every check has passed, so these only copy.
   archive::restore_tensors(ar, "model", targets);
-  if (optimizer) optimizer->load_state_dict(opt_sd);
-  if (scheduler) scheduler->load_state_dict(sched_sd);
-  if (scaler) scaler->load_state_dict(scaler_sd);
+  for (const auto& [name, component] : components) component->load_state(states.at(name), "load_checkpoint " + name);
   default_generator().set_state(rng);
   return info;
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
+                               LRScheduler* scheduler, GradScaler* scaler) {
+  LoadedComponents components;
+  if (optimizer) components["optimizer"] = optimizer;
+  if (scheduler) components["scheduler"] = scheduler;
+  if (scaler) components["scaler"] = scaler;
+  return load_checkpoint(path, model, components);
 }
 
 }  // namespace kiln::optim

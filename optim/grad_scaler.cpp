@@ -101,4 +101,21 @@ void GradScaler::load_state_dict(const GradScalerState& state) {
   per_optimizer_.clear();
 }
 
+State GradScaler::save_state() const { return {{"scale", state_.scale}, {"growth_tracker", state_.growth_tracker}}; }
+
+std::vector<std::string> GradScaler::check_state(const State& state) const {
+  std::vector<std::string> errors;
+  const double* scale = state_get<double>(state, "scale", errors);
+  const int64_t* tracker = state_get<int64_t>(state, "growth_tracker", errors);
+  if (scale && !(*scale > 0.0 && std::isfinite(*scale))) errors.push_back(detail::concat("invalid scale ", *scale));
+  if (tracker && *tracker < 0) errors.push_back(detail::concat("negative growth_tracker ", *tracker));
+  for (const auto& [key, value] : state)
+    if (key != "scale" && key != "growth_tracker") errors.push_back("unexpected scaler entry " + key);
+  return errors;
+}
+
+void GradScaler::apply_state(const State& state) {
+  load_state_dict({std::get<double>(state.at("scale")), std::get<int64_t>(state.at("growth_tracker"))});
+}
+
 }  // namespace kiln::optim

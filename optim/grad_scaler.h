@@ -32,7 +32,8 @@ struct GradScalerState {
   int64_t growth_tracker = 0;  // clean steps since the last change of scale
 };
 
-class GradScaler {
+// A scaler is Stateful: save_state() holds scale and growth_tracker.
+class GradScaler : public Stateful {
  public:
   explicit GradScaler(const GradScalerOptions& options = {});
 
@@ -56,6 +57,12 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
   GradScalerState state_dict() const { return state_; }
   void load_state_dict(const GradScalerState& state);
+
+  State save_state() const override;
+  std::vector<std::string> check_state(const State& state) const override;
+
+ protected:
+  void apply_state(const State& state) override;
 
  private:
   struct PerOptimizer {

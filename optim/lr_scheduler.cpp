@@ -1,5 +1,6 @@
 #include <kiln/optim/lr_scheduler.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -27,6 +28,45 @@ void LRScheduler::apply() {
 void LRScheduler::step() {
   ++last_step_;
   apply();
+}
+
+State LRScheduler::save_state() const {
+  State out{{"last_step", last_step_}, {"base_lrs", base_lrs_}};
+  for (const auto& [name, value] : schedule()) out["schedule/" + name] = value;
+  return out;
+}
+
+std::vector<std::string> LRScheduler::check_state(const State& state) const {
+  std::vector<std::string> errors;
+  if (const int64_t* step = state_get<int64_t>(state, "last_step", errors); step && *step < 0)
+    errors.push_back("negative last_step " + std::to_string(*step));
+  if (const auto* lrs = state_get<std::vector<double>>(state, "base_lrs", errors);
+      lrs && lrs->size() != optimizer_.param_groups().size())
+    errors.push_back(detail::concat("the state has ", lrs->size(), " base learning rates, the optimizer ",
+                                    optimizer_.param_groups().size(), " parameter groups"));
+  const auto mine = schedule();
+  for (const auto& [key, value] : state) {
+    if (key == "last_step" || key == "base_lrs") continue;
+    auto it = key.rfind("schedule/", 0) == 0
+                  ? std::find_if(mine.begin(), mine.end(), [&](const auto& kv) { return "schedule/" + kv.first == key; })
+                  : mine.end();
+    if (it == mine.end()) {
+      errors.push_back("unexpected scheduler entry " + key);
+      continue;
+    }
+    const double* saved = std::get_if<double>(&value);
+    if (!saved) errors.push_back(key + " is a " + state_value_type_name(value) + ", expected a double");
+    else if (*saved != it->second)
+      errors.push_back(detail::concat("the saved schedule has ", it->first, " = ", *saved, ", this scheduler ",
+                                      it->first, " = ", it->second,
+                                      " (a resume must keep the schedule: another batch size or length changes it)"));
+  }
+  // Files written before the schedule was stored have none to check.
+  return errors;
+}
+
+void LRScheduler::apply_state(const State& state) {
+  load_state_dict({std::get<int64_t>(state.at("last_step")), std::get<std::vector<double>>(state.at("base_lrs"))});
 }
 
 void LRScheduler::load_state_dict(const SchedulerState& state) {

@@ -20,7 +20,9 @@ struct SchedulerState {
   std::vector<double> base_lrs;
 };
 
-class LRScheduler {
+// A scheduler is Stateful: save_state() holds last_step, base_lrs and schedule/<name> for each number of
+// schedule(); a state whose schedule differs (a resume with another run length) does not fit.
+class LRScheduler : public Stateful {
  public:
   explicit LRScheduler(Optimizer& optimizer);
   virtual ~LRScheduler() = default;
@@ -44,9 +46,13 @@ class LRScheduler {
   // Restores the counter and base rates and re-applies the rate of that step to the groups.
   void load_state_dict(const SchedulerState& state);
 
+  State save_state() const override;
+  std::vector<std::string> check_state(const State& state) const override;
+
  protected:
   // Derived constructors call this once their parameters are set (lr_at is virtual).
   void apply();
+  void apply_state(const State& state) override;
 
  private:
   Optimizer& optimizer_;

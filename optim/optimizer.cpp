@@ -104,6 +104,7 @@ OptimizerStateDict Optimizer::state_dict() const {
     }
     sd.param_groups.push_back(std::move(out));
   }
+  for (const auto& [name, t] : global_) sd.global[name] = copy_as(t, t.dtype(), t.device());
   return sd;
 }
 
@@ -142,23 +143,40 @@ std::vector<std::string> Optimizer::check_state_dict(const OptimizerStateDict& s
     const Tensor& p = param(i);
     if (st.step < 0) add("state of parameter ", i, ": negative step ", st.step);
     for (const auto& [name, t] : st.tensors) {
-      if (std::find(names.begin(), names.end(), name) == names.end()) {
-        add("state of parameter ", i, ": unknown tensor '", name, "' for ", type_);
-        continue;
-      }
       if (!t.defined()) {
         add("state of parameter ", i, ": '", name, "' is undefined");
         continue;
       }
-      if (t.shape() != p.shape())
-        add("state of parameter ", i, ": '", name, "' has shape ", shape_str(t.shape()), ", the parameter ",
-            shape_str(p.shape()));
-      if (t.dtype() != state_dtype(p.dtype()))
-        add("state of parameter ", i, ": '", name, "' has dtype ", dtype_name(t.dtype()), ", expected ",
-            dtype_name(state_dtype(p.dtype())));
+      const std::string problem = check_param_state(p, name, t);
+      if (!problem.empty()) add("state of parameter ", i, ": ", problem);
     }
   }
+  for (const auto& [name, t] : sd.global) {
+    if (!t.defined()) {
+      add("global state: '", name, "' is undefined");
+      continue;
+    }
+    const std::string problem = check_global_state(name, t);
+    if (!problem.empty()) add("global state: ", problem);
+  }
   return errors;
+}
+
+std::string Optimizer::check_param_state(const Tensor& p, const std::string& name, const Tensor& t) const {
+  const auto names = state_tensor_names();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    return detail::concat("unknown tensor '", name, "' for ", type_);
+  std::string problem;
+  if (t.shape() != p.shape())
+    problem = detail::concat("'", name, "' has shape ", shape_str(t.shape()), ", the parameter ", shape_str(p.shape()));
+  if (t.dtype() != state_dtype(p.dtype()))
+    problem += detail::concat(problem.empty() ? "" : "; ", "'", name, "' has dtype ", dtype_name(t.dtype()),
+                              ", expected ", dtype_name(state_dtype(p.dtype())));
+  return problem;
+}
+
+std::string Optimizer::check_global_state(const std::string& name, const Tensor&) const {
+  return detail::concat("unknown tensor '", name, "' for ", type_, ", which keeps no global state");
 }
 
 void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
@@ -167,15 +185,20 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
              " mismatches):", join(errors));
   // Build everything before touching the optimizer, so an allocation failure leaves it as it was.
   NoGradGuard no_grad;
+  // Tensors keep the dtype the check accepted and move to their parameter's device (global state: the
+  // first parameter's).
   std::vector<ParamState> state(state_.size());
   for (const auto& [i, st] : sd.state) {
     const Tensor& p = param(i);
     ParamState& dst = state[size_t(i)];
     dst.step = st.step;
-    for (const auto& [name, t] : st.tensors) dst.tensors[name] = copy_as(t, state_dtype(p.dtype()), p.device());
+    for (const auto& [name, t] : st.tensors) dst.tensors[name] = copy_as(t, t.dtype(), p.device());
   }
+  std::map<std::string, Tensor> global;
+  for (const auto& [name, t] : sd.global) global[name] = copy_as(t, t.dtype(), num_params() ? param(0).device() : t.device());
   for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = sd.param_groups[gi].options;
   state_ = std::move(state);
+  global_ = std::move(global);
 }
 
 }  // namespace kiln::optim

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <kiln/core/stateful.h>
 #include <kiln/core/tensor.h>
 
 namespace kiln::optim {
@@ -29,6 +30,8 @@ struct ParamGroup {
 };
 
 // What one parameter's update rule remembers between steps. Empty until the first step that touches it.
+// The tensors may have any shape and dtype the optimizer validates (check_param_state): AdamW's have the
+// parameter's, Shampoo's factor matrices and K-FAC's covariances do not.
 struct ParamState {
   std::map<std::string, Tensor> tensors;  // momentum_buffer, exp_avg, exp_avg_sq, ...
   int64_t step = 0;                        // updates applied so far (Adam's bias correction needs it)
@@ -44,9 +47,14 @@ struct OptimizerStateDict {
   std::string type;                    // "SGD", "AdamW": loading into another kind of optimizer is an error
   std::map<int64_t, ParamState> state;  // only parameters that have state
   std::vector<Group> param_groups;
+  std::map<std::string, Tensor> global;  // the optimizer's own state, not tied to one parameter
 };
 
-class Optimizer {
+// An optimizer is Stateful: save_state() lays out its state_dict() as the checkpoint stores it, under the
+// names type, num_param_groups, param_groups/<g>/{params, <option>}, state/<i>/{step, <tensor>} and
+// global/<tensor> (docs/checkpoint-format.md); a state/<i>/param_name string, which a checkpoint adds from
+// the model, is accepted and ignored.
+class Optimizer : public Stateful {
  public:
   Optimizer(std::string type, Options defaults);
   virtual ~Optimizer() = default;
@@ -78,6 +86,13 @@ class Optimizer {
   void load_state_dict(const OptimizerStateDict& sd);
   // The mismatches load_state_dict would report, one line each (empty when sd fits this optimizer).
   std::vector<std::string> check_state_dict(const OptimizerStateDict& sd) const;
+  // The optimizer's own state (a step counter, a shared statistic), kept on the parameters' device.
+  std::map<std::string, Tensor>& global_state() { return global_; }
+  const std::map<std::string, Tensor>& global_state() const { return global_; }
+
+  // Stateful (optimizer_state.cpp).
+  State save_state() const override;
+  std::vector<std::string> check_state(const State& state) const override;
 
  protected:
   // Calls fn(group, param, global index) for every parameter of every group.
@@ -88,15 +103,27 @@ class Optimizer {
       for (auto& p : g.params) fn(g, p, index++);
   }
   // Names of the state tensors this optimizer may keep per parameter (each of the parameter's shape, in
-  // state_dtype of its dtype); a loaded state_dict with other names is rejected.
+  // state_dtype of its dtype, unless check_param_state says otherwise); a loaded state_dict with other
+  // names is rejected.
   virtual std::vector<std::string> state_tensor_names() const = 0;
+  // What is wrong with `t` as state tensor `name` of parameter `param`, or "" when it fits. The default
+  // wants a name from state_tensor_names(), the parameter's shape and state_dtype(param.dtype());
+  // optimizers whose state has other shapes (factor matrices, covariances) override it.
+  virtual std::string check_param_state(const Tensor& param, const std::string& name, const Tensor& t) const;
+  // The same for the optimizer's global state; the default accepts none.
+  virtual std::string check_global_state(const std::string& name, const Tensor& t) const;
+  void apply_state(const State& state) override;
 
  private:
   std::string type_;
   Options defaults_;
   std::vector<ParamGroup> groups_;
   std::vector<ParamState> state_;  // one per parameter, by global index
+  std::map<std::string, Tensor> global_;
 };
+
+// The optimizer state a State holds, with the problems of its layout (not of its fit) appended to errors.
+OptimizerStateDict optimizer_state_from(const State& state, std::vector<std::string>& errors);
 
 // dtype the optimizer keeps state and does its arithmetic in for a parameter of dtype `t`: f32 master
 // state for reduced-precision parameters, the parameter's own dtype otherwise.
