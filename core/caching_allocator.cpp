@@ -24,6 +24,7 @@ CachingAllocator::~CachingAllocator() {
   // Blocks still handed out belong to tensors that outlive the allocator (static destruction order);
   // only cached segments are returned.
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!pending_.empty() && source_.wait_event) process_pending(/*wait=*/true);
   release_free_segments();
 }
 
@@ -39,6 +40,7 @@ CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, uintptr_t strea
 CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, uintptr_t stream, bool small) {
   void* p = source_.allocate(segment_size);
   if (!p) {
+    process_pending(/*wait=*/true);
     release_free_segments();
     p = source_.allocate(segment_size);
   }
@@ -50,6 +52,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, uint
 
 void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!pending_.empty()) process_pending(/*wait=*/false);
   size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
   bool small = size <= kSmallRequest;
   Pool& pool = small ? small_free_ : large_free_;
@@ -88,6 +91,49 @@ void CachingAllocator::free(void* ptr) {
   KILN_CHECK(it != live_.end(), device_name_, " allocator: free of a pointer it did not allocate");
   Block* b = it->second;
   live_.erase(it);
+  if (!b->stream_uses.empty()) {
+    // Work queued on the other streams may still read or write it: reuse it once that work is done.
+    PendingFree pending{b, {}};
+    for (uintptr_t s : b->stream_uses) pending.events.push_back(source_.record_event(s));
+    b->stream_uses.clear();
+    pending_.push_back(std::move(pending));
+    return;
+  }
+  return_block(b);
+}
+
+void CachingAllocator::record_stream(void* ptr, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  KILN_CHECK(it != live_.end(), device_name_, " allocator: record_stream of a pointer it did not allocate");
+  KILN_CHECK(source_.record_event && source_.event_done && source_.wait_event && source_.destroy_event, device_name_,
+             " allocator: record_stream needs events, which this device has none of");
+  Block* b = it->second;
+  if (stream == b->stream) return;
+  for (uintptr_t s : b->stream_uses)
+    if (s == stream) return;
+  b->stream_uses.push_back(stream);
+}
+
+void CachingAllocator::process_pending(bool wait) {
+  std::vector<PendingFree> still;
+  for (PendingFree& p : pending_) {
+    bool done = true;
+    for (void* e : p.events) {
+      if (wait) source_.wait_event(e);
+      else if (!source_.event_done(e)) done = false;
+    }
+    if (!done) {
+      still.push_back(std::move(p));
+      continue;
+    }
+    for (void* e : p.events) source_.destroy_event(e);
+    return_block(p.block);
+  }
+  pending_ = std::move(still);
+}
+
+void CachingAllocator::return_block(Block* b) {
   b->allocated = false;
   stats_.allocated -= b->size;
   Pool& pool = b->small_pool ? small_free_ : large_free_;
@@ -128,12 +174,15 @@ void CachingAllocator::release_free_segments() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  process_pending(/*wait=*/true);
   release_free_segments();
 }
 
 MemoryStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  MemoryStats s = stats_;
+  s.pending_frees = pending_.size();
+  return s;
 }
 
 void CachingAllocator::reset_peak_stats() {

@@ -7,6 +7,10 @@
 //   larger ones from segments of their own size rounded up to 2 MiB (the large pool).
 // - A free block is found best-fit (smallest that fits) among blocks of the same stream: memory freed on
 //   one stream is only reused on that stream, so no cross-stream synchronization is needed.
+// - record_stream(ptr, s): the block is also used by work queued on stream s (PyTorch's
+//   Tensor.record_stream). When it is freed, an event is recorded on each such stream, and the block is
+//   reused only once every event has completed (checked at the next allocation; a request the device
+//   cannot serve first waits for them).
 // - A block larger than needed is split; the remainder stays cached (small pool: when >= 512 bytes;
 //   large pool: when > 1 MiB). Freed blocks merge with free neighbours of the same segment.
 // - When the device refuses a segment, every cached segment that is wholly free is released and the
@@ -19,13 +23,20 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace kiln {
 
-// Where segments come from: returns nullptr when the device is out of memory.
+// Where segments come from: allocate returns nullptr when the device is out of memory. The event
+// functions serve record_stream: record an event on a stream (returns its handle), say whether it has
+// completed, wait for it, destroy it. Without them record_stream is refused.
 struct SegmentSource {
   std::function<void*(size_t)> allocate;
   std::function<void(void*)> release;
+  std::function<void*(uintptr_t stream)> record_event = {};
+  std::function<bool(void* event)> event_done = {};
+  std::function<void(void* event)> wait_event = {};
+  std::function<void(void* event)> destroy_event = {};
 };
 
 struct MemoryStats {
@@ -36,6 +47,7 @@ struct MemoryStats {
   uint64_t num_allocs = 0;    // requests served
   uint64_t num_segments = 0;  // device allocations made (cache misses)
   uint64_t num_ooms = 0;      // requests that failed even after freeing the cache
+  size_t pending_frees = 0;   // blocks freed but waiting for other streams' work (record_stream)
 };
 
 class CachingAllocator {
@@ -52,6 +64,8 @@ class CachingAllocator {
 
   void* allocate(size_t nbytes, uintptr_t stream = 0);
   void free(void* ptr);
+  // Marks the live block at ptr as used by work on `stream` too (a no-op for its own stream).
+  void record_stream(void* ptr, uintptr_t stream);
   // Returns every wholly free segment to the device.
   void empty_cache();
   MemoryStats stats() const;
@@ -67,6 +81,11 @@ class CachingAllocator {
     bool small_pool;
     Block* prev = nullptr;  // neighbours within the segment
     Block* next = nullptr;
+    std::vector<uintptr_t> stream_uses = {};  // other streams that use it (record_stream)
+  };
+  struct PendingFree {
+    Block* block;
+    std::vector<void*> events;  // one per stream that used the block
   };
   struct BlockOrder {
     bool operator()(const Block* a, const Block* b) const {
@@ -81,12 +100,16 @@ class CachingAllocator {
   Block* new_segment(size_t segment_size, uintptr_t stream, bool small);
   void release_free_segments();
   void update_peaks();
+  void return_block(Block* b);  // to its pool, merged with free neighbours
+  // Returns the pending blocks whose events have all completed (all of them, waiting, when wait).
+  void process_pending(bool wait);
 
   std::string device_name_;
   SegmentSource source_;
   mutable std::mutex mutex_;
   Pool small_free_, large_free_;
   std::unordered_map<void*, Block*> live_;
+  std::vector<PendingFree> pending_;
   MemoryStats stats_;
 };
 

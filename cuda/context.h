@@ -9,12 +9,16 @@
 
 namespace kiln::cuda {
 
-// The stream Kiln launches on for the current device (a non-blocking stream made once per device).
+// The stream Kiln launches on: this thread's current stream of the current device (cuda/stream.h), the
+// device's default stream (a non-blocking stream made once per device) unless a StreamGuard set another.
 cudaStream_t current_stream();
+cudaStream_t current_stream(int device);
+cudaStream_t default_stream(int device);
+void set_current_stream(int device, cudaStream_t stream);  // nullptr: back to the default stream
 CachingAllocator& allocator(int device);
 cublasLtHandle_t cublaslt_handle();  // current device
-cudnnHandle_t cudnn_handle();        // current device, bound to current_stream()
-// A device workspace for cuBLASLt (32 MiB), reused across calls on the current stream.
+cudnnHandle_t cudnn_handle();        // current device, bound to current_stream() at each call
+// A device workspace for cuBLASLt (32 MiB) of the current stream, reused across calls on it.
 void* cublaslt_workspace(size_t* bytes);
 
 // The deferred device error: kernels that meet bad input (a target or index out of range) record the

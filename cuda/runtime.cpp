@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include <kiln/cuda/check.h>
@@ -40,7 +41,7 @@ struct DeviceContext {
   std::unique_ptr<CachingAllocator> allocator;
   cublasLtHandle_t cublaslt = nullptr;
   cudnnHandle_t cudnn = nullptr;
-  void* workspace = nullptr;
+  std::unordered_map<cudaStream_t, void*> workspaces;  // cuBLASLt's, one per stream that ran a GEMM
   size_t workspace_bytes = 32 << 20;
   DeviceError* error_dev = nullptr;   // the deferred error word (device memory)
   DeviceError* error_host = nullptr;  // its pinned mirror, filled by stage_device_error()
@@ -88,7 +89,26 @@ DeviceContext& context(int device) {
                               KILN_CUDA_CHECK(e);
                               return p;
                             },
-                            [](void* p) { KILN_CUDA_CHECK(cudaFree(p)); }});
+                            [](void* p) { KILN_CUDA_CHECK(cudaFree(p)); },
+                            // Events for record_stream: a block used by other streams waits for them.
+                            [device](uintptr_t stream) -> void* {
+                              DeviceGuard guard(device);
+                              cudaEvent_t e;
+                              KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+                              KILN_CUDA_CHECK(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)));
+                              return static_cast<void*>(e);
+                            },
+                            [](void* e) {
+                              const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+                              if (r == cudaErrorNotReady) {
+                                cudaGetLastError();
+                                return false;
+                              }
+                              KILN_CUDA_CHECK(r);
+                              return true;
+                            },
+                            [](void* e) { KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); },
+                            [](void* e) { KILN_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(e))); }});
     KILN_CUDA_CHECK(cudaSetDevice(prev));
   }
   return *ctx;
@@ -130,7 +150,7 @@ void set_device(int index) {
 
 void synchronize() {
   stage_device_error();
-  KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());  // every stream of the device, as torch.cuda.synchronize()
   check_device_error();
 }
 void* current_stream_handle() { return static_cast<void*>(current_stream()); }
@@ -158,14 +178,37 @@ void empty_cache(int index) {
 void set_sync_check(bool on) { sync_check_flag() = on; }
 bool sync_check() { return sync_check_flag(); }
 
-cudaStream_t current_stream() { return context(current_device()).stream; }
+namespace {
+// This thread's current stream of each device (nullptr: the device's default stream).
+std::vector<cudaStream_t>& thread_streams() {
+  thread_local std::vector<cudaStream_t> streams;
+  return streams;
+}
+}  // namespace
+
+cudaStream_t default_stream(int device) { return context(device).stream; }
+
+cudaStream_t current_stream(int device) {
+  const auto& streams = thread_streams();
+  if (size_t(device) < streams.size() && streams[size_t(device)]) return streams[size_t(device)];
+  return default_stream(device);
+}
+
+cudaStream_t current_stream() { return current_stream(current_device()); }
+
+void set_current_stream(int device, cudaStream_t stream) {
+  auto& streams = thread_streams();
+  if (streams.size() <= size_t(device)) streams.resize(size_t(device) + 1, nullptr);
+  streams[size_t(device)] = stream;
+}
 
 DeviceError* device_error_word() { return context(current_device()).error_dev; }
 
 // 24 bytes enqueued on the stream ahead of a synchronization the caller does anyway: no extra round trip.
 void stage_device_error() {
   DeviceContext& ctx = context(current_device());
-  KILN_CUDA_CHECK(cudaMemcpyAsync(ctx.error_host, ctx.error_dev, sizeof(DeviceError), cudaMemcpyDeviceToHost, ctx.stream));
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(ctx.error_host, ctx.error_dev, sizeof(DeviceError), cudaMemcpyDeviceToHost, current_stream()));
   ctx.error_staged = true;
 }
 
@@ -177,7 +220,7 @@ void check_device_error() {
   if (e.code == 0) return;
   *ctx.error_host = DeviceError{};
   // Clear before throwing, so the device stays usable; ordered before any later kernel on the stream.
-  KILN_CUDA_CHECK(cudaMemsetAsync(ctx.error_dev, 0, sizeof(DeviceError), ctx.stream));
+  KILN_CUDA_CHECK(cudaMemsetAsync(ctx.error_dev, 0, sizeof(DeviceError), current_stream()));
   const char* where = " (reported at the next synchronization after the launch; KILN_SYNC_CHECK=1 reports it at the launch)";
   switch (DeviceErrorCode(e.code)) {
     case DeviceErrorCode::cross_entropy_target:
@@ -205,18 +248,20 @@ cublasLtHandle_t cublaslt_handle() {
 
 void* cublaslt_workspace(size_t* bytes) {
   DeviceContext& ctx = context(current_device());
-  if (!ctx.workspace) ctx.workspace = ctx.allocator->allocate(ctx.workspace_bytes, uintptr_t(ctx.stream));
+  const cudaStream_t stream = current_stream();
+  std::lock_guard<std::mutex> lock(context_mutex());
+  void*& w = ctx.workspaces[stream];  // GEMMs on two streams at once must not share one
+  if (!w) w = ctx.allocator->allocate(ctx.workspace_bytes, uintptr_t(stream));
   *bytes = ctx.workspace_bytes;
-  return ctx.workspace;
+  return w;
 }
 
 cudnnHandle_t cudnn_handle() {
   DeviceContext& ctx = context(current_device());
+  const cudaStream_t stream = current_stream();  // before the lock: it takes it too
   std::lock_guard<std::mutex> lock(context_mutex());
-  if (!ctx.cudnn) {
-    KILN_CUDNN_CHECK(cudnnCreate(&ctx.cudnn));
-    KILN_CUDNN_CHECK(cudnnSetStream(ctx.cudnn, ctx.stream));
-  }
+  if (!ctx.cudnn) KILN_CUDNN_CHECK(cudnnCreate(&ctx.cudnn));
+  KILN_CUDNN_CHECK(cudnnSetStream(ctx.cudnn, stream));  // cheap; follows the current stream
   return ctx.cudnn;
 }
 

@@ -2,6 +2,7 @@
 #ifndef KILN_WITH_CUDA
 #include <kiln/core/error.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/cuda/stream.h>
 
 namespace kiln::cuda {
 
@@ -32,6 +33,30 @@ bool allow_tf32() { return false; }
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
 size_t conv_algorithm_cache_size() { return 0; }
+
+
+Stream make_stream(int device, void* handle) { return Stream(device, handle); }
+Stream Stream::current(int) { no_cuda("Stream::current"); }
+Stream Stream::default_stream(int) { no_cuda("Stream::default_stream"); }
+Stream Stream::create(int, int) { no_cuda("Stream::create"); }
+void Stream::synchronize() const { no_cuda("Stream::synchronize"); }
+bool Stream::query() const { no_cuda("Stream::query"); }
+void Stream::wait(const Event&) const { no_cuda("Stream::wait"); }
+void Stream::wait(const Stream&) const { no_cuda("Stream::wait"); }
+void set_current_stream(const Stream&) { no_cuda("set_current_stream"); }
+StreamGuard::StreamGuard(const Stream&) { no_cuda("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+Event::~Event() = default;
+Event::Event(Event&& o) noexcept : timing_(o.timing_), device_(o.device_), handle_(o.handle_) {}
+Event& Event::operator=(Event&& o) noexcept {
+  timing_ = o.timing_;
+  return *this;
+}
+void Event::record(const Stream&) { no_cuda("Event::record"); }
+void Event::synchronize() const { no_cuda("Event::synchronize"); }
+bool Event::query() const { no_cuda("Event::query"); }
+double Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
+void record_stream(const Tensor&, const Stream&) { no_cuda("record_stream"); }
 
 }  // namespace kiln::cuda
 #endif

@@ -132,3 +132,86 @@ TEST(CachingAllocator, FreeOfAForeignPointerIsAnError) {
   int x = 0;
   EXPECT_THROW(alloc.free(&x), kiln::Error);
 }
+
+namespace {
+
+// Events on the fake device: recorded on a stream, completed when the test says so (or when waited for).
+struct FakeEvents {
+  std::map<void*, bool> done;
+  std::vector<uintptr_t> recorded_on;
+  int created = 0, destroyed = 0;
+
+  kiln::SegmentSource add_to(kiln::SegmentSource s) {
+    s.record_event = [this](uintptr_t stream) -> void* {
+      void* e = new int(++created);
+      done[e] = false;
+      recorded_on.push_back(stream);
+      return e;
+    };
+    s.event_done = [this](void* e) { return done.at(e); };
+    s.wait_event = [this](void* e) { done.at(e) = true; };
+    s.destroy_event = [this](void* e) {
+      done.erase(e);
+      delete static_cast<int*>(e);
+      ++destroyed;
+    };
+    return s;
+  }
+  void complete_all() {
+    for (auto& [e, d] : done) d = true;
+  }
+};
+
+}  // namespace
+
+TEST(CachingAllocator, RecordStreamDelaysReuseUntilTheOtherStreamsWorkIsDone) {
+  FakeDevice dev(64 << 20);
+  FakeEvents events;
+  CachingAllocator alloc("fake:0", events.add_to(dev.source()));
+  const uintptr_t main_stream = 1, side_stream = 2;
+  void* a = alloc.allocate(4096, main_stream);
+  alloc.record_stream(a, side_stream);
+  alloc.record_stream(a, side_stream);  // once is enough
+  alloc.record_stream(a, main_stream);  // its own stream: nothing to wait for
+  alloc.free(a);
+  EXPECT_EQ(alloc.stats().pending_frees, 1u);
+  EXPECT_EQ(events.recorded_on, std::vector<uintptr_t>{side_stream});
+  EXPECT_EQ(alloc.stats().allocated, 4096u) << "not reusable yet, so still counted";
+  // While the side stream's event is pending, the block is not handed out again.
+  void* b = alloc.allocate(4096, main_stream);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(alloc.stats().pending_frees, 1u);
+  // Once it has completed, the next allocation returns the block to the cache and can reuse it.
+  events.complete_all();
+  void* c = alloc.allocate(4096, main_stream);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(alloc.stats().pending_frees, 0u);
+  EXPECT_EQ(events.destroyed, 1);
+  alloc.free(b);
+  alloc.free(c);
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+}
+
+TEST(CachingAllocator, EmptyCacheWaitsForPendingFrees) {
+  FakeDevice dev(64 << 20);
+  FakeEvents events;
+  CachingAllocator alloc("fake:0", events.add_to(dev.source()));
+  void* a = alloc.allocate(3 << 20, 1);  // a large block: a segment of its own
+  alloc.record_stream(a, 7);
+  alloc.free(a);
+  EXPECT_EQ(dev.used, size_t(4) << 20);
+  alloc.empty_cache();  // waits for the event, then returns the whole segment
+  EXPECT_EQ(alloc.stats().pending_frees, 0u);
+  EXPECT_EQ(dev.used, 0u);
+}
+
+TEST(CachingAllocator, RecordStreamNeedsEventsAndALiveBlock) {
+  FakeDevice dev(64 << 20);
+  CachingAllocator alloc("fake:0", dev.source());
+  void* a = alloc.allocate(100, 1);
+  EXPECT_THROW(alloc.record_stream(a, 2), kiln::Error);
+  alloc.free(a);
+  FakeEvents events;
+  CachingAllocator with_events("fake:1", events.add_to(dev.source()));
+  EXPECT_THROW(with_events.record_stream(a, 2), kiln::Error);
+}
