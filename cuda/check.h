@@ -31,5 +31,18 @@ void after_launch(const char* kernel, const char* op, const char* file, int line
     if (kiln_st_ != CUDNN_STATUS_SUCCESS)                                                               \
       ::kiln::cuda::detail::fail("cuDNN", cudnnGetErrorString(kiln_st_), #call, __FILE__, __LINE__);    \
   } while (0)
+// For cudaEventQuery / cudaStreamQuery: true when the work is done, false while it is not (clearing the
+// "not ready" status, which is no error), a kiln::Error naming the call otherwise.
+#define KILN_CUDA_QUERY(call)                                                                           \
+  [&] {                                                                                                 \
+    cudaError_t kiln_err_ = (call);                                                                     \
+    if (kiln_err_ == cudaErrorNotReady) {                                                               \
+      cudaGetLastError();                                                                               \
+      return false;                                                                                     \
+    }                                                                                                   \
+    if (kiln_err_ != cudaSuccess)                                                                       \
+      ::kiln::cuda::detail::fail("CUDA", cudaGetErrorString(kiln_err_), #call, __FILE__, __LINE__);     \
+    return true;                                                                                        \
+  }()
 // Use right after `kernel<<<...>>>(...)`: KILN_LAUNCH_CHECK("softmax_rows", "softmax").
 #define KILN_LAUNCH_CHECK(kernel, op) ::kiln::cuda::detail::after_launch(kernel, op, __FILE__, __LINE__)

@@ -98,15 +98,7 @@ DeviceContext& context(int device) {
                               KILN_CUDA_CHECK(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)));
                               return static_cast<void*>(e);
                             },
-                            [](void* e) {
-                              const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
-                              if (r == cudaErrorNotReady) {
-                                cudaGetLastError();
-                                return false;
-                              }
-                              KILN_CUDA_CHECK(r);
-                              return true;
-                            },
+                            [](void* e) { return KILN_CUDA_QUERY(cudaEventQuery(static_cast<cudaEvent_t>(e))); },
                             [](void* e) { KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); },
                             [](void* e) { KILN_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(e))); }});
     KILN_CUDA_CHECK(cudaSetDevice(prev));

@@ -49,15 +49,7 @@ Stream Stream::create(int device, int priority) {
 
 void Stream::synchronize() const { KILN_CUDA_CHECK(cudaStreamSynchronize(raw(*this, "Stream::synchronize"))); }
 
-bool Stream::query() const {
-  const cudaError_t r = cudaStreamQuery(raw(*this, "Stream::query"));
-  if (r == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  KILN_CUDA_CHECK(r);
-  return true;
-}
+bool Stream::query() const { return KILN_CUDA_QUERY(cudaStreamQuery(raw(*this, "Stream::query"))); }
 
 void Stream::wait(const Event& event) const {
   cudaStream_t s = raw(*this, "Stream::wait");
@@ -124,16 +116,7 @@ void Event::synchronize() const {
   if (handle_) KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 }
 
-bool Event::query() const {
-  if (!handle_) return true;
-  const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
-  if (r == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
-  KILN_CUDA_CHECK(r);
-  return true;
-}
+bool Event::query() const { return !handle_ || KILN_CUDA_QUERY(cudaEventQuery(static_cast<cudaEvent_t>(handle_))); }
 
 double Event::elapsed_ms(const Event& end) const {
   KILN_CHECK(timing_ && end.timing_, "Event::elapsed_ms: both events need enable_timing");
