@@ -1,7 +1,7 @@
 #pragma once
-// What the flash-attention kernels of cuda/attention.cu (mma.sync, any sm_80+ GPU) and
-// cuda/attention_sm90.cu (wgmma, Hopper) share: head views, the dropout mask, the kernels' arguments,
-// and the entry points of the Hopper kernels.
+// What the attention files share: head views, the dropout mask, the kernels' arguments, and the launchers
+// that cuda/attention.cu's entry points call: the Hopper kernels (cuda/attention_sm90.cu), the mma.sync
+// kernels (cuda/attention_mma.cu) and the generic ones (cuda/attention_generic.cu).
 #include <cstdint>
 #include <type_traits>
 
@@ -112,5 +112,20 @@ struct BwdParams {
 bool sm90_usable();
 void launch_fwd_sm90(const FwdParams& p, int B, bool is_bf16, int D);
 void launch_bwd_sm90(const BwdParams& p, int B, bool is_bf16, int D);
+
+// The mma.sync kernels (sm_80+): the same arguments and limits.
+void launch_fwd_mma(const FwdParams& p, int B, bool is_bf16, int D);
+void launch_bwd_mma(const BwdParams& p, int B, bool is_bf16, int D);
+
+// The generic kernels: any float dtype, head dim up to 32 · kMaxPerLane, any strides; lse and dsum
+// (B, H, Tq) in the stat dtype. attention_dsum_generic: dsum = D_i = Σ_d dO_id O_id.
+constexpr int kMaxPerLane = 8;  // values per lane of a warp-per-row kernel: D <= 256
+void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                               bool causal, double scale, const DropoutArgs& drop);
+void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor& dsum);
+void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
+                                const Tensor& dk, const Tensor& dv, bool causal, double scale,
+                                const DropoutArgs& drop);
 
 }  // namespace kiln::cuda::flash

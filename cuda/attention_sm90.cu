@@ -1,4 +1,4 @@
-// Flash attention on Hopper: the forward and backward of cuda/attention.cu (same math, same
+// Flash attention on Hopper: the forward and backward of cuda/attention_mma.cu (same math, same
 // arguments, same dropout mask) with warpgroup MMAs (wgmma, sm_90a; cuda/wgmma.cuh) fed by TMA loads
 // (cuda/tma.cuh). Built only for sm_90a and used only on compute capability 9.0 devices; elsewhere the
 // mma.sync kernels run. The design follows FlashAttention-3 (Shah et al. 2024) in its main points.

@@ -9,7 +9,7 @@
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linear.h>
 #include <kiln/core/kernels/reduce.h>
-#include <kiln/core/ops.h>
+#include <kiln/core/tensor.h>
 
 namespace kiln::cpu {
 

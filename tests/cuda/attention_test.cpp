@@ -1,4 +1,4 @@
-// Flash attention on the GPU (cuda/attention.cu) against the CPU reference (core/cpu/attention.cpp)
+// Flash attention on the GPU (cuda/attention.cu and the kernels it picks) against the CPU reference (core/cpu/attention.cpp)
 // computed in f64 on the same (rounded) inputs: output, log-sum-exp and the three gradients, for bf16 and
 // f16 at head dims 64 and 128 (tensor cores), causal and not, lengths that are not multiples of the tiles,
 // strided head views of a packed (B, T, 3, H, D) projection, and dropout with the same mask on both
