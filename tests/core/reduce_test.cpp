@@ -206,3 +206,43 @@ TEST(Reduce, SoftmaxIsStableForLargeInputs) {
   Tensor z = randn({2, 4, 3}, {}, &g);
   EXPECT_TRUE(AllClose(softmax(z, 1).sum({1}).to_vector<double>(), std::vector<double>(6, 1.0), 1e-6));
 }
+
+TEST(Reduce, CumsumValuesDtypesAndBadDims) {
+  // (2, 3, 2), along each dim, against sums written out.
+  std::vector<double> v(12);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = double(i) * 0.5 - 2.0;
+  Tensor x = tensor(v, {2, 3, 2}, {.dtype = DType::f64});
+  auto at = [](int64_t a, int64_t b, int64_t c) { return size_t((a * 3 + b) * 2 + c); };
+  for (int64_t dim : {0, 1, 2, -1}) {
+    const int64_t d = dim < 0 ? dim + 3 : dim;
+    std::vector<double> want(12);
+    for (int64_t a = 0; a < 2; ++a)
+      for (int64_t b = 0; b < 3; ++b)
+        for (int64_t c = 0; c < 2; ++c) {
+          double s = 0;
+          const int64_t idx[3] = {a, b, c};
+          for (int64_t j = 0; j <= idx[d]; ++j) {
+            int64_t k[3] = {a, b, c};
+            k[d] = j;
+            s += v[at(k[0], k[1], k[2])];
+          }
+          want[at(a, b, c)] = s;
+        }
+    EXPECT_EQ(cumsum(x, dim).to_vector<double>(), want) << "dim " << dim;
+  }
+  // Integers and bool sum in i64, exactly (beyond 2^53 too).
+  Tensor big = tensor({double(int64_t(1) << 53), 1, 1}, {3}, {.dtype = DType::i64});
+  Tensor cs = cumsum(big, 0);
+  EXPECT_EQ(cs.dtype(), DType::i64);
+  EXPECT_EQ(cs.to_vector<int64_t>(), (std::vector<int64_t>{int64_t(1) << 53, (int64_t(1) << 53) + 1, (int64_t(1) << 53) + 2}));
+  Tensor flags = gt(tensor({1, 0, 2, 3}, {4}), full({}, 0.5));
+  EXPECT_EQ(cumsum(flags, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 3}));
+  EXPECT_EQ(cumsum(tensor({4.0}, {}), 0).item<float>(), 4.0f);  // a 0-d tensor is its own running sum
+  EXPECT_EQ(cumsum(empty({0, 3}), 1).sizes(), (Shape{0, 3}));
+  try {
+    cumsum(x, 3);
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cumsum"), std::string::npos) << e.what();
+  }
+}

@@ -139,3 +139,20 @@ TEST(CudaReduce, SumOverLeadingDimsReadsColumnsInPlace) {
     expect_close(sum(tall, {0}), sum(tall.to(gpu()), {0}), "sum of 3000 rows " + name(t));
   }
 }
+
+TEST(CudaReduce, CumsumMatchesTheCpuForIntegersAndLongScans) {
+  KILN_REQUIRE_GPU();
+  // i64 (exact), and an f32 scan along a long middle dim with many columns (the coalesced layout).
+  Tensor ints = cast(mul(randn({3, 1000, 5}, {.dtype = DType::f64}), 1000.0), DType::i64);
+  for (int64_t dim : {0, 1, 2})
+    EXPECT_EQ(cumsum(ints.to(gpu()), dim).cpu().to_vector<int64_t>(), cumsum(ints, dim).to_vector<int64_t>()) << dim;
+  Tensor flags = gt(randn({4, 300}), full({}, 0.0));
+  EXPECT_EQ(cumsum(flags.to(gpu()), 1).cpu().to_vector<int64_t>(), cumsum(flags, 1).to_vector<int64_t>());
+  Tensor x = randn({2, 4096, 96});
+  const std::vector<double> want = cumsum(cast(x, DType::f64), 1).to_vector<double>();
+  const std::vector<double> got = cast(cumsum(x.to(gpu()), 1).cpu(), DType::f64).to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i])));
+  EXPECT_LT(worst, 1e-4) << "f32 running sums over 4096 terms";
+}
