@@ -69,6 +69,12 @@ Tensor arange(double start, double end, double step, const TensorOptions& opt) {
 
 Tensor arange(int64_t end, const TensorOptions& opt) { return arange(0.0, double(end), 1.0, opt); }
 
+Tensor arange_int(int64_t start, int64_t end, int64_t step, const TensorOptions& opt) {
+  KILN_CHECK(step != 0 && (end - start) / step >= 0, "arange: empty or infinite range start=", start, " end=", end,
+             " step=", step);
+  return arange(double(start), double(end), double(step), opt);
+}
+
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, const TensorOptions& opt) {
   KILN_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),

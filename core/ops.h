@@ -27,6 +27,8 @@ Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
 Tensor sqrt(const Tensor& a);
 Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
 Tensor tanh(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor relu(const Tensor& a);
@@ -36,6 +38,12 @@ Tensor sign(const Tensor& a);  // not differentiable (zero gradient)
 Tensor square(const Tensor& a);
 Tensor clamp(const Tensor& a, double lo, double hi);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond is bool; broadcasts
+// a with `value` where mask (bool, broadcast to a's shape) is true, as PyTorch's masked_fill.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+// The lower (tril) or upper (triu) triangle of the last two dims from diagonal k (0: the main diagonal,
+// k > 0 above it, k < 0 below), the rest zero; a has at least 2 dims.
+Tensor tril(const Tensor& a, int64_t k = 0);
+Tensor triu(const Tensor& a, int64_t k = 0);
 // Comparisons return bool tensors and carry no gradient.
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);

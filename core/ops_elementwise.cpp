@@ -179,6 +179,13 @@ Tensor rsqrt(const Tensor& a) {  // d x^(-1/2) = -1/2 x^(-3/2) = -y³/2
     return mul(g, mul(pow(y, 3.0), -0.5));
   });
 }
+Tensor sin(const Tensor& a) {  // d sin x = cos x
+  return unary_float(UnaryOp::sin, a, "sin", [](const Tensor& g, const Tensor& x, const Tensor&) { return mul(g, cos(x)); });
+}
+Tensor cos(const Tensor& a) {  // d cos x = -sin x
+  return unary_float(UnaryOp::cos, a, "cos",
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return neg(mul(g, sin(x))); });
+}
 Tensor tanh(const Tensor& a) {
   return unary_float(UnaryOp::tanh, a, "tanh", [](const Tensor& g, const Tensor&, const Tensor& y) {
     Tensor out = empty_like(g);
@@ -262,6 +269,32 @@ Tensor lt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::lt, a, b,
 Tensor le(const Tensor& a, const Tensor& b) { return compare(BinaryOp::le, a, b, "le"); }
 Tensor gt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::gt, a, b, "gt"); }
 Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::ge, a, b, "ge"); }
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  KILN_CHECK(a.defined() && mask.defined(), "masked_fill: undefined tensor");
+  KILN_CHECK(mask.dtype() == DType::boolean, "masked_fill: the mask must be bool, got ", mask.str());
+  KILN_CHECK(broadcast_shapes(a.sizes(), mask.sizes(), "masked_fill") == a.sizes(), "masked_fill: mask ", mask.str(),
+             " does not broadcast to ", a.str());
+  return where(mask, full({}, value, {.dtype = a.dtype(), .device = a.device()}), a);
+}
+
+namespace {
+// Keeps the elements of the last two dims whose column - row lies on the kept side of diagonal k.
+Tensor triangle(const Tensor& a, int64_t k, bool lower, const char* op) {
+  KILN_CHECK(a.defined() && a.dim() >= 2, op, ": expected a tensor of at least 2 dims, got ",
+             a.defined() ? a.str() : "an undefined tensor");
+  const int64_t R = a.size(-2), C = a.size(-1);
+  Tensor rows = arange(R, {.dtype = DType::i64, .device = a.device()}).unsqueeze(1);
+  Tensor cols = arange(C, {.dtype = DType::i64, .device = a.device()}).unsqueeze(0);
+  Tensor offset = sub(cols, rows);  // (R, C): column - row
+  Tensor keep = lower ? le(offset, full({}, double(k), {.dtype = DType::i64, .device = a.device()}))
+                      : ge(offset, full({}, double(k), {.dtype = DType::i64, .device = a.device()}));
+  return where(keep, a, zeros({}, {.dtype = a.dtype(), .device = a.device()}));
+}
+}  // namespace
+
+Tensor tril(const Tensor& a, int64_t k) { return triangle(a, k, true, "tril"); }
+Tensor triu(const Tensor& a, int64_t k) { return triangle(a, k, false, "triu"); }
+
 Tensor isfinite(const Tensor& a) { return unary_raw(UnaryOp::isfinite, a, DType::boolean); }
 
 Tensor cast(const Tensor& a, DType dtype) {

@@ -1,6 +1,7 @@
 #pragma once
 // Tensor: a strided view (shape, strides, offset) over reference-counted storage, with a dtype, a device
 // and the autograd state of the value it holds. Copying a Tensor copies the handle, not the data.
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -241,6 +242,13 @@ Tensor ones(const Shape& shape, const TensorOptions& opt = {});
 Tensor full(const Shape& shape, double value, const TensorOptions& opt = {});
 Tensor arange(double start, double end, double step = 1.0, const TensorOptions& opt = {});
 Tensor arange(int64_t end, const TensorOptions& opt = {.dtype = DType::i64});
+// Integer bounds give i64 values, as PyTorch's arange(0, T) does (floating bounds give f32, above), so
+// embedding(arange(0, T)) works.
+Tensor arange_int(int64_t start, int64_t end, int64_t step, const TensorOptions& opt);
+template <std::integral I, std::integral J>
+Tensor arange(I start, J end, int64_t step = 1, const TensorOptions& opt = {.dtype = DType::i64}) {
+  return arange_int(int64_t(start), int64_t(end), step, opt);
+}
 Tensor scalar_tensor(double value, const TensorOptions& opt = {});
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);

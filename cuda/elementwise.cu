@@ -105,6 +105,10 @@ __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }  // full-range (not __sinf): rotary angles grow
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
@@ -202,6 +206,8 @@ __device__ __forceinline__ void apply_unary(UnaryOp op, C (&x)[V], double p0, do
     KILN_EW_CASE(UnaryOp::sign, C(int(v > zero) - int(v < zero)))
     KILN_EW_CASE(UnaryOp::square, v * v)
     KILN_EW_CASE(UnaryOp::isfinite, isfinite(v) ? one : zero)
+    KILN_EW_CASE(UnaryOp::sin, m_sin(v))
+    KILN_EW_CASE(UnaryOp::cos, m_cos(v))
     // x^p with a C exponent when p is one, the CPU's double exponent otherwise
     KILN_EW_SCALAR_CASE(UnaryOp::pow_scalar, p0 == 2.0 ? v * v : m_pow(v, s0), pow(v, p0))
     KILN_EW_SCALAR_CASE(UnaryOp::clamp, isnan(v) ? v : std_min(std_max(v, s0), s1),

@@ -36,4 +36,9 @@ Tensor Sigmoid::forward(const Tensor& x) {
   return kiln::sigmoid(x);
 }
 
+Tensor SiLU::forward(const Tensor& x) {
+  check_input(*this, x);
+  return functional::silu(x);
+}
+
 }  // namespace kiln::nn

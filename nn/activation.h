@@ -2,7 +2,7 @@
 // Elementwise activations as modules, for use in nn::Sequential.
 //   GELU(x) = x · Φ(x)                                        (approximate = none; Hendrycks & Gimpel 2016)
 //   GELU(x) ≈ 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))   (approximate = tanh, GPT-2's)
-//   ReLU(x) = max(x, 0),  Tanh, Sigmoid(x) = 1 / (1 + e^-x)
+//   ReLU(x) = max(x, 0),  Tanh, Sigmoid(x) = 1 / (1 + e^-x),  SiLU(x) = x · sigmoid(x)
 #include <kiln/nn/module.h>
 
 namespace kiln::nn {
@@ -35,6 +35,11 @@ class Tanh : public Module {
 };
 
 class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+class SiLU : public Module {
  public:
   Tensor forward(const Tensor& x) override;
 };

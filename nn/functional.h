@@ -19,6 +19,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
+// x · sigmoid(x) (SiLU, "swish"), composed.
+Tensor silu(const Tensor& x);
 inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }
 inline Tensor log_softmax(const Tensor& x, int64_t dim) { return kiln::log_softmax(x, dim); }
 
@@ -40,6 +42,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight = Tensor(),
                                          const Tensor& bias = Tensor(), double eps = 1e-5);
 
+// Root-mean-square norm over the trailing dims given by normalized_shape, as torch.nn.functional.rms_norm:
+// y = x / sqrt(mean(x²) + eps) · weight (weight may be undefined). eps < 0: the machine epsilon of x's
+// dtype (PyTorch's default). Half-precision inputs are normalized in f32 and the result cast back.
+// Composed of differentiable ops.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(), double eps = -1.0);
+
 // Rows of weight picked by integer indices of any shape: output shape = indices.shape + [dim].
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 
@@ -60,6 +68,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
                             const CrossEntropyOptions& opt = {});
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+// Negative log-likelihood of log-probabilities: input (N, C) or (C), target (N) or () integer classes;
+// loss_n = -input[n, target_n], 0 where target_n == ignore_index; the mean is over targets that are not
+// ignored (as torch.nn.functional.nll_loss). cross_entropy is log_softmax followed by this, fused.
+Tensor nll_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean,
+                int64_t ignore_index = -100);
 
 struct Conv2dOptions {
   std::array<int64_t, 2> stride{1, 1};

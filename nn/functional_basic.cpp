@@ -128,4 +128,64 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   return sq;
 }
 
+Tensor silu(const Tensor& x) { return mul(x, sigmoid(x)); }
+
+namespace {
+double machine_epsilon(DType t) {
+  switch (t) {
+    case DType::f64: return 2.220446049250313e-16;
+    case DType::f16: return 0.0009765625;
+    case DType::bf16: return 0.0078125;
+    default: return 1.1920928955078125e-07;
+  }
+}
+}  // namespace
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "rms_norm: expected a floating-point input, got ",
+             x.defined() ? x.str() : "an undefined tensor");
+  const int64_t k = int64_t(normalized_shape.size());
+  KILN_CHECK(k >= 1 && k <= x.dim() &&
+                 Shape(x.sizes().end() - k, x.sizes().end()) == normalized_shape,
+             "rms_norm: normalized_shape ", shape_str(normalized_shape), " is not the trailing shape of ", x.str());
+  KILN_CHECK(!weight.defined() || weight.sizes() == normalized_shape, "rms_norm: weight ", weight.str(),
+             " must have the normalized shape ", shape_str(normalized_shape));
+  const double e = eps < 0 ? machine_epsilon(x.dtype()) : eps;
+  const DType compute = stat_dtype(x.dtype());  // f32 for f32/f16/bf16, f64 for f64
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
+  Tensor xc = cast(x, compute);
+  Tensor y = mul(xc, rsqrt(add(mean(square(xc), dims, true), e)));
+  if (weight.defined()) y = mul(y, cast(weight, compute));
+  return cast(y, x.dtype());
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignore_index) {
+  KILN_CHECK(input.defined() && target.defined(), "nll_loss: undefined tensor");
+  KILN_CHECK(input.dim() == 1 || input.dim() == 2, "nll_loss: input must be (N, C) or (C), got ", input.str());
+  KILN_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, "nll_loss: target must be i32 or i64, got ",
+             target.str());
+  KILN_CHECK(target.dim() == input.dim() - 1 && (input.dim() == 1 || target.size(0) == input.size(0)),
+             "nll_loss: target ", target.str(), " does not match input ", input.str());
+  const Tensor logp = input.dim() == 1 ? input.unsqueeze(0) : input;
+  const Tensor t = cast(target.reshape({-1}), DType::i64);
+  const Tensor kept = ne(t, full({}, double(ignore_index), {.dtype = DType::i64, .device = t.device()}));
+  // Ignored rows gather class 0 (any valid index) and are zeroed after.
+  const Tensor safe = where(kept, t, zeros({}, {.dtype = DType::i64, .device = t.device()}));
+  Tensor picked;
+  try {
+    picked = gather(logp, 1, safe.unsqueeze(1)).squeeze(1);
+  } catch (const Error& e) {
+    KILN_FAIL("nll_loss: a target is out of range for ", logp.size(1), " classes (input ", input.str(), "): ", e.what());
+  }
+  const Tensor w = cast(kept, logp.dtype());
+  const Tensor loss = neg(mul(picked, w));
+  switch (reduction) {
+    case Reduction::none: return input.dim() == 1 ? loss.squeeze(0) : loss;
+    case Reduction::sum: return sum(loss);
+    case Reduction::mean: return div(sum(loss), sum(w));
+  }
+  return loss;
+}
+
 }  // namespace kiln::nn::functional

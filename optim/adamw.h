@@ -6,6 +6,7 @@
 //   v   <- beta2 * v + (1 - beta2) * g^2           (v_0 = 0)
 //   p   <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // State per parameter: step t, exp_avg (m), exp_avg_sq (v), in f32 for f32/f16/bf16 parameters.
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,27 @@ class AdamW : public Optimizer {
   void step() override;
 
  protected:
+  // Adam's constructor: decoupled = false adds weight_decay · p to the gradient instead (L2).
+  AdamW(std::string type, bool decoupled, std::vector<Tensor> params, const AdamWOptions& options);
   std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  bool decoupled_ = true;
+};
+
+// Adam (Kingma & Ba 2015) with PyTorch's torch.optim.Adam semantics: weight decay is L2 regularization,
+// added to the gradient before the moments (g <- g + weight_decay * p), then the AdamW update above
+// without its decay step. Same state and checkpoints as AdamW, under the type "Adam".
+struct AdamOptions {
+  double lr = 1e-3;
+  std::pair<double, double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class Adam : public AdamW {
+ public:
+  explicit Adam(std::vector<Tensor> params, const AdamOptions& options = {});
 };
 
 }  // namespace kiln::optim

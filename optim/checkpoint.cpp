@@ -12,14 +12,6 @@ namespace kiln::optim {
 
 namespace {
 
-// Shortest text that reads back as the same double (17 significant digits at most).
-std::string format_number(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
 constexpr const char* kVersionKey = "kiln_checkpoint_version";
 constexpr const char* kGenerator = "philox4x32-10";
 

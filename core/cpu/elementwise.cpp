@@ -37,6 +37,8 @@ void apply_unary(UnaryOp op, double* x, int64_t n, double p0, double p1) {
     case UnaryOp::sign: for (int64_t i = 0; i < n; ++i) x[i] = double((x[i] > 0) - (x[i] < 0)); break;
     case UnaryOp::square: for (int64_t i = 0; i < n; ++i) x[i] = x[i] * x[i]; break;
     case UnaryOp::isfinite: for (int64_t i = 0; i < n; ++i) x[i] = std::isfinite(x[i]) ? 1.0 : 0.0; break;
+    case UnaryOp::sin: for (int64_t i = 0; i < n; ++i) x[i] = std::sin(x[i]); break;
+    case UnaryOp::cos: for (int64_t i = 0; i < n; ++i) x[i] = std::cos(x[i]); break;
     case UnaryOp::pow_scalar:
       if (p0 == 2.0) for (int64_t i = 0; i < n; ++i) x[i] = x[i] * x[i];
       else for (int64_t i = 0; i < n; ++i) x[i] = std::pow(x[i], p0);

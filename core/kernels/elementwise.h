@@ -7,7 +7,7 @@
 namespace kiln {
 
 enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu, gelu_tanh, abs, sign, square, isfinite,
+  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu, gelu_tanh, abs, sign, square, isfinite, sin, cos,
   pow_scalar,   // x^p0
   clamp,        // min(max(x, p0), p1)
   add_scalar,   // x + p0

@@ -57,7 +57,7 @@ TEST(Conv2d, HandCheckedValue) {
     conv.weight.copy_(tensor({1, 0, -1, 2, 0, -2, 1, 0, -1}, {1, 1, 3, 3}));  // Sobel x
     conv.bias.fill_(0.5);
   }
-  Tensor x = arange(0, 16).reshape({1, 1, 4, 4});  // x[r, c] = 4r + c
+  Tensor x = arange(0.0, 16.0).reshape({1, 1, 4, 4});  // x[r, c] = 4r + c
   Tensor y = conv(x);
   ASSERT_EQ(y.shape(), (Shape{1, 1, 4, 4}));
   auto v = values(y);
@@ -90,7 +90,7 @@ TEST(Conv2d, BadInputsNameTheLayer) {
 }
 
 TEST(Pooling, MaxAndAverageByHand) {
-  Tensor x = arange(0, 16).reshape({1, 1, 4, 4});
+  Tensor x = arange(0.0, 16.0).reshape({1, 1, 4, 4});
   MaxPool2d max_pool(2);
   AvgPool2d avg_pool(2);
   EXPECT_EQ(values(max_pool(x)), (std::vector<double>{5, 7, 13, 15}));

@@ -33,6 +33,10 @@ inline Device& case_device() {
   return d;
 }
 inline Tensor idx(std::vector<int64_t> v, Shape s) { return from_vector(v, s, {.dtype = DType::i64, .device = case_device()}); }
+// A bool mask on the case device: true where v is nonzero.
+inline Tensor mask(std::vector<int64_t> v, Shape s) {
+  return ne(idx(std::move(v), std::move(s)), zeros({}, {.dtype = DType::i64, .device = case_device()}));
+}
 
 inline std::vector<OpCase> cases() {
   using D = Domain;
@@ -73,6 +77,21 @@ inline std::vector<OpCase> cases() {
       {"var", {{3, 4}}, [](const Inputs& x) { return var(x[0], {1}); }},
       {"var", {{3, 4}}, [](const Inputs& x) { return var(x[0], {}, 0); }},
       {"cumsum", {{3, 4}}, [](const Inputs& x) { return cumsum(x[0], 1); }},
+      {"sin", {{3, 4}}, [](const Inputs& x) { return sin(x[0]); }},
+      {"cos", {{3, 4}}, [](const Inputs& x) { return cos(mul(x[0], 3.0)); }},
+      {"tril", {{4, 5}}, [](const Inputs& x) { return tril(x[0]); }},
+      {"tril", {{2, 3, 4}}, [](const Inputs& x) { return tril(x[0], -1); }},
+      {"triu", {{4, 3}}, [](const Inputs& x) { return triu(x[0], 1); }},
+      {"masked_fill", {{2, 3}}, [](const Inputs& x) { return masked_fill(x[0], mask({1, 0, 0, 1, 1, 0}, {2, 3}), -2.5); }},
+      {"masked_fill", {{2, 3}}, [](const Inputs& x) { return masked_fill(x[0], mask({0, 1, 1}, {3}), 0.0); }},
+      {"silu", {{3, 4}}, [](const Inputs& x) { return F::silu(x[0]); }},
+      {"rms_norm", {{3, 6}, {6}}, [](const Inputs& x) { return F::rms_norm(x[0], {6}, x[1], 1e-5); }},
+      {"rms_norm", {{2, 2, 3}}, [](const Inputs& x) { return F::rms_norm(x[0], {2, 3}); }},
+      {"nll_loss", {{4, 5}}, [](const Inputs& x) { return F::nll_loss(x[0], idx({1, 0, 4, 2}, {4})); }},
+      {"nll_loss", {{4, 5}}, [](const Inputs& x) {
+         return F::nll_loss(x[0], idx({1, -100, 4, 2}, {4}), F::Reduction::sum);
+       }},
+      {"nll_loss", {{5}}, [](const Inputs& x) { return F::nll_loss(x[0], idx({3}, {}), F::Reduction::none); }},
       {"cumsum", {{4, 3, 2}}, [](const Inputs& x) { return cumsum(x[0], 0); }},
       {"cumsum", {{2, 5, 3}}, [](const Inputs& x) { return cumsum(x[0], -2); }},
       {"matmul", {{3, 4}, {4, 5}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
