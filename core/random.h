@@ -78,5 +78,10 @@ Tensor& uniform_(Tensor& t, double low = 0.0, double high = 1.0, Generator* gen 
 Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
 // A random permutation of 0..n-1 (i64, CPU).
 Tensor randperm(int64_t n, Generator* gen = nullptr);
+// Indices (i64) drawn from the categories of each row of probs, (C) or (N, C) non-negative weights (not
+// necessarily normalized), as torch.multinomial: num_samples per row, with or without replacement (without:
+// a category is drawn at most once, so each row needs num_samples categories of nonzero weight). On the
+// weights' device; composed of cumsum, a uniform draw and a comparison (core/sampling.cpp).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false, Generator* gen = nullptr);
 
 }  // namespace kiln

@@ -487,6 +487,14 @@ Tensor Tensor::mul(const Tensor& o) const { return kiln::mul(*this, o); }
 Tensor Tensor::div(const Tensor& o) const { return kiln::div(*this, o); }
 Tensor Tensor::neg() const { return kiln::neg(*this); }
 Tensor Tensor::exp() const { return kiln::exp(*this); }
+Tensor Tensor::sin() const { return kiln::sin(*this); }
+Tensor Tensor::cos() const { return kiln::cos(*this); }
+Tensor Tensor::square() const { return kiln::square(*this); }
+Tensor Tensor::sign() const { return kiln::sign(*this); }
+Tensor Tensor::cumsum(int64_t d) const { return kiln::cumsum(*this, d); }
+Tensor Tensor::masked_fill(const Tensor& mask, double value) const { return kiln::masked_fill(*this, mask, value); }
+Tensor Tensor::tril(int64_t k) const { return kiln::tril(*this, k); }
+Tensor Tensor::triu(int64_t k) const { return kiln::triu(*this, k); }
 Tensor Tensor::log() const { return kiln::log(*this); }
 Tensor Tensor::sqrt() const { return kiln::sqrt(*this); }
 Tensor Tensor::rsqrt() const { return kiln::rsqrt(*this); }
@@ -502,9 +510,31 @@ Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { retur
 Tensor Tensor::mean() const { return kiln::mean(*this); }
 Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::mean(*this, dims, keepdim); }
 Tensor Tensor::max() const { return kiln::amax(*this); }
-Tensor Tensor::max(int64_t d, bool keepdim) const { return kiln::amax(*this, {d}, keepdim); }
+std::tuple<Tensor, Tensor> Tensor::max(int64_t d, bool keepdim) const {
+  Tensor index = kiln::argmax(*this, d, /*keepdim=*/true);
+  Tensor values = kiln::gather(*this, d < 0 ? d + std::max<int64_t>(dim(), 1) : d, index);
+  if (!keepdim) {
+    const int64_t w = d < 0 ? d + dim() : d;
+    values = values.squeeze(w);
+    index = index.squeeze(w);
+  }
+  return {values, index};
+}
 Tensor Tensor::min() const { return kiln::amin(*this); }
-Tensor Tensor::min(int64_t d, bool keepdim) const { return kiln::amin(*this, {d}, keepdim); }
+std::tuple<Tensor, Tensor> Tensor::min(int64_t d, bool keepdim) const {
+  Tensor index;
+  {
+    NoGradGuard ng;
+    index = kiln::argmax(kiln::neg(*this), d, /*keepdim=*/true);  // the first minimum
+  }
+  Tensor values = kiln::gather(*this, d < 0 ? d + std::max<int64_t>(dim(), 1) : d, index);
+  if (!keepdim) {
+    const int64_t w = d < 0 ? d + dim() : d;
+    values = values.squeeze(w);
+    index = index.squeeze(w);
+  }
+  return {values, index};
+}
 Tensor Tensor::argmax(int64_t d, bool keepdim) const { return kiln::argmax(*this, d, keepdim); }
 Tensor Tensor::argmax() const { return kiln::argmax(reshape({-1}), 0, false); }
 Tensor Tensor::var(const std::vector<int64_t>& dims, int64_t correction, bool keepdim) const {

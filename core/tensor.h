@@ -8,6 +8,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <kiln/core/device.h>
@@ -182,6 +183,10 @@ class Tensor {
   Tensor rsqrt() const;
   Tensor pow(double exponent) const;
   Tensor pow(const Tensor& exponent) const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor square() const;
+  Tensor sign() const;
   Tensor tanh() const;
   Tensor sigmoid() const;
   Tensor relu() const;
@@ -192,13 +197,19 @@ class Tensor {
   Tensor mean() const;
   Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
   Tensor max() const;
-  Tensor max(int64_t dim, bool keepdim = false) const;
+  // Values and indices (i64) of the maxima along dim, as LibTorch's max(dim): the gradient goes to the
+  // index returned (the first maximum), not shared among ties as amax's is.
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
   Tensor min() const;
-  Tensor min(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
   Tensor argmax(int64_t dim, bool keepdim = false) const;
   Tensor argmax() const;  // index into the flattened tensor
   Tensor var(const std::vector<int64_t>& dims, int64_t correction = 1, bool keepdim = false) const;
   Tensor matmul(const Tensor& o) const;
+  Tensor cumsum(int64_t dim) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;
+  Tensor tril(int64_t k = 0) const;
+  Tensor triu(int64_t k = 0) const;
   Tensor softmax(int64_t dim) const;
   Tensor log_softmax(int64_t dim) const;
   Tensor eq(const Tensor& o) const;

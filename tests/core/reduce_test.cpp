@@ -110,9 +110,9 @@ TEST(Reduce, FullReductions) {
   EXPECT_EQ(x.argmax().item<int64_t>(), 4);
   EXPECT_EQ(x.t().argmax().item<int64_t>(), 3);  // flattened (3,2) view: [1,4,-2,5,3,-6]
   EXPECT_EQ(sum(x, {}, true).sizes(), (Shape{1, 1}));
-  EXPECT_EQ(x.max(1).to_vector<float>(), (std::vector<float>{3, 5}));
-  EXPECT_EQ(x.min(0, true).to_vector<float>(), (std::vector<float>{1, -2, -6}));
-  EXPECT_EQ(x.min(0, true).sizes(), (Shape{1, 3}));
+  EXPECT_EQ(std::get<0>(x.max(1)).to_vector<float>(), (std::vector<float>{3, 5}));
+  EXPECT_EQ(std::get<0>(x.min(0, true)).to_vector<float>(), (std::vector<float>{1, -2, -6}));
+  EXPECT_EQ(std::get<0>(x.min(0, true)).sizes(), (Shape{1, 3}));
   // integer sums are i64
   Tensor i = from_vector<int32_t>({1, 2, 3, 4}, {2, 2});
   EXPECT_EQ(sum(i).dtype(), DType::i64);

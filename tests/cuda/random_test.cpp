@@ -170,3 +170,25 @@ TEST(CudaRandom, DropoutMaskIsTheSameOnCpuAndGpu) {
     }
   }
 }
+
+TEST(CudaRandom, MultinomialOnTheGpuFollowsTheWeights) {
+  KILN_REQUIRE_GPU();
+  const std::vector<float> w = {0.5f, 0.0f, 3.0f, 1.5f};  // 0.1, 0, 0.6, 0.3
+  Generator gen(11);
+  const int64_t n = 20000;
+  Tensor probs = from_vector(w, {1, 4}).to(gpu());
+  Tensor draws = multinomial(probs, n, true, &gen);
+  EXPECT_TRUE(draws.device().is_cuda());
+  std::vector<int64_t> count(4, 0);
+  for (int64_t d : draws.cpu().to_vector<int64_t>()) ++count[size_t(d)];
+  EXPECT_EQ(count[1], 0);
+  for (size_t j : {0u, 2u, 3u}) {
+    const double p = w[j] / 5.0, sigma = std::sqrt(double(n) * p * (1 - p));
+    EXPECT_NEAR(double(count[j]), double(n) * p, 4 * sigma) << j;
+  }
+  Tensor once = multinomial(probs, 3, false, &gen).cpu();
+  std::vector<int64_t> v = once.to_vector<int64_t>();
+  EXPECT_NE(v[0], v[1]);
+  EXPECT_NE(v[1], v[2]);
+  EXPECT_NE(v[0], v[2]);
+}
