@@ -176,7 +176,7 @@ TEST(CudaRandom, MultinomialOnTheGpuFollowsTheWeights) {
   const std::vector<float> w = {0.5f, 0.0f, 3.0f, 1.5f};  // 0.1, 0, 0.6, 0.3
   Generator gen(11);
   const int64_t n = 20000;
-  Tensor probs = from_vector(w, {1, 4}).to(gpu());
+  Tensor probs = from_vector(w, {1, 4}).to(kGpu);
   Tensor draws = multinomial(probs, n, true, &gen);
   EXPECT_TRUE(draws.device().is_cuda());
   std::vector<int64_t> count(4, 0);
