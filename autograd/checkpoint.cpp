@@ -9,6 +9,16 @@
 
 namespace kiln::autograd {
 
+namespace {
+thread_local int recomputing_depth = 0;  // nested checkpoints recompute inside one another
+struct Recomputing {
+  Recomputing() { ++recomputing_depth; }
+  ~Recomputing() { --recomputing_depth; }
+};
+}  // namespace
+
+bool is_recomputing() { return recomputing_depth > 0; }
+
 std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs) {
   if (!is_grad_enabled()) return fn(inputs);
   GeneratorState rng = default_generator().state();
@@ -37,6 +47,7 @@ std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Te
     std::vector<Tensor> replay;
     {
       EnableGradGuard eg;
+      Recomputing flag;
       replay = fn(detached);
     }
     default_generator().set_state(now);

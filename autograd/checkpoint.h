@@ -16,4 +16,10 @@ Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
 using CheckpointMultiFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs);
 
+// True on this thread while a checkpoint recomputes its function during backward. Forward hooks of modules
+// inside a checkpointed function run twice, once in the forward pass and once in the recomputation (as in
+// PyTorch's reentrant checkpoint); a hook that must act once (counting, logging activations) returns early
+// when this is true.
+bool is_recomputing();
+
 }  // namespace kiln::autograd

@@ -27,9 +27,15 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
   // differentiable; the weight and bias are cast inside the node, whose inputs are the caller's tensors:
   // their gradients come back in their own dtypes (f32 master weights: straight from the GEMM's f32
   // accumulators where the device can, with no rounding to 16 bits and no cast kernels).
-  DType t = promote_types(x_in.dtype(), w_in.dtype());
-  if (b_in.defined()) t = promote_types(t, b_in.dtype());
-  if (amp::is_enabled(x_in.device().type)) t = amp::dtype(x_in.device().type);
+  // Outside autocast the input and weight must share a dtype, as in PyTorch (an f64 input silently
+  // promoting an f32 layer would run it in f64, many times slower on a GPU, with no sign of it); the bias
+  // may differ and is cast.
+  const bool autocast = amp::is_enabled(x_in.device().type);
+  KILN_CHECK(autocast || x_in.dtype() == w_in.dtype(), op, ": input ", x_in.str(), " and weight ", w_in.str(),
+             " have different dtypes; convert one (x.to(", dtype_name(w_in.dtype()), ") or module.to(",
+             dtype_name(x_in.dtype()), ")), or run under autocast");
+  DType t = x_in.dtype();
+  if (autocast) t = amp::dtype(x_in.device().type);
   const Tensor x = cast(x_in, t);
   Epilogue ep = gelu ? (b_in.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh)
                      : (b_in.defined() ? Epilogue::bias : Epilogue::none);

@@ -94,6 +94,17 @@ void Archive::add(const std::string& name, const Tensor& t) {
   split_tensor_name(name);  // validates
   KILN_CHECK(t.defined(), where(*this), ": add: tensor '", name, "' is undefined");
   KILN_CHECK(find(name) == nullptr, where(*this), ": add: duplicate tensor name '", name, "'");
+  // A tensor is a dataset and every separator a group: a name that is the group of another tensor (or of
+  // an attribute) could never be saved. Say so here, not at save().
+  const std::string mine = canonical(name);
+  for (const auto& [n, other] : tensors) {
+    const std::string theirs = canonical(n);
+    KILN_CHECK(theirs.rfind(mine + "/", 0) != 0 && mine.rfind(theirs + "/", 0) != 0, where(*this), ": add: tensor name '",
+               name, "' clashes with tensor '", n, "': one would be a group holding the other");
+  }
+  for (const auto& [key, value] : attributes)
+    KILN_CHECK(key.rfind(mine + "/", 0) != 0, where(*this), ": add: tensor name '", name, "' clashes with attribute '",
+               key, "', which makes it a group");
   tensors.emplace_back(name, t);
 }
 

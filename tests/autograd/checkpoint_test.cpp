@@ -6,6 +6,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/nn/linear.h>
 
 #include "../core/core_test_util.h"
 
@@ -160,4 +161,24 @@ TEST(Checkpoint, NestedInsideAPlainGraphAndUnderNoGrad) {
     Tensor z = autograd::checkpoint([&](const std::vector<Tensor>& in) { return block(in[0], w1, w2); }, {x});
     EXPECT_FALSE(z.requires_grad());
   }
+}
+
+// Forward hooks inside a checkpointed function run again in the recomputation; is_recomputing() tells.
+TEST(Checkpoint, HooksCanTellTheRecomputation) {
+  manual_seed(1);
+  kiln::nn::Linear fc(3, 3);
+  int forward_calls = 0, recompute_calls = 0;
+  fc.register_forward_hook([&](kiln::nn::Module&, const Tensor&, const Tensor&) {
+    (autograd::is_recomputing() ? recompute_calls : forward_calls)++;
+  });
+  Tensor x = randn({2, 3});
+  x.requires_grad_();
+  Tensor y = autograd::checkpoint([&](const std::vector<Tensor>& in) { return fc(in[0]); }, {x});
+  EXPECT_EQ(forward_calls, 1);
+  EXPECT_EQ(recompute_calls, 0);
+  EXPECT_FALSE(autograd::is_recomputing());
+  sum(y).backward();
+  EXPECT_EQ(forward_calls, 1);
+  EXPECT_EQ(recompute_calls, 1);
+  EXPECT_FALSE(autograd::is_recomputing());
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <kiln/core/archive/archive.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/modules.h>
@@ -116,6 +117,21 @@ std::vector<Row> checkpoint_rows() {
         Net net;
         save_checkpoint(std::filesystem::temp_directory_path().string(), net, nullptr, {}, 0);
       }, {"directory"}),
+      error("archive_add_name_that_is_a_group", [] {
+        archive::Archive ar;
+        ar.add("model/fc1.weight", zeros({2}));
+        ar.add("model/fc1", zeros({2}));  // would have to be both a dataset and the group of fc1.weight
+      }, {"add", "model/fc1", "clashes"}),
+      error("archive_add_name_under_a_tensor", [] {
+        archive::Archive ar;
+        ar.add("step", zeros({}));
+        ar.add("step.count", zeros({}));
+      }, {"add", "step.count", "clashes"}),
+      error("archive_add_name_that_an_attribute_makes_a_group", [] {
+        archive::Archive ar;
+        ar.set("optimizer/type", std::string("SGD"));
+        ar.add("optimizer", zeros({2}));
+      }, {"add", "optimizer", "attribute"}),
       error("save_metadata_key_with_slash", [] {
         Scratch file("save_metadata_key_with_slash");
         Net net;
