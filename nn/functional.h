@@ -21,6 +21,10 @@ inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
 // x · sigmoid(x) (SiLU, "swish"), composed.
 Tensor silu(const Tensor& x);
+// Gated linear units over halves of dim (size 2n -> n): glu = a · sigmoid(b), as torch.nn.functional.glu;
+// swiglu = silu(a) · b, the gate of LLaMA's MLP (Shazeer 2020), for a (..., 2n) up-projection.
+Tensor glu(const Tensor& x, int64_t dim = -1);
+Tensor swiglu(const Tensor& x, int64_t dim = -1);
 inline Tensor softmax(const Tensor& x, int64_t dim) { return kiln::softmax(x, dim); }
 inline Tensor log_softmax(const Tensor& x, int64_t dim) { return kiln::log_softmax(x, dim); }
 
@@ -74,6 +78,15 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 Tensor nll_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean,
                 int64_t ignore_index = -100);
 
+// Batch norm over (N, C) or (N, C, *): each channel normalized by its batch statistics (training) or by
+// running_mean / running_var (evaluation), then weight · x̂ + bias (each undefined for none). In training,
+// when the running statistics are defined they are updated in place, without recording:
+//   running_mean <- (1 - momentum) running_mean + momentum · mean
+//   running_var  <- (1 - momentum) running_var + momentum · var · n / (n - 1)    (unbiased, as PyTorch)
+// while x̂ uses the biased batch variance. Composed of differentiable ops.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+
 struct Conv2dOptions {
   std::array<int64_t, 2> stride{1, 1};
   std::array<int64_t, 2> padding{0, 0};
@@ -81,6 +94,12 @@ struct Conv2dOptions {
 };
 // x (N, C_in, H, W), weight (C_out, C_in, kH, kW), bias (C_out) or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& opt = {});
+
+struct Conv1dOptions {
+  int64_t stride = 1, padding = 0, dilation = 1;
+};
+// x (N, C_in, L), weight (C_out, C_in, K), bias (C_out) or undefined: conv2d on a unit height (one node).
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv1dOptions& opt = {});
 
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel_size{2, 2};

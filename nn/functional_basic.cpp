@@ -137,6 +137,62 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 Tensor silu(const Tensor& x) { return mul(x, sigmoid(x)); }
 
 namespace {
+std::pair<Tensor, Tensor> halves(const Tensor& x, int64_t dim, const char* op) {
+  KILN_CHECK(x.defined() && x.dim() >= 1, op, ": expected a tensor of at least 1 dim");
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  KILN_CHECK(x.size(d) % 2 == 0, op, ": dim ", dim, " of ", x.str(), " must have an even size");
+  const int64_t n = x.size(d) / 2;
+  return {x.narrow(d, 0, n), x.narrow(d, n, n)};
+}
+}  // namespace
+
+Tensor glu(const Tensor& x, int64_t dim) {
+  auto [a, b] = halves(x, dim, "glu");
+  return mul(a, sigmoid(b));
+}
+
+Tensor swiglu(const Tensor& x, int64_t dim) {
+  auto [a, b] = halves(x, dim, "swiglu");
+  return mul(silu(a), b);
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  KILN_CHECK(x.defined() && x.dim() >= 2 && is_floating(x.dtype()), "batch_norm: expected a floating (N, C, ...) input, got ",
+             x.defined() ? x.str() : "an undefined tensor");
+  const int64_t C = x.size(1);
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias})
+    KILN_CHECK(!t->defined() || t->sizes() == Shape{C}, "batch_norm: ", t->str(), " must have shape [", C,
+               "] for input ", x.str());
+  KILN_CHECK(training || (running_mean.defined() && running_var.defined()),
+             "batch_norm: evaluation needs running_mean and running_var");
+  Shape per_channel(size_t(x.dim()), 1);
+  per_channel[1] = C;
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  const int64_t n = x.numel() / std::max<int64_t>(C, 1);
+  Tensor mu, var;
+  if (training) {
+    KILN_CHECK(n > 1, "batch_norm: training needs more than one value per channel, got input ", x.str());
+    mu = mean(x, dims, true);
+    var = mean(square(sub(x, mu)), dims, true);  // biased, for the normalization
+    if (running_mean.defined() && running_var.defined()) {
+      NoGradGuard ng;
+      Tensor rm = running_mean, rv = running_var;
+      rm.mul_(1.0 - momentum).add_(mul(cast(mu.reshape({C}), rm.dtype()), momentum));
+      rv.mul_(1.0 - momentum).add_(mul(cast(var.reshape({C}), rv.dtype()), momentum * double(n) / double(n - 1)));
+    }
+  } else {
+    mu = cast(running_mean, x.dtype()).reshape(per_channel);
+    var = cast(running_var, x.dtype()).reshape(per_channel);
+  }
+  Tensor y = mul(sub(x, mu), rsqrt(add(var, eps)));
+  if (weight.defined()) y = mul(y, weight.reshape(per_channel));
+  if (bias.defined()) y = add(y, bias.reshape(per_channel));
+  return y;
+}
+
+namespace {
 double machine_epsilon(DType t) {
   switch (t) {
     case DType::f64: return 2.220446049250313e-16;

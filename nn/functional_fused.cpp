@@ -195,6 +195,13 @@ void check_pool_padding(const Window2d& g, const char* op) {
 }
 }  // namespace
 
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv1dOptions& opt) {
+  KILN_CHECK(x.defined() && weight.defined() && x.dim() == 3 && weight.dim() == 3,
+             "conv1d: expected x (N, C_in, L) and weight (C_out, C_in, K), got ", x.str(), " and ", weight.str());
+  const Conv2dOptions o{.stride = {1, opt.stride}, .padding = {0, opt.padding}, .dilation = {1, opt.dilation}};
+  return conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, o).squeeze(2);
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   Window2d g = window(x, opt.kernel_size[0], opt.kernel_size[1], pool_stride(opt), opt.padding, {1, 1}, "max_pool2d");
   check_pool_padding(g, "max_pool2d");

@@ -3,6 +3,8 @@
 // headers they use (each is small), which keeps compile times down. Optimizers and clipping are in
 // optim/ (<kiln/optim/clip_grad.h>); <kiln/kiln.h> includes all of Kiln.
 #include <kiln/nn/activation.h>
+#include <kiln/nn/batch_norm.h>
+#include <kiln/nn/conv1d.h>
 #include <kiln/nn/conv2d.h>
 #include <kiln/nn/dropout.h>
 #include <kiln/nn/embedding.h>

@@ -8,6 +8,8 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/activation.h>
+#include <kiln/nn/batch_norm.h>
+#include <kiln/nn/conv1d.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/nn/module_list.h>
@@ -83,6 +85,77 @@ TEST(ModuleContainers, RegisterTheirChildrenUnderPyTorchNames) {
   EXPECT_THROW(net.heads["key"], Error);
   EXPECT_THROW(net.layers[2], Error);
   EXPECT_THROW(net.layers.at<nn::SiLU>(0), Error);
+}
+
+}  // namespace
+
+namespace {
+
+// PyTorch's rule, with the numbers written out: x (3, 2) = [[1, 2], [3, 6], [5, 10]]. Channel 0: mean 3,
+// biased variance 8/3, unbiased 4; channel 1: mean 6, biased 32/3, unbiased 16. After one training step
+// with momentum 0.1: running_mean = 0.1 · [3, 6] = [0.3, 0.6], running_var = 0.9 + 0.1 · [4, 16] = [1.3, 2.5].
+TEST(BatchNorm, RunningStatisticsFollowPyTorchsUpdate) {
+  nn::BatchNorm1d bn(2, {.dtype = DType::f64});
+  Tensor x = from_vector(std::vector<double>{1, 2, 3, 6, 5, 10}, {3, 2}, {.dtype = DType::f64});
+  std::vector<double> y = bn(x).to_vector<double>();
+  const double eps = 1e-5;
+  const double want_train[6] = {(1 - 3) / std::sqrt(8.0 / 3 + eps), (2 - 6) / std::sqrt(32.0 / 3 + eps),
+                                0.0, 0.0,
+                                (5 - 3) / std::sqrt(8.0 / 3 + eps), (10 - 6) / std::sqrt(32.0 / 3 + eps)};
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(y[i], want_train[i], 1e-12) << i;
+  const std::vector<double> rm = bn.running_mean.to_vector<double>(), rv = bn.running_var.to_vector<double>();
+  EXPECT_NEAR(rm[0], 0.3, 1e-15);
+  EXPECT_NEAR(rm[1], 0.6, 1e-15);
+  EXPECT_NEAR(rv[0], 1.3, 1e-15);
+  EXPECT_NEAR(rv[1], 2.5, 1e-15);
+  EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), 1);
+  // Evaluation normalizes by the running statistics and leaves them alone.
+  bn.eval();
+  std::vector<double> e = bn(x).to_vector<double>();
+  EXPECT_NEAR(e[0], (1 - 0.3) / std::sqrt(1.3 + eps), 1e-12);
+  EXPECT_NEAR(e[5], (10 - 0.6) / std::sqrt(2.5 + eps), 1e-12);
+  EXPECT_NEAR(bn.running_mean.to_vector<double>()[0], 0.3, 1e-15);
+  // The buffers are in the state_dict under PyTorch's names.
+  std::vector<std::string> names;
+  for (const auto& [n, t] : bn.state_dict()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}));
+  // 2-D: statistics over (N, H, W) per channel
+  nn::BatchNorm2d bn2(3);
+  Tensor img = randn({4, 3, 5, 5});
+  Tensor out = bn2(img);
+  std::vector<double> per_channel_mean = mean(out, {0, 2, 3}).to_vector<double>();
+  for (double m : per_channel_mean) EXPECT_NEAR(m, 0.0, 1e-5);
+  EXPECT_THROW(bn2(randn({4, 3, 5})), Error);
+  EXPECT_THROW(nn::BatchNorm1d(2)(randn({1, 2})), Error);  // one value per channel cannot train
+}
+
+TEST(Conv1d, IsConv2dOnAUnitHeight) {
+  manual_seed(3);
+  nn::Conv1d conv(3, 4, 3, {.padding = 1, .dtype = DType::f64});
+  Tensor x = randn({2, 3, 6}, {.dtype = DType::f64});
+  Tensor y = conv(x);
+  EXPECT_EQ(y.sizes(), (Shape{2, 4, 6}));
+  // out[n, o, t] = b[o] + Σ_{c, k} w[o, c, k] x[n, c, t + k - 1], written out for one element
+  const auto w = conv.weight.to_vector<double>(), b = conv.bias.to_vector<double>(), xv = x.to_vector<double>();
+  double want = b[1];
+  for (int c = 0; c < 3; ++c)
+    for (int k = 0; k < 3; ++k) {
+      const int t = 2 + k - 1;
+      want += w[size_t((1 * 3 + c) * 3 + k)] * xv[size_t((1 * 3 + c) * 6 + t)];
+    }
+  EXPECT_NEAR(y.to_vector<double>()[size_t((1 * 4 + 1) * 6 + 2)], want, 1e-12);
+  EXPECT_THROW(conv(randn({2, 2, 6}, {.dtype = DType::f64})), Error);
+}
+
+TEST(GatedUnits, GluAndSwigluOfTheTwoHalves) {
+  Tensor x = from_vector(std::vector<double>{1.0, -2.0, 0.5, 3.0}, {1, 4}, {.dtype = DType::f64});
+  const auto g = F::glu(x).to_vector<double>(), s = F::swiglu(x).to_vector<double>();
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  EXPECT_DOUBLE_EQ(g[0], 1.0 * sig(0.5));
+  EXPECT_DOUBLE_EQ(g[1], -2.0 * sig(3.0));
+  EXPECT_DOUBLE_EQ(s[0], 1.0 * sig(1.0) * 0.5);
+  EXPECT_DOUBLE_EQ(s[1], -2.0 * sig(-2.0) * 3.0);
+  EXPECT_THROW(F::glu(ones({3})), Error);
 }
 
 }  // namespace

@@ -85,6 +85,17 @@ inline std::vector<OpCase> cases() {
       {"masked_fill", {{2, 3}}, [](const Inputs& x) { return masked_fill(x[0], mask({1, 0, 0, 1, 1, 0}, {2, 3}), -2.5); }},
       {"masked_fill", {{2, 3}}, [](const Inputs& x) { return masked_fill(x[0], mask({0, 1, 1}, {3}), 0.0); }},
       {"silu", {{3, 4}}, [](const Inputs& x) { return F::silu(x[0]); }},
+      {"glu", {{3, 4}}, [](const Inputs& x) { return F::glu(x[0]); }},
+      {"swiglu", {{2, 3, 6}}, [](const Inputs& x) { return F::swiglu(x[0]); }},
+      {"conv1d", {{2, 3, 7}, {4, 3, 3}, {4}}, [](const Inputs& x) {
+         return F::conv1d(x[0], x[1], x[2], {.stride = 2, .padding = 1});
+       }},
+      {"batch_norm", {{4, 3}, {3}, {3}}, [](const Inputs& x) {
+         return F::batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], /*training=*/true);
+       }},
+      {"batch_norm", {{2, 3, 2, 2}}, [](const Inputs& x) {
+         return F::batch_norm(x[0], Tensor(), Tensor(), Tensor(), Tensor(), /*training=*/true);
+       }},
       {"rms_norm", {{3, 6}, {6}}, [](const Inputs& x) { return F::rms_norm(x[0], {6}, x[1], 1e-5); }},
       {"rms_norm", {{2, 2, 3}}, [](const Inputs& x) { return F::rms_norm(x[0], {2, 3}); }},
       {"nll_loss", {{4, 5}}, [](const Inputs& x) { return F::nll_loss(x[0], idx({1, 0, 4, 2}, {4})); }},

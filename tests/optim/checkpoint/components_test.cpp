@@ -10,6 +10,7 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/core/stateful.h>
+#include <kiln/nn/batch_norm.h>
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
@@ -193,6 +194,23 @@ TEST(CheckpointComponents, VersionOneFilesStillLoad) {
     EXPECT_EQ(opt.state(i).step, 3);
     EXPECT_TRUE(opt.state(i).tensors.at("exp_avg").defined());
   }
+}
+
+TEST(CheckpointComponents, BatchNormRunningStatisticsRoundTrip) {
+  const std::string path = scratch("batch_norm");
+  nn::BatchNorm1d saved(3);
+  for (int step = 0; step < 3; ++step) saved(randn({8, 3}));
+  save_checkpoint(path, saved, SavedComponents{}, {}, 3);
+  nn::BatchNorm1d loaded(3);
+  load_checkpoint(path, loaded, LoadedComponents{});
+  std::filesystem::remove(path);
+  EXPECT_EQ(loaded.running_mean.to_vector<float>(), saved.running_mean.to_vector<float>());
+  EXPECT_EQ(loaded.running_var.to_vector<float>(), saved.running_var.to_vector<float>());
+  EXPECT_EQ(loaded.num_batches_tracked.item<int64_t>(), 3);
+  loaded.eval();
+  saved.eval();
+  Tensor x = randn({4, 3});
+  EXPECT_EQ(loaded(x).to_vector<float>(), saved(x).to_vector<float>());
 }
 
 }  // namespace
