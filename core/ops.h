@@ -2,6 +2,7 @@
 // Differentiable tensor operations. Each validates its inputs (throwing kiln::Error that names the op,
 // shapes, dtypes and devices), computes through the kernels of its device (core/kernels/) and, when grad mode is on and
 // an input requires grad, records a node for the backward pass.
+#include <tuple>
 #include <vector>
 
 #include <kiln/core/tensor.h>
@@ -65,6 +66,14 @@ Tensor cumsum(const Tensor& a, int64_t dim);  // inclusive running sum along dim
 bool all_true(const Tensor& a);  // host bool: every element nonzero
 // Sums a broadcast gradient back to `shape` (the reverse of expand).
 Tensor sum_to(const Tensor& a, const Shape& shape);
+
+// ---- sorting (core/ops_sort.cpp): stable, NaN sorts as the largest value, as PyTorch's ----
+// The indices (i64) that sort a along dim.
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+// Sorted values and their indices; the values' gradient goes back to the positions they came from.
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false);
+// The k largest (or smallest) values along dim, in order, and their indices.
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true);
 
 // ---- linear algebra ----
 // NumPy matmul: 1-D operands are promoted and the added dim removed; batch dims broadcast.

@@ -11,6 +11,7 @@
 #include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
 
@@ -212,60 +213,27 @@ Tensor GPT::generate(const Tensor& idx_in, int64_t max_new_tokens, double temper
   NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();
-  const int64_t B = idx_in.size(0), V = config_.vocab_size;
-  // Tokens live on the host (a few hundred at most per row); each step uploads the context window.
-  std::vector<int64_t> tokens = idx_in.to_vector<int64_t>();
-  int64_t T = idx_in.size(1);
-  std::vector<double> p(static_cast<size_t>(V));
+  const int64_t V = config_.vocab_size;
+  // nanoGPT's loop with the library's ops, on the model's device: the last position's logits / temperature,
+  // everything below the top_k-th largest masked to -inf (topk), softmax, one draw per row (multinomial).
+  Tensor idx = cast(idx_in, DType::i64);
   try {
     for (int64_t step = 0; step < max_new_tokens; ++step) {
-      const int64_t ctx = std::min(T, config_.block_size);
-      std::vector<int64_t> window(static_cast<size_t>(B * ctx));
-      for (int64_t b = 0; b < B; ++b)
-        std::copy_n(tokens.begin() + b * T + (T - ctx), ctx, window.begin() + b * ctx);
-      Tensor input = from_vector(window, {B, ctx}).to(idx_in.device());
-      Tensor last = forward(input).select(1, ctx - 1);  // (B, V)
-      std::vector<double> logits = last.to_vector<double>();
-      std::vector<int64_t> next(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        const double* row = logits.data() + b * V;
-        double cutoff = -std::numeric_limits<double>::infinity();
-        if (top_k > 0 && top_k < V) {
-          std::vector<double> sorted(row, row + V);
-          std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
-          cutoff = sorted[size_t(top_k - 1)];
-        }
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t v = 0; v < V; ++v)
-          if (row[v] >= cutoff) mx = std::max(mx, row[v]);
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += (p[size_t(v)] = row[v] >= cutoff ? std::exp((row[v] - mx) / temperature) : 0.0);
-        // Inverse-CDF sampling with a 53-bit uniform from the generator.
-        const double u = (double(gen.next_u32() >> 5) * 67108864.0 + double(gen.next_u32() >> 6)) / 9007199254740992.0;
-        double acc = 0, target = u * z;
-        int64_t choice = -1;
-        for (int64_t v = 0; v < V; ++v) {
-          if (p[size_t(v)] <= 0) continue;
-          choice = v;  // the last token with probability > 0, should rounding leave target beyond the sum
-          acc += p[size_t(v)];
-          if (acc > target) break;
-        }
-        next[size_t(b)] = choice;
+      const int64_t T = idx.size(1), ctx = std::min(T, config_.block_size);
+      Tensor logits = div(cast(forward(idx.narrow(1, T - ctx, ctx)).select(1, ctx - 1), DType::f32), temperature);
+      if (top_k > 0 && top_k < V) {
+        Tensor kth = std::get<0>(topk(logits, top_k, -1)).narrow(1, top_k - 1, 1);  // (B, 1)
+        logits = masked_fill(logits, lt(logits, kth), -std::numeric_limits<double>::infinity());
       }
-      std::vector<int64_t> grown(static_cast<size_t>(B * (T + 1)));
-      for (int64_t b = 0; b < B; ++b) {
-        std::copy_n(tokens.begin() + b * T, T, grown.begin() + b * (T + 1));
-        grown[size_t(b * (T + 1) + T)] = next[size_t(b)];
-      }
-      tokens.swap(grown);
-      ++T;
+      Tensor next = multinomial(softmax(logits, -1), 1, /*replacement=*/false, &gen);  // (B, 1)
+      idx = cat({idx, next}, 1);
     }
   } catch (...) {
     train(was_training);
     throw;
   }
   train(was_training);
-  return from_vector(tokens, {B, T}).to(idx_in.device());
+  return idx_in.dtype() == DType::i64 ? idx : cast(idx, idx_in.dtype());
 }
 
 GPT::ParameterGroups GPT::parameter_groups() const {

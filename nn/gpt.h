@@ -97,7 +97,8 @@ class GPT : public Module {
 
   // Appends max_new_tokens sampled tokens to idx (B, T): each step feeds the last block_size tokens,
   // divides the last position's logits by temperature, keeps the top_k largest (0: all), and samples from
-  // the softmax with `generator` (null: the default generator). Runs in eval mode without recording
+  // the softmax with `generator` (null: the default generator) through topk and multinomial, on idx's
+  // device. Runs in eval mode without recording
   // gradients (the training mode is restored afterwards); returns (B, T + max_new_tokens) on idx's device.
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, double temperature = 1.0, int64_t top_k = 0,
                   Generator* generator = nullptr);

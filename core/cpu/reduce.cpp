@@ -1,6 +1,7 @@
 // Row reductions on the CPU: sum/max/min/argmax over the last dim of a contiguous (M, R) tensor,
 // accumulating in double. Rows run in parallel; a single long row is split into fixed blocks whose partial
 // sums are added in order, so results never depend on the number of threads.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -109,6 +110,38 @@ void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
           y[row + k] = scalar_t(acc[size_t(k)]);
         }
       }
+    });
+  });
+}
+}  // namespace kernels
+
+namespace kernels {  // declared next to its op, core/ops_sort.cpp
+// argsort_rows: each row's indices stably sorted by value, NaN last ascending (first descending), as
+// PyTorch orders NaN as the largest value; rows in parallel.
+void argsort_rows(const Tensor& in, const Tensor& out, bool descending) {
+  const int64_t M = in.size(0), C = in.size(1);
+  int64_t* idx = static_cast<int64_t*>(out.raw_data());
+  KILN_DISPATCH_ALL(in.dtype(), "argsort", {
+    const scalar_t* x = static_cast<const scalar_t*>(in.raw_data());
+    parallel_for(M, C * 16, [&](int64_t m) {
+      const scalar_t* row = x + m * C;
+      int64_t* order = idx + m * C;
+      for (int64_t c = 0; c < C; ++c) order[c] = c;
+      // NaN compares as the largest value; ties keep their order (stable). Integers compare exactly.
+      auto less = [&](int64_t i, int64_t j) {
+        if constexpr (std::is_integral_v<scalar_t>) {
+          return row[i] < row[j];
+        } else {
+          const double a = double(row[i]), b = double(row[j]);
+          if (std::isnan(a)) return false;
+          if (std::isnan(b)) return true;
+          return a < b;
+        }
+      };
+      if (descending)
+        std::stable_sort(order, order + C, [&](int64_t i, int64_t j) { return less(j, i); });
+      else
+        std::stable_sort(order, order + C, less);
     });
   });
 }

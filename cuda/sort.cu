@@ -1,0 +1,86 @@
+// argsort_rows on the GPU (declared next to its op, core/ops_sort.cpp): a stable segmented sort of
+// (key, index) pairs, one segment per row, with CUB's DeviceSegmentedSort. Keys are the values widened to
+// f32 (f64 for f64, i64 for integers: both order-preserving), NaN made the canonical positive NaN, which
+// CUB's radix order puts after +inf, so NaN is the largest value as on the CPU and in PyTorch.
+#include <cub/device/device_segmented_sort.cuh>
+
+#include <kiln/core/kernel.h>
+#include <kiln/core/tensor.h>
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+
+namespace kiln::cuda {
+
+namespace {
+
+template <class S, class K>
+__global__ void sort_keys_kernel(const S* in, K* keys, int64_t* index, int* offsets, int64_t n, int64_t C, int64_t M) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    K k = convert<K>(in[i]);
+    if constexpr (std::is_floating_point_v<K>) {
+      if (isnan(k)) k = K(NAN);  // the canonical NaN is positive: after +inf in radix order
+    }
+    keys[i] = k;
+    index[i] = i % C;
+  }
+  for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m <= M; m += int64_t(gridDim.x) * blockDim.x)
+    offsets[m] = int(m * C);
+}
+
+template <class K>
+void sort_pairs(const Tensor& keys_in, const Tensor& index_in, const Tensor& out, const Tensor& offsets, int64_t n,
+                int64_t M, bool descending) {
+  Tensor keys_out = empty(keys_in.sizes(), {.dtype = keys_in.dtype(), .device = keys_in.device()});
+  const K* kin = static_cast<const K*>(keys_in.raw_data());
+  K* kout = static_cast<K*>(keys_out.raw_data());
+  const int64_t* vin = static_cast<const int64_t*>(index_in.raw_data());
+  int64_t* vout = static_cast<int64_t*>(out.raw_data());
+  const int* off = static_cast<const int*>(offsets.raw_data());
+  size_t bytes = 0;
+  auto run = [&](void* temp) {
+    if (descending)
+      return cub::DeviceSegmentedSort::StableSortPairsDescending(temp, bytes, kin, kout, vin, vout, int(n), int(M), off,
+                                                                 off + 1, current_stream());
+    return cub::DeviceSegmentedSort::StableSortPairs(temp, bytes, kin, kout, vin, vout, int(n), int(M), off, off + 1,
+                                                     current_stream());
+  };
+  KILN_CUDA_CHECK(run(nullptr));
+  Tensor temp = empty({int64_t(std::max<size_t>(bytes, 1))}, {.dtype = DType::boolean, .device = keys_in.device()});
+  KILN_CUDA_CHECK(run(temp.raw_data()));
+}
+
+}  // namespace
+
+namespace kernels {
+
+void argsort_rows(const Tensor& in, const Tensor& out, bool descending) {
+  NvtxRange range("argsort");
+  const int64_t M = in.size(0), C = in.size(1), n = in.numel();
+  KILN_CHECK(in.device().is_cuda() && out.device() == in.device() && in.is_contiguous() && out.is_contiguous() &&
+                 out.dtype() == DType::i64 && out.sizes() == in.sizes(),
+             "argsort: expected contiguous (M, C) tensors on one device and i64 indices, got ", in.str(), " and ",
+             out.str());
+  KILN_CHECK(n < (int64_t(1) << 31), "argsort: ", in.str(), " has more than 2^31 elements, more than the GPU sort takes");
+  if (n == 0) return;
+  DeviceGuard guard(in.device().index);
+  Tensor index = empty({n}, {.dtype = DType::i64, .device = in.device()});
+  Tensor offsets = empty({M + 1}, {.dtype = DType::i32, .device = in.device()});
+  // One key type per dtype: f64 for f64, f32 for the other floats, i64 for integers and bool.
+  KILN_CUDA_DISPATCH_ALL(in.dtype(), "argsort", {
+    using D = device_t<scalar_t>;
+    using K = std::conditional_t<std::is_same_v<scalar_t, double>, double,
+                                 std::conditional_t<std::is_integral_v<scalar_t>, int64_t, float>>;
+    Tensor keys = empty({n}, {.dtype = dtype_of<K>::value, .device = in.device()});
+    sort_keys_kernel<D, K><<<blocks_for(std::max(n, M + 1)), 256, 0, current_stream()>>>(
+        static_cast<const D*>(in.raw_data()), static_cast<K*>(keys.raw_data()), static_cast<int64_t*>(index.raw_data()),
+        static_cast<int*>(offsets.raw_data()), n, C, M);
+    KILN_LAUNCH_CHECK("sort_keys_kernel", "argsort");
+    sort_pairs<K>(keys, index, out, offsets, n, M, descending);
+  });
+}
+
+}  // namespace kernels
+
+}  // namespace kiln::cuda
