@@ -1,6 +1,7 @@
 // argsort / sort / topk on the GPU against the CPU: every dtype, ties, NaN, a GPT-2-sized row.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include <kiln/core/ops.h>
