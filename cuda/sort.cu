@@ -1,7 +1,10 @@
 // argsort_rows on the GPU (declared next to its op, core/ops_sort.cpp): a stable segmented sort of
-// (key, index) pairs, one segment per row, with CUB's DeviceSegmentedSort. Keys are the values widened to
-// f32 (f64 for f64, i64 for integers: both order-preserving), NaN made the canonical positive NaN, which
-// CUB's radix order puts after +inf, so NaN is the largest value as on the CPU and in PyTorch.
+// (key, index) pairs, one segment per row, with CUB's DeviceSegmentedSort. Keys are unsigned integers
+// whose order is the values' (the radix "twiddle": a float's bits with the sign bit set for positives and
+// every bit flipped for negatives; an integer's with its sign bit flipped), -0 made +0 and every NaN the
+// positive quiet NaN, whose key is above +inf's: NaN is the largest value, as on the CPU and in PyTorch.
+// Floats are not compared as floats: CUB sorts small segments by comparison, where NaN would break the
+// order (it did: duplicated indices).
 #include <cub/device/device_segmented_sort.cuh>
 
 #include <kiln/core/kernel.h>
@@ -15,14 +18,30 @@ namespace kiln::cuda {
 
 namespace {
 
+// The key type of a value type: 64 bits for double and the integers, 32 for the other floats.
+template <class S>
+using key_t = std::conditional_t<std::is_same_v<S, double> || std::is_integral_v<S>, unsigned long long, unsigned>;
+
+// The order-preserving unsigned key of a value (see the top of the file).
+template <class S>
+__device__ __forceinline__ key_t<S> order_key(S v) {
+  if constexpr (std::is_same_v<S, double>) {
+    // -0 and +0 are one value (the CPU's comparison ties them): both get +0's key
+    unsigned long long u = isnan(v) ? 0x7ff8000000000000ull : (v == 0.0 ? 0ull : __double_as_longlong(v));
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+  } else if constexpr (std::is_integral_v<S>) {
+    return static_cast<unsigned long long>(static_cast<long long>(v)) ^ 0x8000000000000000ull;
+  } else {  // float, __half, __nv_bfloat16: through f32, which orders them exactly
+    const float f = convert<float>(v);
+    unsigned u = isnan(f) ? 0x7fc00000u : (f == 0.0f ? 0u : __float_as_uint(f));
+    return (u >> 31) ? ~u : (u | 0x80000000u);
+  }
+}
+
 template <class S, class K>
 __global__ void sort_keys_kernel(const S* in, K* keys, int64_t* index, int* offsets, int64_t n, int64_t C, int64_t M) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    K k = convert<K>(in[i]);
-    if constexpr (std::is_floating_point_v<K>) {
-      if (isnan(k)) k = K(NAN);  // the canonical NaN is positive: after +inf in radix order
-    }
-    keys[i] = k;
+    keys[i] = order_key(in[i]);
     index[i] = i % C;
   }
   for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m <= M; m += int64_t(gridDim.x) * blockDim.x)
@@ -67,12 +86,11 @@ void argsort_rows(const Tensor& in, const Tensor& out, bool descending) {
   DeviceGuard guard(in.device().index);
   Tensor index = empty({n}, {.dtype = DType::i64, .device = in.device()});
   Tensor offsets = empty({M + 1}, {.dtype = DType::i32, .device = in.device()});
-  // One key type per dtype: f64 for f64, f32 for the other floats, i64 for integers and bool.
+  // One key type per dtype: 64-bit keys for f64 and the integers, 32-bit for the other floats.
   KILN_CUDA_DISPATCH_ALL(in.dtype(), "argsort", {
     using D = device_t<scalar_t>;
-    using K = std::conditional_t<std::is_same_v<scalar_t, double>, double,
-                                 std::conditional_t<std::is_integral_v<scalar_t>, int64_t, float>>;
-    Tensor keys = empty({n}, {.dtype = dtype_of<K>::value, .device = in.device()});
+    using K = key_t<D>;
+    Tensor keys = empty({n}, {.dtype = sizeof(K) == 8 ? DType::i64 : DType::i32, .device = in.device()});
     sort_keys_kernel<D, K><<<blocks_for(std::max(n, M + 1)), 256, 0, current_stream()>>>(
         static_cast<const D*>(in.raw_data()), static_cast<K*>(keys.raw_data()), static_cast<int64_t*>(index.raw_data()),
         static_cast<int*>(offsets.raw_data()), n, C, M);
