@@ -509,32 +509,26 @@ Tensor Tensor::sum() const { return kiln::sum(*this); }
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::sum(*this, dims, keepdim); }
 Tensor Tensor::mean() const { return kiln::mean(*this); }
 Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::mean(*this, dims, keepdim); }
-Tensor Tensor::max() const { return kiln::amax(*this); }
-std::tuple<Tensor, Tensor> Tensor::max(int64_t d, bool keepdim) const {
-  Tensor index = kiln::argmax(*this, d, /*keepdim=*/true);
-  Tensor values = kiln::gather(*this, d < 0 ? d + std::max<int64_t>(dim(), 1) : d, index);
-  if (!keepdim) {
-    const int64_t w = d < 0 ? d + dim() : d;
-    values = values.squeeze(w);
-    index = index.squeeze(w);
-  }
-  return {values, index};
-}
-Tensor Tensor::min() const { return kiln::amin(*this); }
-std::tuple<Tensor, Tensor> Tensor::min(int64_t d, bool keepdim) const {
+namespace {
+// max(dim) / min(dim): the index of the first extremum (argmax; of -a for the minimum, without recording),
+// and the values gathered there, so the gradient goes to that index only (LibTorch's semantics).
+std::tuple<Tensor, Tensor> extremum_along(const Tensor& a, int64_t d, bool keepdim, bool largest) {
   Tensor index;
   {
     NoGradGuard ng;
-    index = kiln::argmax(kiln::neg(*this), d, /*keepdim=*/true);  // the first minimum
+    index = kiln::argmax(largest ? a : kiln::neg(a), d, /*keepdim=*/true);
   }
-  Tensor values = kiln::gather(*this, d < 0 ? d + std::max<int64_t>(dim(), 1) : d, index);
-  if (!keepdim) {
-    const int64_t w = d < 0 ? d + dim() : d;
-    values = values.squeeze(w);
-    index = index.squeeze(w);
-  }
+  const int64_t w = wrap_dim(d, std::max<int64_t>(a.dim(), 1), largest ? "max" : "min");
+  Tensor values = kiln::gather(a, w, index);
+  if (!keepdim) return {values.squeeze(w), index.squeeze(w)};
   return {values, index};
 }
+}  // namespace
+
+Tensor Tensor::max() const { return kiln::amax(*this); }
+std::tuple<Tensor, Tensor> Tensor::max(int64_t d, bool keepdim) const { return extremum_along(*this, d, keepdim, true); }
+Tensor Tensor::min() const { return kiln::amin(*this); }
+std::tuple<Tensor, Tensor> Tensor::min(int64_t d, bool keepdim) const { return extremum_along(*this, d, keepdim, false); }
 Tensor Tensor::argmax(int64_t d, bool keepdim) const { return kiln::argmax(*this, d, keepdim); }
 Tensor Tensor::argmax() const { return kiln::argmax(reshape({-1}), 0, false); }
 Tensor Tensor::var(const std::vector<int64_t>& dims, int64_t correction, bool keepdim) const {
