@@ -167,7 +167,7 @@ TEST(CheckpointComponents, MisfitStateIsRefusedAndNothingChanges) {
   std::filesystem::remove(path);
 }
 
-// tests/optim/checkpoint/data/v1_checkpoint.h5 was written by Kiln at 0011c20 (checkpoint version 1):
+// tests/optim/checkpoint/data/v1_checkpoint.h5 was written by Kiln at bc6fda7 (checkpoint version 1):
 // Linear(3, 2) after manual_seed(11), AdamW(lr 0.01, weight_decay 0.1) and CosineWithWarmup(opt, 2, 10,
 // 0.001) stepped 3 times on randn((4, 3)) batches from Generator(5) (loss sum(y²)), a default GradScaler,
 // step 3, metadata note = "v1 fixture", epoch = 3. The values below are what that run printed.
