@@ -543,6 +543,25 @@ Tensor Tensor::lt(const Tensor& o) const { return kiln::lt(*this, o); }
 Tensor Tensor::le(const Tensor& o) const { return kiln::le(*this, o); }
 Tensor Tensor::gt(const Tensor& o) const { return kiln::gt(*this, o); }
 Tensor Tensor::ge(const Tensor& o) const { return kiln::ge(*this, o); }
+Tensor Tensor::isfinite() const { return kiln::isfinite(*this); }
+Tensor Tensor::maximum(const Tensor& o) const { return kiln::maximum(*this, o); }
+Tensor Tensor::minimum(const Tensor& o) const { return kiln::minimum(*this, o); }
+Tensor Tensor::where(const Tensor& condition, const Tensor& other) const { return kiln::where(condition, *this, other); }
+Tensor Tensor::amax(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::amax(*this, dims, keepdim); }
+Tensor Tensor::amin(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::amin(*this, dims, keepdim); }
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const { return kiln::split(*this, split_size, d); }
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const { return kiln::chunk(*this, chunks, d); }
+Tensor Tensor::index_select(int64_t d, const Tensor& index) const { return kiln::index_select(*this, d, index); }
+Tensor Tensor::gather(int64_t d, const Tensor& index) const { return kiln::gather(*this, d, index); }
+Tensor Tensor::index_add(int64_t d, const Tensor& index, const Tensor& source) const {
+  return kiln::index_add(*this, d, index, source);
+}
+Tensor Tensor::scatter_add(int64_t d, const Tensor& index, const Tensor& source) const {
+  return kiln::scatter_add(*this, d, index, source);
+}
+Tensor Tensor::argsort(int64_t d, bool descending) const { return kiln::argsort(*this, d, descending); }
+std::tuple<Tensor, Tensor> Tensor::sort(int64_t d, bool descending) const { return kiln::sort(*this, d, descending); }
+std::tuple<Tensor, Tensor> Tensor::topk(int64_t k, int64_t d, bool largest) const { return kiln::topk(*this, k, d, largest); }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
