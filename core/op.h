@@ -8,8 +8,10 @@
 //     ... checks ...
 //     Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
 //     kernels::cumsum(a.contiguous(), dim, out);
-//     if (any_requires_grad({a}))
-//       record("cumsum", {a}, {out}, [dim](const Grads& g) { return Grads{flip(cumsum(flip(g[0])))}; });
+//     if (any_requires_grad({a}))  // the reverse running sum: Σ_{i>=j} g_i = Σ_i g_i - cumsum(g)_j + g_j
+//       record("cumsum", {a}, {out}, [dim](const Grads& g) {
+//         return Grads{add(sub(sum(g[0], {dim}, true), cumsum(g[0], dim)), g[0])};
+//       });
 //     return out;
 //   }
 //

@@ -7,6 +7,12 @@ namespace kiln {
 
 namespace {
 
+// True where a weight is not finite or is negative: not (finite and >= 0).
+Tensor invalid_weight(const Tensor& p, const Tensor& zero) {
+  return eq(mul(cast(isfinite(p), DType::i64), cast(ge(p, zero), DType::i64)),
+            zeros({}, {.dtype = DType::i64, .device = p.device()}));
+}
+
 // One index per (row, draw): u ~ U[0, total) per draw, and the index is the number of categories whose
 // running sum is <= u, so category j is drawn for u in [cdf[j-1], cdf[j]): with probability p_j / total,
 // and never when p_j = 0. cdf (N, C) in the compute dtype; returns (N, n) i64.
@@ -34,12 +40,15 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
   // f64 on the host (the CPU computes in double anyway), f32 on the GPU: the running sums' dtype
   const DType compute = probs.device().is_cpu() || probs.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor p = cast(probs.dim() == 1 ? probs.unsqueeze(0) : probs, compute);
-  KILN_CHECK(all_true(isfinite(p)) && all_true(ge(p, zeros({}, {.dtype = compute, .device = p.device()}))),
-             "multinomial: weights must be finite and non-negative, got ", probs.str());
-  const Tensor positive = sum(cast(gt(p, zeros({}, {.dtype = compute, .device = p.device()})), DType::i64), {1});
+  // Both checks in one read from the device (generate calls this once per token): the number of weights
+  // that are not finite or negative, and the fewest positive weights of any row.
+  const Tensor zero = zeros({}, {.dtype = compute, .device = p.device()});
+  const Tensor bad = sum(cast(invalid_weight(p, zero), DType::i64));
+  const Tensor fewest = amin(sum(cast(gt(p, zero), DType::i64), {1}));
+  const std::vector<int64_t> counts = stack({bad, fewest}).to_vector<int64_t>();
+  KILN_CHECK(counts[0] == 0, "multinomial: weights must be finite and non-negative, got ", probs.str());
   const int64_t need = replacement ? 1 : num_samples;
-  KILN_CHECK(all_true(ge(positive, full({}, double(need), {.dtype = DType::i64, .device = p.device()}))),
-             "multinomial: every row of ", probs.str(), " needs at least ", need,
+  KILN_CHECK(counts[1] >= need, "multinomial: every row of ", probs.str(), " needs at least ", need,
              " categories of nonzero weight to draw ", num_samples, replacement ? "" : " without replacement");
   Tensor out;
   if (replacement || num_samples == 1) {
