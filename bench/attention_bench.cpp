@@ -6,6 +6,9 @@
 // FLOPs (FA2's convention, matmuls only): forward 4·B·H·N²·D, halved when causal; forward+backward 3.5x
 // the forward (backward = 2.5x forward). Bytes: Q, K, V, O once (forward); plus dO, dQ, dK, dV and the
 // re-reads of Q, K, V, O, dO for forward+backward. bench/attention_torch.py times PyTorch's SDPA alike.
+// Rows tagged _keypad run the same shapes with a key padding mask (the last quarter of every sequence's
+// keys masked, as a (B, 1, 1, N) f32 bias broadcast over heads and queries), in the same process: the
+// masked kernels' cost beside the unmasked ones' (same FLOPs counted: every tile is still computed).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,12 +64,20 @@ int main(int argc, char** argv) {
           const double scale = 1.0 / std::sqrt(double(D));
           const double fwd_flops = 4.0 * double(B * H) * double(N) * double(N) * double(D) / (causal ? 2.0 : 1.0);
           const double tensor_bytes = double(B * H * N * D) * 2.0;
-          auto fwd = [&] { kernels::attention_forward(q, k, v, out, lse, causal, scale, 0.0, 0, 0); };
-          auto bwd = [&] { kernels::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0); };
+          Tensor padding = zeros({B, 1, 1, N}, {.dtype = DType::f32, .device = kGpu});
+          padding.narrow(3, N - N / 4, N / 4).fill_(-INFINITY);
+          const Tensor keypad = padding.expand({B, H, N, N});
           const int iters = N >= 8192 ? 10 : 20;
-          report("attention_fwd" + tag, bench::median_ms(fwd, 3, iters, 1), 4 * tensor_bytes, fwd_flops);
-          report("attention_fwdbwd" + tag, bench::median_ms([&] { fwd(); bwd(); }, 3, iters, 1), 13 * tensor_bytes,
-                 3.5 * fwd_flops);
+          for (const Tensor& bias : {Tensor(), keypad}) {
+            const std::string suffix = tag + (bias.defined() ? "_keypad" : "");
+            auto fwd = [&] { kernels::attention_forward(q, k, v, bias, out, lse, causal, scale, 0.0, 0, 0); };
+            auto bwd = [&] {
+              kernels::attention_backward(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0);
+            };
+            report("attention_fwd" + suffix, bench::median_ms(fwd, 3, iters, 1), 4 * tensor_bytes, fwd_flops);
+            report("attention_fwdbwd" + suffix, bench::median_ms([&] { fwd(); bwd(); }, 3, iters, 1),
+                   13 * tensor_bytes, 3.5 * fwd_flops);
+          }
         } catch (const std::exception& e) {
           std::printf("BENCH_ERROR attention%s %s\n", tag.c_str(), e.what());
         }

@@ -158,8 +158,8 @@ void check_dims(const Tensor& q, const Tensor& k, const char* op) {
 
 }  // namespace
 
-void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                    const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
+void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                 const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
                                     uint64_t offset) {
   NvtxRange range("attention_forward");
   DeviceGuard guard(q.device().index);
@@ -170,7 +170,7 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
   // scale > 0: the kernel takes row maxima on the raw scores (the fallback takes any scale)
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
-                H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop};
+                H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop, bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v})) {
       launch_fwd_sm90(p, B, q.dtype() == DType::bf16, D);
       return;
@@ -178,11 +178,11 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
     launch_fwd_mma(p, B, q.dtype() == DType::bf16, D);
     return;
   }
-  attention_forward_generic(q, k, v, out, lse, causal, scale, drop);
+  attention_forward_generic(q, k, v, bias, out, lse, causal, scale, drop);
 }
 
 void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
                                      uint64_t offset) {
   NvtxRange range("attention_backward");
@@ -217,7 +217,7 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     BwdParams p{head_view(q), head_view(k), head_view(v), head_view(dout), head_view(dk), head_view(dv),
                 static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
-                causal, drop};
+                causal, drop, bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v, &dout})) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
     if (rows > 0 && rows_aligned(dq)) {
@@ -239,7 +239,7 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     }
     return;
   }
-  attention_backward_generic(dout, q, k, v, out, lse, dsum, dq, dk, dv, causal, scale, drop);
+  attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, causal, scale, drop);
 }
 
 }  // namespace kiln::cuda

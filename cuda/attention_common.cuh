@@ -23,6 +23,23 @@ struct HeadView {
 };
 inline HeadView head_view(const Tensor& t) { return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}; }
 
+// The additive score bias (kernels::attention_forward) in the stat dtype: element (i, j) of head bh at
+// ptr[(bh / H)·sb + (bh % H)·sh + i·sq + j·sk] (stride 0 on broadcast dims); ptr == nullptr: none.
+struct BiasView {
+  const void* ptr;
+  int64_t sb, sh, sq, sk;
+  int H;
+};
+inline BiasView bias_view(const Tensor& t) {
+  if (!t.defined()) return {nullptr, 0, 0, 0, 0, 1};
+  return {t.raw_data(), t.stride(0), t.stride(1), t.stride(2), t.stride(3), int(t.size(1))};
+}
+// The bias row of query i in head bh (index it by j·sk).
+template <class S = float>
+__device__ __forceinline__ const S* bias_row(const BiasView& b, int64_t bh, int64_t i) {
+  return static_cast<const S*>(b.ptr) + (bh / b.H) * b.sb + (bh % b.H) * b.sh + i * b.sq;
+}
+
 // Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
 // offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (kernels::attention_forward).
 struct DropoutArgs {
@@ -92,6 +109,7 @@ struct FwdParams {
   float scale_log2;  // scale · log2(e), > 0
   bool causal;
   DropoutArgs drop;
+  BiasView bias;  // f32
 };
 
 // The backward kernels' arguments.
@@ -104,6 +122,7 @@ struct BwdParams {
   float scale, scale_log2;
   bool causal;
   DropoutArgs drop;
+  BiasView bias;  // f32
 };
 
 // The Hopper (sm_90a: wgmma) kernels, built when the CUDA architectures include 90 (KILN_WITH_SM90A).
@@ -120,11 +139,11 @@ void launch_bwd_mma(const BwdParams& p, int B, bool is_bf16, int D);
 // The generic kernels: any float dtype, head dim up to 32 · kMaxPerLane, any strides; lse and dsum
 // (B, H, Tq) in the stat dtype. attention_dsum_generic: dsum = D_i = Σ_d dO_id O_id.
 constexpr int kMaxPerLane = 8;  // values per lane of a warp-per-row kernel: D <= 256
-void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                               bool causal, double scale, const DropoutArgs& drop);
+void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& out,
+                               const Tensor& lse, bool causal, double scale, const DropoutArgs& drop);
 void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor& dsum);
 void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
+                                const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
                                 const Tensor& dk, const Tensor& dv, bool causal, double scale,
                                 const DropoutArgs& drop);
 

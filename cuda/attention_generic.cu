@@ -52,7 +52,14 @@ struct SimpleParams {
   double scale;
   bool causal;
   DropoutArgs drop;
+  BiasView bias;  // stat dtype
 };
+
+// The bias of score (i, j) of head bh, 0 without one.
+template <class A>
+__device__ __forceinline__ A score_bias(const SimpleParams& p, int64_t bh, int64_t i, int64_t j) {
+  return p.bias.ptr ? bias_row<A>(p.bias, bh, i)[j * p.bias.sk] : A(0);
+}
 
 template <class T>
 __device__ __forceinline__ const T* row_ptr(const HeadView& v, int64_t bh, int H, int64_t i) {
@@ -95,7 +102,8 @@ __global__ void attention_fwd_simple_kernel(SimpleParams p) {
     A m = -INFINITY, l = 0;
     const int64_t n = p.causal ? min(i + 1, int64_t(p.Tk)) : int64_t(p.Tk);
     for (int64_t j = 0; j < n; ++j) {
-      const A s = dot_row(q, row_ptr<T>(p.k, bh, p.H, j), p.D, lane) * A(p.scale);
+      const A s = dot_row(q, row_ptr<T>(p.k, bh, p.H, j), p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j);
+      if (s == A(-INFINITY)) continue;  // a masked key adds nothing (and m may still be -inf)
       const A mn = s > m ? s : m;
       const A corr = exp_a(m - mn), e = exp_a(s - mn);
       l = l * corr + e;
@@ -109,8 +117,9 @@ __global__ void attention_fwd_simple_kernel(SimpleParams p) {
     T* orow = const_cast<T*>(row_ptr<T>(p.o, bh, p.H, i));
 #pragma unroll
     for (int c = 0; c < kMaxPerLane; ++c)
-      if (c * 32 + lane < p.D) orow[c * 32 + lane] = convert<T>(acc[c] / l);
-    if (lane == 0) static_cast<A*>(p.lse)[r] = m + log(l);
+      if (c * 32 + lane < p.D) orow[c * 32 + lane] = convert<T>(l > A(0) ? acc[c] / l : A(0));
+    // every key masked: O = 0 and lse = +inf, so that backward's P = exp(S - lse) is 0
+    if (lane == 0) static_cast<A*>(p.lse)[r] = l > A(0) ? m + log(l) : A(INFINITY);
   }
 }
 
@@ -133,7 +142,7 @@ __global__ void attention_dq_simple_kernel(SimpleParams p) {
     const int64_t n = p.causal ? min(i + 1, int64_t(p.Tk)) : int64_t(p.Tk);
     for (int64_t j = 0; j < n; ++j) {
       const T *kr = row_ptr<T>(p.k, bh, p.H, j), *vr = row_ptr<T>(p.v, bh, p.H, j);
-      const A pr = exp_a(dot_row(q, kr, p.D, lane) * A(p.scale) - lse);
+      const A pr = exp_a(dot_row(q, kr, p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j) - lse);
       const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
       const A ds = pr * (dot_row(dO, vr, p.D, lane) * z - Di);
 #pragma unroll
@@ -165,7 +174,7 @@ __global__ void attention_dkv_simple_kernel(SimpleParams p) {
     for (int64_t i = p.causal ? j : 0; i < p.Tq; ++i) {
       const T *qr = row_ptr<T>(p.q, bh, p.H, i), *dor = row_ptr<T>(p.dout, bh, p.H, i);
       const A lse = static_cast<const A*>(p.lse)[bh * p.Tq + i], Di = static_cast<const A*>(p.dsum)[bh * p.Tq + i];
-      const A pr = exp_a(dot_row(k, qr, p.D, lane) * A(p.scale) - lse);
+      const A pr = exp_a(dot_row(k, qr, p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j) - lse);
       const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
       const A ds = pr * (dot_row(v, dor, p.D, lane) * z - Di);
 #pragma unroll
@@ -193,11 +202,11 @@ unsigned simple_grid(int64_t rows) { return blocks_for(rows * 32, 256, 65535LL *
 
 namespace flash {
 
-void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                               bool causal, double scale, const DropoutArgs& drop) {
+void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& out,
+                               const Tensor& lse, bool causal, double scale, const DropoutArgs& drop) {
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), {}, {}, {}, {}, lse.raw_data(), nullptr,
-                 B, H, Tq, Tk, D, scale, causal, drop};
+                 B, H, Tq, Tk, D, scale, causal, drop, bias_view(bias)};
   KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_forward", {
     attention_fwd_simple_kernel<scalar_t><<<simple_grid(int64_t(B) * H * Tq), 256, 0, current_stream()>>>(p);
     KILN_LAUNCH_CHECK("attention_fwd_simple_kernel", "attention_forward");
@@ -215,14 +224,14 @@ void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor&
 }
 
 void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
+                                const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
                                 const Tensor& dk, const Tensor& dv, bool causal, double scale,
                                 const DropoutArgs& drop) {
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   const int64_t rows = int64_t(B) * H * Tq;
   SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), head_view(dout), head_view(dq),
                  head_view(dk), head_view(dv), lse.raw_data(), dsum.raw_data(), B, H, Tq, Tk, D, scale, causal,
-                 drop};
+                 drop, bias_view(bias)};
   KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
     if (rows > 0) {
       attention_dq_simple_kernel<scalar_t><<<simple_grid(rows), 256, 0, current_stream()>>>(p);

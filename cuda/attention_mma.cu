@@ -220,8 +220,11 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
       }
 
       // mask, online softmax in log2 units: the row max is taken on raw scores (scale > 0), and
-      // P = exp2(s·scale·log2e - max·scale·log2e) is one FFMA and one ex2 per element
-      const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
+      // P = exp2(s·scale·log2e - max·scale·log2e) is one FFMA and one ex2 per element. With a bias the
+      // scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
+      const bool biased = p.bias.ptr != nullptr;
+      const bool need_mask = biased || n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
+      const float sl = biased ? 1.f : p.scale_log2;
 #pragma unroll
       for (int mi = 0; mi < kFwdMTiles; ++mi) {
         const int row_lo = row_w + mi * 16 + g, row_hi = row_lo + 8;
@@ -233,7 +236,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
             float x = s[mi][nt][e];
             if (need_mask) {
               const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
-              if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+              if (col >= p.Tk || row >= p.Tq || (p.causal && col > row)) x = -INFINITY;
+              else if (biased) x = fmaf(x, p.scale_log2, bias_row(p.bias, bh, row)[col * p.bias.sk] * kLog2e);
             }
             s[mi][nt][e] = x;
             if (e < 2) mx_lo = fmaxf(mx_lo, x);
@@ -244,8 +248,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
           mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
           mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
         }
-        const float mn_lo = fmaxf(m_run[mi][0], mx_lo * p.scale_log2);
-        const float mn_hi = fmaxf(m_run[mi][1], mx_hi * p.scale_log2);
+        const float mn_lo = fmaxf(m_run[mi][0], mx_lo * sl);
+        const float mn_hi = fmaxf(m_run[mi][1], mx_hi * sl);
         const float base_lo = mn_lo == -INFINITY ? 0.f : mn_lo, base_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
         const float corr_lo = fast_exp2(m_run[mi][0] - base_lo), corr_hi = fast_exp2(m_run[mi][1] - base_hi);
         m_run[mi][0] = mn_lo;
@@ -253,10 +257,10 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
         float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          s[mi][nt][0] = fast_exp2(fmaf(s[mi][nt][0], p.scale_log2, -base_lo));
-          s[mi][nt][1] = fast_exp2(fmaf(s[mi][nt][1], p.scale_log2, -base_lo));
-          s[mi][nt][2] = fast_exp2(fmaf(s[mi][nt][2], p.scale_log2, -base_hi));
-          s[mi][nt][3] = fast_exp2(fmaf(s[mi][nt][3], p.scale_log2, -base_hi));
+          s[mi][nt][0] = fast_exp2(fmaf(s[mi][nt][0], sl, -base_lo));
+          s[mi][nt][1] = fast_exp2(fmaf(s[mi][nt][1], sl, -base_lo));
+          s[mi][nt][2] = fast_exp2(fmaf(s[mi][nt][2], sl, -base_hi));
+          s[mi][nt][3] = fast_exp2(fmaf(s[mi][nt][3], sl, -base_hi));
           sum_lo += s[mi][nt][0] + s[mi][nt][1];
           sum_hi += s[mi][nt][2] + s[mi][nt][3];
         }
@@ -331,8 +335,9 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
             pack2<T>(acc[mi][dt][2] * inv_hi, acc[mi][dt][3] * inv_hi);
     }
     if (t4 == 0) {
-      if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m_run[mi][0] + log2f(l_lo)) * kLn2;
-      if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m_run[mi][1] + log2f(l_hi)) * kLn2;
+      // a row whose keys are all masked: lse = +inf, so that backward's P is 0
+      if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = l_lo > 0.f ? (m_run[mi][0] + log2f(l_lo)) * kLn2 : INFINITY;
+      if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = l_hi > 0.f ? (m_run[mi][1] + log2f(l_hi)) * kLn2 : INFINITY;
     }
   }
 }
@@ -448,7 +453,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
     // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e), 0 where masked; straight away (few live registers) the
     // bf16/f16 operands Pᵀ ⊙ Z and dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query); dSᵀ also to shared memory (row = key,
     // col = query) for dQ.
-    const bool need_mask = m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
+    const bool biased = p.bias.ptr != nullptr;
+    const bool need_mask =
+        biased || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
     const float* cL = sStat + buf * 2 * kBwdRows;  // lse of the tile's queries, then D_i
     const uint32_t bits = p.drop.on ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
     uint32_t pa[4][4], da[4][4];
@@ -460,7 +467,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
         const int qi = m0 + nt * 8 + 2 * t4 + (e & 1), kj = e < 2 ? key_lo : key_hi;
         const int qt = nt * 8 + 2 * t4 + (e & 1);
         const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
-        const float pr = valid ? fast_exp2(fmaf(st[nt][e], p.scale_log2, -cL[qt] * kLog2e)) : 0.f;
+        const float bias2 = biased && valid ? bias_row(p.bias, bh, qi)[kj * p.bias.sk] * kLog2e : 0.f;
+        const float pr = valid ? fast_exp2(fmaf(st[nt][e], p.scale_log2, bias2 - cL[qt] * kLog2e)) : 0.f;
         const float z = p.drop.on ? ((bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
         pz[e] = pr * z;
         ds[e] = pr * (dpt[nt][e] * z - cL[kBwdRows + qt]);

@@ -162,8 +162,23 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
                                              float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
                                              int64_t bh, int n0, int row_lo, int row_first, int t4) {
   const int row_hi = row_lo + 8;
-  const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
+  // With a bias the scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
+  const bool biased = p.bias.ptr != nullptr;
+  const bool need_mask = biased || n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
+  const float sl = biased ? 1.f : p.scale_log2;
   float mx[2] = {-INFINITY, -INFINITY};
+  if (biased) {
+    const float* brow[2] = {bias_row(p.bias, bh, row_lo < p.Tq ? row_lo : 0),
+                            bias_row(p.bias, bh, row_hi < p.Tq ? row_hi : 0)};
+#pragma unroll
+    for (int j = 0; j < kFwdKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + 8 * j + 2 * t4 + (e & 1);
+        const float bias = col < p.Tk ? __ldg(brow[e / 2] + int64_t(col) * p.bias.sk) : 0.f;
+        s[4 * j + e] = fmaf(s[4 * j + e], p.scale_log2, bias * kLog2e);
+      }
+  }
 #pragma unroll
   for (int j = 0; j < kFwdKeys / 8; ++j)
 #pragma unroll
@@ -181,7 +196,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float mn = fmaxf(m[r], mx[r] * p.scale_log2);
+    const float mn = fmaxf(m[r], mx[r] * sl);
     base[r] = mn == -INFINITY ? 0.f : mn;
     corr[r] = fast_exp2(m[r] - base[r]);
     m[r] = mn;
@@ -189,7 +204,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < kFwdKeys / 2; ++i) {
-    s[i] = fast_exp2(fmaf(s[i], p.scale_log2, -base[(i / 2) % 2]));
+    s[i] = fast_exp2(fmaf(s[i], sl, -base[(i / 2) % 2]));
     sum[(i / 2) % 2] += s[i];
   }
   l[0] = l[0] * corr[0] + sum[0];
@@ -358,8 +373,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
   }
   if (t4 == 0) {
-    if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = (m[0] + log2f(l[0])) * kLn2;
-    if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = (m[1] + log2f(l[1])) * kLn2;
+    // a row whose keys are all masked: lse = +inf, so that backward's P is 0
+    if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = l[0] > 0.f ? (m[0] + log2f(l[0])) * kLn2 : INFINITY;
+    if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = l[1] > 0.f ? (m[1] + log2f(l[1])) * kLn2 : INFINITY;
   }
 }
 
@@ -507,6 +523,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     uint32_t pa[kBwdRows / 16][4];
     unsigned char* const sdS_m = smem_generic + (sdS0 + uint32_t(i % 2) * kTileS - sK);
     // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
+    const bool biased = p.bias.ptr != nullptr;  // a bias takes the masked instance
     auto elementwise = [&]<bool kMask, bool kDrop>() {
       const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
 #pragma unroll
@@ -519,10 +536,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           const float neg_lse2 = row_stats.x;
 #pragma unroll
           for (int e = c; e < 4; e += 2) {
-            float pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2));
+            float pr;
             if constexpr (kMask) {
               const int qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
-              if (!(qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi))) pr = 0.f;
+              const bool valid = qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi);
+              const float bias2 = biased && valid ? __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e : 0.f;
+              pr = valid ? fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2 + bias2)) : 0.f;
+            } else {
+              pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2));
             }
             if constexpr (kDrop) {
               const float z = (bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f;
@@ -543,7 +564,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     };
     if (p.drop.on) elementwise.template operator()<true, true>();
-    else if (m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
+    else if (biased || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
       elementwise.template operator()<true, false>();
     else
       elementwise.template operator()<false, false>();

@@ -110,8 +110,13 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts in the divisor, as PyTorch's default
 
 // Scaled-dot-product attention: softmax(q kᵀ · scale + mask) v over the last two dims, with q (..., Tq, D)
-// and k, v (..., Tk, D) (v may have its own width Dv). causal masks keys after the query position (query
-// i sees keys j <= i, as PyTorch's is_causal); scale defaults to 1/sqrt(D); in training, dropout_p
+// and k, v (..., Tk, D) (v may have its own width Dv). attn_mask (PyTorch's convention for this function)
+// broadcasts to the scores (..., Tq, Tk): bool, true where the key takes part, or floating, added to the
+// scores (-inf masks out; a key padding mask (B, 1, 1, Tk) masks keys per sequence); a query row whose
+// keys are all masked gets output 0 and zero gradients (not softmax's NaN). The fused kernels take the
+// mask as an additive f32 bias read per score tile; a floating mask that requires grad takes the composite
+// below, which differentiates it. causal masks keys after the query position (query i sees keys j <= i,
+// as PyTorch's is_causal; it combines with attn_mask); scale defaults to 1/sqrt(D); in training, dropout_p
 // zeroes attention probabilities (the rest scaled by 1/(1-p)) with a mask drawn from gen (default: the
 // default generator) as a pure function of (seed, offset, head, i, j), the same on every device.
 // One fused autograd node on every device (flash attention on the GPU: only the output and the per-row
@@ -122,6 +127,9 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt);  // padding counts
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                     bool training = false, Generator* gen = nullptr);
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    bool causal = false, std::optional<double> scale = std::nullopt,
+                                    double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
 // Self-attention over packed projections: qkv (B, T, 3, H, D), as one in_proj GEMM lays them out, holds
 // q, k and v as its slices (qkv.select(2, i).transpose(1, 2) is (B, H, T, D)). The same values as
 // scaled_dot_product_attention on those views, as one node whose backward writes dq, dk and dv into one
@@ -129,9 +137,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, bool causal = false,
                                               std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                               bool training = false, Generator* gen = nullptr);
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& attn_mask, bool causal = false,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
 // The same function composed of matmul, where, softmax, dropout and matmul (materializes the Tq x Tk
 // scores; its dropout mask is dropout()'s, not the fused op's). The reference the fused op is tested against.
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
+Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& attn_mask, bool causal = false,
                                               std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                               bool training = false, Generator* gen = nullptr);
 

@@ -34,6 +34,44 @@ Tensor to_4d(const Tensor& t) {
   return r;
 }
 
+// An attention mask must broadcast to the scores (..., Tq, Tk) and be bool (true: the key takes part) or
+// floating (added to the scores), on q's device.
+void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k, const char* op) {
+  if (!mask.defined()) return;
+  Shape scores(q.sizes().begin(), q.sizes().end() - 1);
+  scores.push_back(k.size(-2));
+  KILN_CHECK(mask.dtype() == DType::boolean || is_floating(mask.dtype()), op,
+             ": attn_mask must be bool (true: attend) or floating (added to the scores), got ", mask.str());
+  KILN_CHECK(mask.device() == q.device(), op, ": attn_mask ", mask.str(), " is not on q's device ", q.device().str());
+  bool broadcasts = mask.dim() <= int64_t(scores.size());
+  for (int64_t d = 1; broadcasts && d <= mask.dim(); ++d)
+    broadcasts = mask.size(-d) == 1 || mask.size(-d) == scores[scores.size() - size_t(d)];
+  KILN_CHECK(broadcasts, op, ": attn_mask ", mask.str(), " does not broadcast to the scores ", shape_str(scores),
+             " (q ", q.str(), ", k ", k.str(), ")");
+}
+
+// The mask as the kernels' additive bias: a (B, H, Tq, Tk) view (to_4d's B and H) in the stat dtype, stride 0
+// on the dims the mask broadcasts over (a key padding mask (B, 1, 1, Tk) stays B·Tk values).
+Tensor kernel_bias(const Tensor& mask, const Shape& lead, int64_t Tq, int64_t Tk, DType stat) {
+  if (!mask.defined()) return {};
+  NoGradGuard ng;
+  const TensorOptions o{.dtype = stat, .device = mask.device()};
+  Tensor b = mask.dtype() == DType::boolean ? where(mask, full({}, 0.0, o), full({}, -INFINITY, o)) : cast(mask, stat);
+  Shape target = lead;
+  target.push_back(Tq);
+  target.push_back(Tk);
+  b = b.expand(target);
+  if (b.dim() == 2) return b.unsqueeze(0).unsqueeze(0);
+  if (b.dim() == 3) return b.unsqueeze(0);
+  if (b.dim() > 4) return b.reshape({-1, b.size(-3), Tq, Tk});
+  return b;
+}
+
+// Whether the mask needs a gradient, which the fused kernels do not give: the reference composite runs.
+bool mask_needs_grad(const Tensor& mask) {
+  return mask.defined() && is_floating(mask.dtype()) && autograd::any_requires_grad({mask});
+}
+
 // An uninitialized (B, H, T, D) tensor whose memory is ordered (B, T, H, D).
 Tensor empty_bthd(int64_t B, int64_t H, int64_t T, int64_t D, const TensorOptions& o) {
   return empty({B, T, H, D}, o).transpose(1, 2);
@@ -44,10 +82,21 @@ Tensor empty_bthd(int64_t B, int64_t H, int64_t T, int64_t D, const TensorOption
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                               std::optional<double> scale, double dropout_p, bool training,
                                               Generator* gen) {
+  return scaled_dot_product_attention_reference(q, k, v, Tensor(), causal, scale, dropout_p, training, gen);
+}
+
+Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& attn_mask, bool causal, std::optional<double> scale,
+                                              double dropout_p, bool training, Generator* gen) {
   check_attention_args(q, k, v, dropout_p);
+  check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention");
   int64_t Tq = q.size(-2), Tk = k.size(-2);
   double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
+  const TensorOptions so{.dtype = scores.dtype(), .device = q.device()};
+  if (attn_mask.defined())
+    scores = attn_mask.dtype() == DType::boolean ? where(attn_mask, scores, full({}, -INFINITY, so))
+                                                 : add(scores, cast(attn_mask, scores.dtype()));
   if (causal) {
     // query i sees keys j <= i (the top-left aligned lower triangle, as PyTorch's is_causal)
     Tensor qi = arange(0.0, double(Tq), 1.0, {.dtype = DType::i64, .device = q.device()}).reshape({Tq, 1});
@@ -55,9 +104,20 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
     Tensor allowed = le(kj, qi);
     scores = where(allowed, scores, full({}, -INFINITY, {.dtype = scores.dtype(), .device = q.device()}));
   }
-  Tensor attn = kiln::softmax(scores, -1);
-  attn = dropout(attn, dropout_p, training, gen);
-  return matmul(attn, v);
+  if (!attn_mask.defined()) {
+    Tensor attn = kiln::softmax(scores, -1);
+    return matmul(dropout(attn, dropout_p, training, gen), v);
+  }
+  // A row whose keys are all masked attends to nothing: output 0 and no gradient, as the fused kernels
+  // (softmax would give 0/0). Its scores are zeroed first so that softmax's backward stays finite.
+  Tensor alive;
+  {
+    NoGradGuard ng;
+    alive = gt(amax(scores, {-1}, true), full({}, -INFINITY, so));
+  }
+  Tensor attn = kiln::softmax(where(alive, scores, full({}, 0.0, so)), -1);
+  attn = where(alive, attn, full({}, 0.0, so));
+  return matmul(dropout(attn, dropout_p, training, gen), v);
 }
 
 namespace {
@@ -80,6 +140,7 @@ bool fusable(const Tensor& ql, const Tensor& kl, const Tensor& vl, double dropou
 // never be freed. The output is saved through SavedTensor, which keeps its data and not its grad_fn.
 struct AttentionStats {
   Tensor lse;
+  Tensor bias;  // the kernels' additive mask (undefined: none); no grad_fn
   double scale = 0, p = 0;
   uint64_t seed = 0, offset = 0;
 };
@@ -90,11 +151,12 @@ struct AttentionForward {
   AttentionStats stats;
 };
 
-AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
                                    std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   AttentionForward f;
   AttentionStats& st = f.stats;
+  st.bias = bias;
   st.scale = scale.value_or(1.0 / std::sqrt(double(D)));
   st.p = training ? dropout_p : 0.0;
   if (st.p > 0.0) {
@@ -106,7 +168,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   NoGradGuard ng;
   f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
   st.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  kernels::attention_forward(q, k, v, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
+  kernels::attention_forward(q, k, v, bias, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
   return f;
 }
 
@@ -115,19 +177,27 @@ Tensor packed_view(const Tensor& qkv, int64_t i) { return qkv.select(2, i).trans
 
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
+  return scaled_dot_product_attention(q, k, v, Tensor(), causal, scale, dropout_p, training, gen);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const Tensor& attn_mask, bool causal, std::optional<double> scale,
+                                    double dropout_p, bool training, Generator* gen) {
   check_attention_args(q_in, k_in, v_in, dropout_p);
+  check_attention_mask(attn_mask, q_in, k_in, "scaled_dot_product_attention");
   // Under autocast the products run in the autocast dtype (the softmax statistics stay f32 inside the
   // kernels); the casts are differentiable, so f32 inputs get f32 gradients.
   Tensor ql = amp::to_lower_precision(q_in), kl = amp::to_lower_precision(k_in), vl = amp::to_lower_precision(v_in);
-  if (!fusable(ql, kl, vl, dropout_p))
-    return scaled_dot_product_attention_reference(ql, kl, vl, causal, scale, dropout_p, training, gen);
+  if (!fusable(ql, kl, vl, dropout_p) || mask_needs_grad(attn_mask))
+    return scaled_dot_product_attention_reference(ql, kl, vl, attn_mask, causal, scale, dropout_p, training, gen);
   const int64_t Tq = ql.size(-2), D = ql.size(-1);
   const Shape lead(ql.sizes().begin(), ql.sizes().end() - 2);
   const DType t = promote_types(promote_types(ql.dtype(), kl.dtype()), vl.dtype());
   const Tensor q = to_4d(cast(ql, t)), k = to_4d(cast(kl, t)), v = to_4d(cast(vl, t));
-  const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
+  const Tensor bias = kernel_bias(attn_mask, lead, Tq, kl.size(-2), stat_dtype(t));
+  const AttentionForward f = attention_forward(q, k, v, bias, causal, scale, dropout_p, training, gen);
   if (any_requires_grad({q, k, v}))
     record("scaled_dot_product_attention", {q, k, v}, {f.out},
            [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), st = f.stats,
@@ -138,7 +208,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
-             kernels::attention_backward(dout, qq, kk, vv, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
+             kernels::attention_backward(dout, qq, kk, vv, st.bias, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
                                                      st.seed, st.offset);
              return Grads{dq, dk, dv};
            });
@@ -149,8 +219,14 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   return f.out.reshape(shape);
 }
 
-Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal, std::optional<double> scale,
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, bool causal, std::optional<double> scale,
                                               double dropout_p, bool training, Generator* gen) {
+  return scaled_dot_product_attention_qkvpacked(qkv, Tensor(), causal, scale, dropout_p, training, gen);
+}
+
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor& attn_mask, bool causal,
+                                              std::optional<double> scale, double dropout_p, bool training,
+                                              Generator* gen) {
   KILN_CHECK(qkv_in.defined() && qkv_in.dim() == 5 && qkv_in.size(2) == 3,
              "scaled_dot_product_attention_qkvpacked: expected qkv (B, T, 3, H, D), got ", qkv_in.str());
   const Tensor qkv = amp::to_lower_precision(qkv_in);
@@ -160,10 +236,12 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal,
     q = packed_view(qkv, 0), k = packed_view(qkv, 1), v = packed_view(qkv, 2);
   }
   check_attention_args(q, k, v, dropout_p);
-  if (!fusable(q, k, v, dropout_p) || q.stride(3) != 1)
-    return scaled_dot_product_attention(packed_view(qkv, 0), packed_view(qkv, 1), packed_view(qkv, 2), causal, scale,
-                                        dropout_p, training, gen);
-  const AttentionForward f = attention_forward(q, k, v, causal, scale, dropout_p, training, gen);
+  check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention_qkvpacked");
+  if (!fusable(q, k, v, dropout_p) || q.stride(3) != 1 || mask_needs_grad(attn_mask))
+    return scaled_dot_product_attention(packed_view(qkv, 0), packed_view(qkv, 1), packed_view(qkv, 2), attn_mask,
+                                        causal, scale, dropout_p, training, gen);
+  const Tensor bias = kernel_bias(attn_mask, {q.size(0), q.size(1)}, q.size(2), k.size(2), stat_dtype(q.dtype()));
+  const AttentionForward f = attention_forward(q, k, v, bias, causal, scale, dropout_p, training, gen);
   if (any_requires_grad({qkv}))
     record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
            [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, causal](const Grads& g) {
@@ -173,7 +251,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, bool causal,
              // The three gradients land in their slices of one packed gradient: nothing to zero or sum.
              Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
              kernels::attention_backward(
-                 dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), oo, st.lse,
+                 dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), st.bias, oo, st.lse,
                  packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.seed,
                  st.offset);
              return Grads{dqkv};

@@ -29,8 +29,9 @@ Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& target) {
   return functional::cross_entropy(logits, target, options_);
 }
 
-Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& target) {
-  return call_with_hooks(logits, [&] { return forward(logits, target); });
+Tensor CrossEntropyLoss::forward_args(const std::vector<Tensor>& inputs) {
+  KILN_CHECK(inputs.size() == 2, repr(), ": expected (logits, target), got ", inputs.size(), " inputs");
+  return forward(inputs[0], inputs[1]);
 }
 
 void CrossEntropyLoss::pretty_print(std::ostream& os) const {
@@ -47,8 +48,9 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
   return functional::mse_loss(input, target, options_.reduction);
 }
 
-Tensor MSELoss::operator()(const Tensor& input, const Tensor& target) {
-  return call_with_hooks(input, [&] { return forward(input, target); });
+Tensor MSELoss::forward_args(const std::vector<Tensor>& inputs) {
+  KILN_CHECK(inputs.size() == 2, repr(), ": expected (input, target), got ", inputs.size(), " inputs");
+  return forward(inputs[0], inputs[1]);
 }
 
 void MSELoss::pretty_print(std::ostream& os) const {

@@ -19,8 +19,8 @@ class CrossEntropyLoss : public Module {
   explicit CrossEntropyLoss(const CrossEntropyLossOptions& options = {}) : options_(options) {}
   using Module::forward;  // the one-tensor form throws: a loss needs a target
   Tensor forward(const Tensor& logits, const Tensor& target);
-  // forward between the module hooks (which see the logits as the input).
-  Tensor operator()(const Tensor& logits, const Tensor& target);
+  // operator()(logits, target): forward between the module hooks, which see both inputs.
+  Tensor forward_args(const std::vector<Tensor>& inputs) override;
   void pretty_print(std::ostream& os) const override;
   const CrossEntropyLossOptions& options() const { return options_; }
 
@@ -37,7 +37,7 @@ class MSELoss : public Module {
   explicit MSELoss(const MSELossOptions& options = {}) : options_(options) {}
   using Module::forward;
   Tensor forward(const Tensor& input, const Tensor& target);
-  Tensor operator()(const Tensor& input, const Tensor& target);
+  Tensor forward_args(const std::vector<Tensor>& inputs) override;  // operator()(input, target)
   void pretty_print(std::ostream& os) const override;
   const MSELossOptions& options() const { return options_; }
 

@@ -361,36 +361,88 @@ bool Module::remove_hook(uint64_t id) {
   return a || b || c;
 }
 
-Tensor Module::call(const Tensor& input) {
-  return call_with_hooks(input, [&] { return forward(input); });
+Tensor Module::forward_args(const std::vector<Tensor>& inputs) {
+  KILN_CHECK(inputs.size() == 1, name(), ": called with ", inputs.size(),
+             " inputs, but its forward takes one (a module of several inputs overrides forward_args)");
+  return forward(inputs[0]);
 }
 
-Tensor Module::call_with_hooks(const Tensor& input, const std::function<Tensor()>& run) {
-  if (!has_hooks()) return run();
+// What one call's two backward-hook nodes share: the output's node runs first and keeps grad_output.
+struct Module::BackwardHookCall {
+  size_t n_inputs = 0;
+  bool inputs_hooked = false;  // some input requires grad: the inputs' node runs the hooks
+  std::vector<Tensor> grad_output;
+};
+
+Tensor Module::call(std::vector<Tensor> inputs) {
+  if (!has_hooks()) return forward_args(inputs);
   // Copies: a hook may register or remove hooks while it runs.
-  for (auto hooks = forward_pre_hooks_; auto& h : hooks) h.fn(*this, input);
-  Tensor output = run();
-  if (!backward_hooks_.empty()) output = attach_backward_hooks(output);
-  for (auto hooks = forward_hooks_; auto& h : hooks) h.fn(*this, input, output);
+  for (auto hooks = forward_pre_hooks_; auto& h : hooks) h.fn(*this, inputs);
+  std::shared_ptr<BackwardHookCall> hook_call;
+  if (!backward_hooks_.empty() && autograd::is_grad_enabled()) {
+    hook_call = std::make_shared<BackwardHookCall>();
+    inputs = attach_input_hooks(inputs, hook_call);
+  }
+  Tensor output = forward_args(inputs);
+  if (hook_call) output = attach_output_hook(output, hook_call);
+  for (auto hooks = forward_hooks_; auto& h : hooks) h.fn(*this, inputs, output);
   return output;
 }
 
-// The output is passed through an identity node of its own, whose backward runs the hooks with the
-// gradient w.r.t. the output. A node per call (rather than a hook on the output tensor) keeps the hooks
-// off tensors the module did not create, e.g. the input that an identity-like forward returns.
-Tensor Module::attach_backward_hooks(const Tensor& output) {
+// The inputs that require grad pass through one identity node, whose backward gets every input's
+// gradient at once and runs the hooks with them (PyTorch's BackwardHookFunction). A tensor passed twice
+// (self-attention's query, key and value) gets one alias, so the module still sees one tensor.
+std::vector<Tensor> Module::attach_input_hooks(const std::vector<Tensor>& inputs,
+                                               const std::shared_ptr<BackwardHookCall>& call) {
+  call->n_inputs = inputs.size();
+  std::vector<Tensor> distinct, aliases, result = inputs;
+  std::vector<int> slot(inputs.size(), -1);  // input i -> its index in `distinct`
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !autograd::any_requires_grad({inputs[i]})) continue;
+    for (size_t d = 0; d < distinct.size() && slot[i] < 0; ++d)
+      if (distinct[d].is_same(inputs[i])) slot[i] = int(d);
+    if (slot[i] < 0) {
+      slot[i] = int(distinct.size());
+      distinct.push_back(inputs[i]);
+      aliases.push_back(inputs[i].detach());
+    }
+    result[i] = aliases[size_t(slot[i])];
+  }
+  if (distinct.empty()) return inputs;
+  call->inputs_hooked = true;
+  std::weak_ptr<Module*> self = self_;
+  autograd::record("ModuleBackwardHook", distinct, aliases, [self, call, slot](const std::vector<Tensor>& grads) {
+    std::vector<Tensor> grad_input(call->n_inputs);
+    for (size_t i = 0; i < slot.size(); ++i)
+      if (slot[i] >= 0) grad_input[i] = grads.at(size_t(slot[i]));
+    if (auto p = self.lock()) (*p)->run_backward_hooks(grad_input, call->grad_output);
+    call->grad_output.clear();
+    return grads;
+  });
+  return result;
+}
+
+// The output passes through an identity node of its own, which keeps the gradient w.r.t. the output for
+// the inputs' node (or runs the hooks itself when no input requires grad). A node per call (rather than a
+// hook on the output tensor) keeps the hooks off tensors the module did not create, e.g. the input that
+// an identity-like forward returns.
+Tensor Module::attach_output_hook(const Tensor& output, const std::shared_ptr<BackwardHookCall>& call) {
   if (!output.defined() || !autograd::any_requires_grad({output})) return output;
   Tensor alias = output.detach();
   std::weak_ptr<Module*> self = self_;
-  autograd::record("ModuleBackwardHook", {output}, {alias}, [self](const std::vector<Tensor>& grads) {
-    if (auto p = self.lock()) (*p)->run_backward_hooks(grads.at(0));
+  autograd::record("ModuleBackwardHook", {output}, {alias}, [self, call](const std::vector<Tensor>& grads) {
+    call->grad_output = {grads.at(0)};
+    if (!call->inputs_hooked) {
+      if (auto p = self.lock()) (*p)->run_backward_hooks(std::vector<Tensor>(call->n_inputs), call->grad_output);
+      call->grad_output.clear();
+    }
     return std::vector<Tensor>{grads.at(0)};
   });
   return alias;
 }
 
-void Module::run_backward_hooks(const Tensor& grad_output) {
-  for (auto hooks = backward_hooks_; auto& h : hooks) h.fn(*this, grad_output);
+void Module::run_backward_hooks(const std::vector<Tensor>& grad_input, const std::vector<Tensor>& grad_output) {
+  for (auto hooks = backward_hooks_; auto& h : hooks) h.fn(*this, grad_input, grad_output);
 }
 
 // ---------------------------------------------------------------------------------------------------

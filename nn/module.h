@@ -41,11 +41,16 @@ using StateDict = NamedTensors;
 // The tensor called `name` in `dict`, or an undefined Tensor when there is none.
 Tensor lookup(const StateDict& dict, std::string_view name);
 
-// Module hooks. K-FAC needs each layer's input (forward pre/forward hooks) and the gradient of the loss
-// w.r.t. the layer's output (backward hooks); DDP and per-sample gradients use the same entry points.
-using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
-using ForwardHook = std::function<void(Module& module, const Tensor& input, const Tensor& output)>;
-using BackwardHook = std::function<void(Module& module, const Tensor& grad_output)>;
+// Module hooks, shaped as PyTorch's: `inputs` are the tensors the module was called with, in order
+// (operator()(a, b, ...)); grad_input holds the gradients w.r.t. those inputs (undefined for an input that
+// needs none) and grad_output the gradient w.r.t. the output (one tensor: modules have one output). K-FAC
+// needs each layer's input (forward hooks) and the gradient w.r.t. its output (backward hooks); DDP and
+// per-sample gradients use the same entry points. The hooks observe; to change a gradient, register a
+// hook on the tensor (Tensor::register_hook).
+using ForwardPreHook = std::function<void(Module& module, const std::vector<Tensor>& inputs)>;
+using ForwardHook = std::function<void(Module& module, const std::vector<Tensor>& inputs, const Tensor& output)>;
+using BackwardHook = std::function<void(Module& module, const std::vector<Tensor>& grad_input,
+                                        const std::vector<Tensor>& grad_output)>;
 
 // Returned by register_*_hook; remove() unregisters the hook (a no-op when the module is gone).
 class HookHandle {
@@ -79,11 +84,18 @@ class Module {
   virtual std::string name() const;
 
   // ---- forward ----
-  // Single-input, single-output modules override forward; operator() runs it between the hooks.
+  // Single-input modules override forward; modules of several inputs (attention, losses) override
+  // forward_args, which gets the inputs of operator()(a, b, ...) in order (undefined tensors included: an
+  // optional argument left out). operator() runs them between the hooks, whatever the number of inputs.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return call(input); }
-  // forward pre-hooks, forward, backward-hook attachment, forward hooks, in that order.
-  Tensor call(const Tensor& input);
+  virtual Tensor forward_args(const std::vector<Tensor>& inputs);  // default: forward(inputs[0]) for one input
+  template <class... Rest>
+  Tensor operator()(const Tensor& input, const Rest&... rest) {
+    return call(std::vector<Tensor>{input, Tensor(rest)...});
+  }
+  // forward pre-hooks, backward-hook attachment to the inputs, forward_args, backward-hook attachment to
+  // the output, forward hooks, in that order.
+  Tensor call(std::vector<Tensor> inputs);
 
   // ---- registration (names: non-empty, no '.', unique within this module) ----
   // Stores `tensor` as a parameter (a leaf with requires_grad set) and returns a handle to it.
@@ -134,8 +146,8 @@ class Module {
   // ---- hooks ----
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
-  // Called with the gradient w.r.t. this module's output during backward. The module must still be
-  // alive then (if it is not, the hook is skipped).
+  // Called during backward once the gradients w.r.t. the module's inputs are known (at the output's
+  // gradient when no input requires grad). The module must still be alive then (if not, it is skipped).
   HookHandle register_full_backward_hook(BackwardHook hook);
   HookHandle register_backward_hook(BackwardHook hook) { return register_full_backward_hook(std::move(hook)); }
   bool remove_hook(uint64_t id);
@@ -147,13 +159,6 @@ class Module {
   // One line describing this module without its children ("Linear(in_features=2, out_features=3, bias=true)").
   virtual void pretty_print(std::ostream& os) const;
   std::string repr() const;  // pretty_print as a string, for error messages
-
- protected:
-  // Runs the hooks around `run`, which computes the output from `input`. Modules whose forward takes
-  // several tensors (attention, losses) call this with their first input.
-  Tensor call_with_hooks(const Tensor& input, const std::function<Tensor()>& run);
-  // Attaches the backward hooks: returns an alias of `output` whose gradient passes through them.
-  Tensor attach_backward_hooks(const Tensor& output);
 
  private:
   struct Buffer {
@@ -170,7 +175,12 @@ class Module {
   void add_child(const std::string& name, Module& module);
   void check_new_name(const std::string& name, const char* what) const;
   void convert(const std::function<Tensor(const Tensor&)>& convert_fn);
-  void run_backward_hooks(const Tensor& grad_output);
+  // Backward hooks: an identity node on the inputs that need a gradient and one on the output, sharing
+  // what the output's node saw (module.cpp).
+  struct BackwardHookCall;
+  std::vector<Tensor> attach_input_hooks(const std::vector<Tensor>& inputs, const std::shared_ptr<BackwardHookCall>& call);
+  Tensor attach_output_hook(const Tensor& output, const std::shared_ptr<BackwardHookCall>& call);
+  void run_backward_hooks(const std::vector<Tensor>& grad_input, const std::vector<Tensor>& grad_output);
   uint64_t next_hook_id();
 
   bool training_ = true;

@@ -1,5 +1,8 @@
 #include <kiln/nn/multihead_attention.h>
 
+#include <cmath>
+
+#include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
 #include <kiln/nn/functional.h>
@@ -40,11 +43,46 @@ void MultiheadAttention::reset_parameters() {
 
 Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x); }
 
-Tensor MultiheadAttention::operator()(const Tensor& query, const Tensor& key, const Tensor& value) {
-  return call_with_hooks(query, [&] { return forward(query, key, value); });
+Tensor MultiheadAttention::forward_args(const std::vector<Tensor>& in) {
+  if (in.size() == 1) return forward(in[0]);
+  KILN_CHECK(in.size() >= 3 && in.size() <= 5, repr(),
+             ": expected (x) or (query, key, value[, key_padding_mask[, attn_mask]]), got ", in.size(), " inputs");
+  return forward(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), in.size() > 4 ? in[4] : Tensor());
 }
 
-Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value) {
+// PyTorch's MultiheadAttention masks (bool: true = not attended; floating: added) as one additive bias
+// that broadcasts to the (B, H, Tq, Tk) scores, f32 (f64 for f64 inputs); undefined without masks.
+Tensor MultiheadAttention::score_bias(const Tensor& key_padding_mask, const Tensor& attn_mask, int64_t B, int64_t Tq,
+                                      int64_t Tk, DType dtype) const {
+  const TensorOptions o{.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = in_proj.weight.device()};
+  auto additive = [&](const Tensor& m) {
+    KILN_CHECK(m.dtype() == DType::boolean || is_floating(m.dtype()), repr(),
+               ": masks must be bool (true: not attended) or floating (added), got ", m.str());
+    KILN_CHECK(m.device() == o.device, repr(), ": mask ", m.str(), " is not on the module's device ", o.device.str());
+    NoGradGuard ng;
+    return m.dtype() == DType::boolean ? where(m, full({}, -INFINITY, o), full({}, 0.0, o)) : cast(m, o.dtype);
+  };
+  Tensor bias;
+  if (key_padding_mask.defined()) {
+    KILN_CHECK(key_padding_mask.dim() == 2 && key_padding_mask.size(0) == B && key_padding_mask.size(1) == Tk, repr(),
+               ": key_padding_mask must be (B, Tk) = [", B, ", ", Tk, "], got ", key_padding_mask.str());
+    bias = additive(key_padding_mask).view({B, 1, 1, Tk});
+  }
+  if (attn_mask.defined()) {
+    const bool shared = attn_mask.dim() == 2 && attn_mask.size(0) == Tq && attn_mask.size(1) == Tk;
+    const bool per_head = attn_mask.dim() == 3 && attn_mask.size(0) == B * num_heads_ && attn_mask.size(1) == Tq &&
+                          attn_mask.size(2) == Tk;
+    KILN_CHECK(shared || per_head, repr(), ": attn_mask must be (Tq, Tk) = [", Tq, ", ", Tk, "] or (B·H, Tq, Tk) = [",
+               B * num_heads_, ", ", Tq, ", ", Tk, "], got ", attn_mask.str());
+    Tensor a = additive(attn_mask);
+    a = shared ? a.view({1, 1, Tq, Tk}) : a.reshape({B, num_heads_, Tq, Tk});
+    bias = bias.defined() ? add(bias, a) : a;
+  }
+  return bias;
+}
+
+Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const Tensor& key_padding_mask, const Tensor& attn_mask) {
   KILN_CHECK(query.defined() && key.defined() && value.defined(), repr(), ": query, key and value must be defined");
   const int64_t E = embed_dim_, H = num_heads_, D = E / H;
   KILN_CHECK((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(), repr(),
@@ -63,21 +101,25 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   Tensor v_in = batched ? value : value.unsqueeze(0);
 
   const int64_t B = q_in.size(0), Tq = q_in.size(1), Tk = k_in.size(1);
+  const Tensor kpm = batched || !key_padding_mask.defined() || key_padding_mask.dim() != 1
+                         ? key_padding_mask
+                         : key_padding_mask.unsqueeze(0);
+  const Tensor mask = score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype());
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;
   if (query.is_same(key) && key.is_same(value)) {
     // one GEMM for the three projections, and one packed gradient for it in backward
     Tensor qkv = in_proj(q_in).view({B, Tq, 3, H, D});
-    attn = functional::scaled_dot_product_attention_qkvpacked(qkv, options_.causal, std::nullopt, options_.dropout,
-                                                              is_training());
+    attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, options_.causal, std::nullopt,
+                                                              options_.dropout, is_training());
   } else {
     auto block = [&](const Tensor& t, int64_t i) { return t.defined() ? t.narrow(0, i * E, E) : Tensor(); };
     auto heads = [&](const Tensor& t, int64_t T) { return t.view({B, T, H, D}).transpose(1, 2); };
     Tensor q = heads(functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0)), Tq);
     Tensor k = heads(functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1)), Tk);
     Tensor v = heads(functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2)), Tk);
-    attn = functional::scaled_dot_product_attention(q, k, v, options_.causal, std::nullopt, options_.dropout,
+    attn = functional::scaled_dot_product_attention(q, k, v, mask, options_.causal, std::nullopt, options_.dropout,
                                                     is_training());
   }
   // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view

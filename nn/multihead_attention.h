@@ -1,7 +1,7 @@
 #pragma once
 // MultiheadAttention (Vaswani et al. 2017), a reference implementation on batch-first inputs:
 //   q = query·Wqᵀ + bq,  k = key·Wkᵀ + bk,  v = value·Wvᵀ + bv         (B, T, E), split into H heads of D = E/H
-//   head_h = softmax(q_h k_hᵀ / sqrt(D) [+ causal mask]) v_h          (the fused scaled_dot_product_attention;
+//   head_h = softmax(q_h k_hᵀ / sqrt(D) + mask) v_h                   (the fused scaled_dot_product_attention;
 //                                                                      heads are views of the projections)
 //   out = concat(head_1..head_H)·Woᵀ + bo
 // Wq, Wk, Wv are the row blocks [0,E), [E,2E), [2E,3E) of in_proj.weight (3E, E). Self-attention
@@ -11,6 +11,12 @@
 //   nn::MultiheadAttention attn(768, 12, {.causal = true});
 //   Tensor y = attn(x);                  // (B, T, E) self-attention
 //   Tensor z = attn(x, memory, memory);  // cross-attention
+//   Tensor p = attn(x, x, x, padding);   // padding (B, Tk) bool, true at the keys to ignore
+// Masks as PyTorch's nn.MultiheadAttention (the opposite of scaled_dot_product_attention's bool
+// convention): key_padding_mask (B, Tk) and attn_mask (Tq, Tk) or (B·H, Tq, Tk) are bool, true where a
+// key is NOT attended, or floating, added to the scores; they combine with each other and with causal.
+// Both reach the fused kernels as one additive bias (a key padding mask alone as B·Tk values). A query
+// whose keys are all masked gets a zero attention output (before out_proj's bias).
 // A (T, E) input is treated as a batch of one.
 #include <cstdint>
 
@@ -31,11 +37,11 @@ class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& options = {});
 
-  using Module::operator();
   Tensor forward(const Tensor& x) override;  // self-attention: forward(x, x, x)
-  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
-  // forward(query, key, value) between the hooks (which see `query` as the input).
-  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value);
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
+                 const Tensor& attn_mask = {});
+  // operator()(query, key, value[, key_padding_mask[, attn_mask]]): forward between the hooks.
+  Tensor forward_args(const std::vector<Tensor>& inputs) override;
 
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
@@ -46,6 +52,9 @@ class MultiheadAttention : public Module {
   const MultiheadAttentionOptions& options() const { return options_; }
 
  private:
+  Tensor score_bias(const Tensor& key_padding_mask, const Tensor& attn_mask, int64_t B, int64_t Tq, int64_t Tk,
+                    DType dtype) const;
+
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;
 

@@ -44,13 +44,29 @@ struct DropoutMask {
   }
 };
 
+// The additive score bias of kernels::attention_forward: 0 without one.
+template <class S>
+struct ScoreBias {
+  const S* base = nullptr;
+  int64_t sb = 0, sh = 0, sq = 0, sk = 0, H = 1;
+  ScoreBias(const Tensor& t) {  // NOLINT(google-explicit-constructor)
+    if (!t.defined()) return;
+    base = static_cast<const S*>(t.raw_data());
+    sb = t.stride(0), sh = t.stride(1), sq = t.stride(2), sk = t.stride(3), H = t.size(1);
+  }
+  double operator()(int64_t bh, int64_t i, int64_t j) const {
+    return base ? double(base[(bh / H) * sb + (bh % H) * sh + i * sq + j * sk]) : 0.0;
+  }
+};
+
 // Keys query i sees: all Tk, or j <= i when causal.
 inline int64_t visible_keys(bool causal, int64_t i, int64_t Tk) { return causal ? std::min(i + 1, Tk) : Tk; }
 
 template <class T>
-void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& out_t, const Tensor& lse_t,
-                  bool causal, double scale, const DropoutMask& mask) {
+void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& bias_t, const Tensor& out_t,
+                  const Tensor& lse_t, bool causal, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
+  const ScoreBias<S> bias(bias_t);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
   Rows<const T> q(q_t), k(k_t), v(v_t);
   Rows<T> out(out_t);
@@ -64,12 +80,18 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
       const T* kj = k.row(bh, j);
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
-      s[size_t(j)] = dot * scale;
+      s[size_t(j)] = dot * scale + bias(bh, i, j);
       m = std::max(m, s[size_t(j)]);
+    }
+    if (m == -INFINITY) {  // every key masked: O = 0, lse = +inf
+      T* oi = out.row(bh, i);
+      for (int64_t d = 0; d < D; ++d) oi[d] = T(0);
+      lse[r] = S(INFINITY);
+      return;
     }
     double l = 0;
     for (int64_t j = 0; j < n; ++j) l += std::exp(s[size_t(j)] - m);
-    const double lse_i = n > 0 ? m + std::log(l) : -INFINITY;
+    const double lse_i = m + std::log(l);
     for (int64_t j = 0; j < n; ++j) {
       double pz = std::exp(s[size_t(j)] - lse_i) * mask(bh, i, j);
       if (pz == 0.0) continue;
@@ -83,10 +105,11 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
 }
 
 template <class T>
-void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& out_t,
-                   const Tensor& lse_t, const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t, bool causal,
-                   double scale, const DropoutMask& mask) {
+void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& bias_t,
+                   const Tensor& out_t, const Tensor& lse_t, const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t,
+                   bool causal, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
+  const ScoreBias<S> bias(bias_t);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
   Rows<const T> dout(do_t), q(q_t), k(k_t), v(v_t), out(out_t);
   Rows<T> dq(dq_t), dk(dk_t), dv(dv_t);
@@ -107,7 +130,7 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
           dot += double(qi[d]) * double(kj[d]);
           dp += double(doi[d]) * double(vj[d]);
         }
-        const double p = std::exp(dot * scale - lse_i), z = mask(bh, i, j);
+        const double p = std::exp(dot * scale + bias(bh, i, j) - lse_i), z = mask(bh, i, j);
         const double ds = p * (dp * z - Di);  // dS = P ⊙ (dP - D_i), dP = (dO Vᵀ) ⊙ Z
         double* dkj = &dk_acc[size_t(j * D)];
         double* dvj = &dv_acc[size_t(j * D)];
@@ -132,20 +155,20 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
 
 }  // namespace
 
-void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                   const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
+void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
                                    uint64_t offset) {
   DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
-  KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", forward_impl<scalar_t>(q, k, v, out, lse, causal, scale, mask));
+  KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", forward_impl<scalar_t>(q, k, v, bias, out, lse, causal, scale, mask));
 }
 
 void kernels::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                 const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
                                     uint64_t offset) {
   DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_backward",
-                         backward_impl<scalar_t>(dout, q, k, v, out, lse, dq, dk, dv, causal, scale, mask));
+                         backward_impl<scalar_t>(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, mask));
 }
 
 }  // namespace kiln::cpu

@@ -5,8 +5,11 @@
 #include <kiln/core/kernel.h>
 
 // Fused scaled-dot-product attention (FlashAttention, Dao et al. 2022/2023), one (b, h) head at a time:
-//   S = scale · Q Kᵀ, masked to -inf where causal and j > i (top-left aligned: query i sees keys j <= i,
-//   PyTorch's is_causal);  lse_i = log Σ_j exp(S_ij);  P = exp(S - lse);  O = (P ⊙ Z) V
+//   S = scale · Q Kᵀ + bias, masked to -inf where causal and j > i (top-left aligned: query i sees keys
+//   j <= i, PyTorch's is_causal);  lse_i = log Σ_j exp(S_ij);  P = exp(S - lse);  O = (P ⊙ Z) V
+// bias: undefined (none), or a (B, H, Tq, Tk) view in the stat dtype with any strides (0 on broadcast dims:
+// a key padding mask is (B, 1, 1, Tk) expanded); -inf entries mask keys out. A row whose keys are all
+// masked gets O = 0, lse = +inf (so backward's P = exp(S - lse) = 0 there) and zero gradients.
 // with the dropout mask Z_ij = keep_ij / (1 - p), keep_ij = (u_ij < 1 - p) in f32, u_ij the uniform float
 // (top 24 bits) of word (j mod 4) of Philox block  offset + ((b·H + h)·Tq + i)·ceil(Tk/4) + j/4  keyed by
 // seed: a pure function of (seed, offset, b·H+h, i, j), so every device draws the same mask and backward
@@ -19,10 +22,11 @@
 // stride on D and any strides on B, H, T (views of a packed (B, T, 3, H, D) projection need no copy);
 // lse (B, H, Tq) contiguous in the stat dtype (f32, f64 for f64). Tk >= 1. dq, dk, dv are overwritten.
 // The CPU computes in double; the GPU in f32 (f64 for f64) with tensor cores for bf16/f16 at D = 64, 128.
-KILN_KERNEL(attention_forward, void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+KILN_KERNEL(attention_forward, void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                    const Tensor& out,
                                     const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
                                     uint64_t offset));
 KILN_KERNEL(attention_backward, void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
                                      uint64_t offset));

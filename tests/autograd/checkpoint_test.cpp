@@ -168,7 +168,7 @@ TEST(Checkpoint, HooksCanTellTheRecomputation) {
   manual_seed(1);
   kiln::nn::Linear fc(3, 3);
   int forward_calls = 0, recompute_calls = 0;
-  fc.register_forward_hook([&](kiln::nn::Module&, const Tensor&, const Tensor&) {
+  fc.register_forward_hook([&](kiln::nn::Module&, const std::vector<Tensor>&, const Tensor&) {
     (autograd::is_recomputing() ? recompute_calls : forward_calls)++;
   });
   Tensor x = randn({2, 3});

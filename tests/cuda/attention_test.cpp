@@ -2,7 +2,8 @@
 // computed in f64 on the same (rounded) inputs: output, log-sum-exp and the three gradients, for bf16 and
 // f16 at head dims 64 and 128 (tensor cores), causal and not, lengths that are not multiples of the tiles,
 // strided head views of a packed (B, T, 3, H, D) projection, and dropout with the same mask on both
-// devices; the fallback kernel (f32, f64, odd head dims); and the public op, autocast and MultiheadAttention.
+// devices; masks (a key padding mask and an additive bias with -inf entries and fully masked rows) on every
+// kernel; the fallback kernel (f32, f64, odd head dims); and the public op, autocast and MultiheadAttention.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,10 +37,12 @@ struct Case {
   double p;       // dropout
   bool strided;   // q, k, v as views of one packed (B, T, 3, H, D) tensor (needs Tq == Tk)
   double scale = 0;  // 0: 1/sqrt(D)
+  enum Mask { none, key_padding, bias } mask = none;
   std::string name() const {
     return std::string(dtype_name(dtype)) + " B" + std::to_string(B) + " H" + std::to_string(H) + " Tq" +
            std::to_string(Tq) + " Tk" + std::to_string(Tk) + " D" + std::to_string(D) + (causal ? " causal" : "") +
-           " p" + std::to_string(p) + (strided ? " strided" : "") + (scale != 0 ? " scale" + std::to_string(scale) : "");
+           " p" + std::to_string(p) + (strided ? " strided" : "") + (scale != 0 ? " scale" + std::to_string(scale) : "") +
+           (mask == key_padding ? " key_padding" : mask == bias ? " bias" : "");
   }
 };
 
@@ -48,19 +51,20 @@ struct Outputs {
 };
 
 // Forward and backward through the kernels of `dev` on inputs of dtype t (views as the case asks).
-Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, Device dev) {
+Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, Device dev,
+                    const Tensor& bias = {}) {
   const DType t = q.dtype();
   const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
   Outputs o;
   o.out = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.out.fill_(NAN);  // poisoned: every element must be written
   o.lse = full({c.B, c.H, c.Tq}, NAN, {.dtype = stat_dtype(t), .device = dev});
-  kernels::attention_forward(q, k, v, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_forward(q, k, v, bias, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
   o.dq = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.dk = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   o.dv = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   for (Tensor* g : {&o.dq, &o.dk, &o.dv}) g->fill_(NAN);
-  kernels::attention_backward(dout, q, k, v, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_backward(dout, q, k, v, bias, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
   return o;
 }
 
@@ -78,6 +82,34 @@ Inputs inputs_on(const Case& c, const Tensor& packed, const Tensor& q, const Ten
   return {cast(q, t).to(dev), cast(k, t).to(dev), cast(v, t).to(dev), cast(dout, t).to(dev)};
 }
 
+// The kernels' additive bias for a masked case, f64 on the CPU (cast per device to the stat dtype):
+//   key_padding  (B, 1, 1, Tk) expanded: a quarter of the keys -inf, and every key of batch 1
+//   bias         (B, H, Tq, Tk): N(0, 2²) with a fifth of the entries -inf, and query 0 of every head all -inf
+Tensor host_bias(const Case& c) {
+  if (c.mask == Case::none) return {};
+  if (c.mask == Case::key_padding) {
+    std::vector<double> b(size_t(c.B * c.Tk), 0.0);
+    for (int64_t i = 0; i < c.B; ++i)
+      for (int64_t j = 0; j < c.Tk; ++j)
+        if ((j * 7 + i * 3) % 4 == 0 || i == 1) b[size_t(i * c.Tk + j)] = -INFINITY;
+    return from_vector(b, {c.B, 1, 1, c.Tk}, {.dtype = DType::f64}).expand({c.B, c.H, c.Tq, c.Tk});
+  }
+  Tensor b = mul(randn({c.B, c.H, c.Tq, c.Tk}, {.dtype = DType::f64}), 2.0);
+  Tensor drop = lt(rand({c.B, c.H, c.Tq, c.Tk}, {.dtype = DType::f64}), full({}, 0.2, {.dtype = DType::f64}));
+  b = where(drop, full({}, -INFINITY, {.dtype = DType::f64}), b);
+  b.narrow(2, 0, 1).fill_(-INFINITY);
+  return b;
+}
+// The bias on `dev` in the stat dtype of t, keeping the broadcast strides.
+Tensor bias_on(const Tensor& host, Device dev, DType t) {
+  if (!host.defined()) return {};
+  if (host.stride(1) == 0) {  // key padding: keep it a (B, 1, 1, Tk) broadcast
+    const Shape full_shape = host.sizes();
+    return cast(host.narrow(1, 0, 1).narrow(2, 0, 1).contiguous(), stat_dtype(t)).to(dev).expand(full_shape);
+  }
+  return cast(host, stat_dtype(t)).to(dev);
+}
+
 void check_case(const Case& c, double tol_out, double tol_grad) {
   SCOPED_TRACE(c.name());
   // inputs rounded to the case's dtype on the host, so both devices see the same values
@@ -89,8 +121,9 @@ void check_case(const Case& c, double tol_out, double tol_grad) {
   if (c.strided) {
     EXPECT_FALSE(g.q.is_contiguous());
   }
-  Outputs got = run_backend(c, g.q, g.k, g.v, g.dout, gpu());
-  Outputs want = run_backend(c, r.q, r.k, r.v, r.dout, Device::cpu());
+  const Tensor bias = host_bias(c);
+  Outputs got = run_backend(c, g.q, g.k, g.v, g.dout, gpu(), bias_on(bias, gpu(), c.dtype));
+  Outputs want = run_backend(c, r.q, r.k, r.v, r.dout, Device::cpu(), bias_on(bias, Device::cpu(), DType::f64));
   EXPECT_LT(rel_err(got.out, want.out), tol_out) << "out";
   EXPECT_TRUE(all_close(got.lse, want.lse, 1e-5, 1e-4)) << "lse";
   if (c.Tk > 1) {
@@ -200,6 +233,82 @@ TEST(FlashAttention, FallbackKernelForOtherDtypesAndHeadDims) {
   for (int64_t D : {64, 128})
     check_case({DType::bf16, 2, 2, 100, 100, D, D == 64, 0.0, false, -0.2}, out_tol(DType::bf16),
                grad_tol(DType::bf16));
+}
+
+// Masks on every kernel: the Hopper kernels, the mma.sync kernels (same GPU) and the fallback, with a key
+// padding mask (broadcast bias) and a full additive bias, both with rows whose keys are all masked.
+TEST(FlashAttention, MasksOnEveryKernelMatchTheCpuReference) {
+  KILN_REQUIRE_GPU();
+  manual_seed(9);
+  for (bool sm90 : {true, false}) {
+    ScopedEnv env("KILN_FLASH_ATTENTION_SM90", sm90 ? "1" : "0");
+    int n = 0;
+    for (DType t : {DType::bf16, DType::f16})
+      for (int64_t D : {64, 128})
+        for (int64_t T : {17, 200})
+          for (bool causal : {false, true})
+            for (Case::Mask mask : {Case::key_padding, Case::bias}) {
+              Case c{t, 2, 3, T, T, D, causal, (n % 3) == 2 ? 0.2 : 0.0, (n % 2) == 1};
+              c.mask = mask;
+              ++n;
+              check_case(c, out_tol(t), grad_tol(t));
+            }
+    Case ragged{DType::bf16, 2, 2, 100, 257, 128, true, 0.0, false};
+    ragged.mask = Case::bias;
+    check_case(ragged, out_tol(DType::bf16), grad_tol(DType::bf16));
+  }
+  for (DType t : {DType::f32, DType::f64})
+    for (Case::Mask mask : {Case::key_padding, Case::bias}) {
+      Case c{t, 2, 2, 33, 40, 48, mask == Case::bias, 0.0, false};
+      c.mask = mask;
+      check_case(c, out_tol(t), grad_tol(t));
+    }
+}
+
+// The public op and MultiheadAttention with masks: GPU (bf16 under autocast, f32) against the CPU in f64,
+// and a bool mask gives what its additive form gives.
+TEST(FlashAttention, MaskedPublicOpAndMultiheadAttentionOnTheGpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(10);
+  const int64_t B = 3, H = 2, T = 90, D = 64, E = H * D;
+  Tensor q = cast(randn({B, H, T, D}), DType::bf16), k = cast(randn({B, H, T, D}), DType::bf16),
+         v = cast(randn({B, H, T, D}), DType::bf16);
+  Tensor keep = gt(rand({B, 1, 1, T}), full({}, 0.25));  // SDPA's convention: true = attend
+  auto grads_of = [&](Device dev, DType t, const Tensor& mask, Tensor* g) {
+    Tensor a = cast(q, t).to(dev).requires_grad_(true), b = cast(k, t).to(dev).requires_grad_(true),
+           c = cast(v, t).to(dev).requires_grad_(true);
+    Tensor out = F::scaled_dot_product_attention(a, b, c, mask.to(dev), false);
+    sum(mul(cast(out, DType::f64), cast(out, DType::f64))).backward();
+    g[0] = a.grad(), g[1] = b.grad(), g[2] = c.grad();
+    return out;
+  };
+  Tensor gg[3], gr[3];
+  Tensor got = grads_of(gpu(), DType::bf16, keep, gg), want = grads_of(Device::cpu(), DType::f64, keep, gr);
+  EXPECT_LT(rel_err(got, want), out_tol(DType::bf16));
+  for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(gg[i], gr[i]), grad_tol(DType::bf16)) << "grad " << i;
+  Tensor additive = where(keep, full({}, 0.0), full({}, -INFINITY));
+  EXPECT_TRUE(same_values(F::scaled_dot_product_attention(q.to(gpu()), k.to(gpu()), v.to(gpu()), additive.to(gpu())),
+                          F::scaled_dot_product_attention(q.to(gpu()), k.to(gpu()), v.to(gpu()), keep.to(gpu()))));
+
+  // MultiheadAttention, PyTorch's convention: true = padding; the last sequence is 30 tokens long
+  nn::MultiheadAttention cpu_attn(E, H);
+  nn::MultiheadAttention gpu_attn(E, H);
+  gpu_attn.load_state_dict(cpu_attn.state_dict());
+  gpu_attn.to(gpu());
+  Tensor x = randn({B, T, E});
+  Tensor padding = gt(arange(T).reshape({1, T}).expand({B, T}), full({}, 30, {.dtype = DType::i64}));
+  padding = where(eq(arange(B).reshape({B, 1}), full({}, B - 1, {.dtype = DType::i64})), padding,
+                  full({}, false, {.dtype = DType::boolean}));
+  Tensor want_y = cpu_attn(x, x, x, padding);
+  Tensor got_y;
+  {
+    amp::Autocast autocast(gpu(), DType::bf16);
+    got_y = gpu_attn(x.to(gpu()), x.to(gpu()), x.to(gpu()), padding.to(gpu()));
+  }
+  EXPECT_LT(rel_err(got_y, want_y), 2e-2);
+  // the short sequence's outputs equal attention over its first 31 tokens alone
+  Tensor alone = cpu_attn(x.narrow(0, B - 1, 1).narrow(1, 0, 31));
+  EXPECT_LT(rel_err(want_y.narrow(0, B - 1, 1).narrow(1, 0, 31), alone), 1e-5);
 }
 
 TEST(FlashAttention, MisalignedViewsTakeTheFallback) {

@@ -52,6 +52,7 @@ inline bool all_close(const Tensor& got, const Tensor& want, double rtol, double
       if (std::isnan(g[i]) != std::isnan(w[i])) return false;
       continue;
     }
+    if (g[i] == w[i]) continue;  // also equal infinities
     if (!(std::abs(g[i] - w[i]) <= atol + rtol * std::abs(w[i]))) return false;
   }
   return true;

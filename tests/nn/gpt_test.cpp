@@ -300,14 +300,15 @@ TEST(GPT, HooksOnFusedSubmodulesFire) {
     Shape fc_in, fc_out, fc_grad;
     int ln_1 = 0, block = 0, ln_f = 0;
     auto& fc = gpt.blocks()[0]->mlp.fc;
-    fc.register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
-      fc_in = in.sizes();
+    fc.register_forward_hook([&](Module&, const std::vector<Tensor>& in, const Tensor& out) {
+      fc_in = in.at(0).sizes();
       fc_out = out.sizes();
     });
-    fc.register_full_backward_hook([&](Module&, const Tensor& g) { fc_grad = g.sizes(); });
-    gpt.blocks()[0]->ln_1.register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++ln_1; });
-    gpt.blocks()[1]->register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++block; });
-    gpt.ln_f.register_forward_hook([&](Module&, const Tensor&, const Tensor&) { ++ln_f; });
+    fc.register_full_backward_hook(
+        [&](Module&, const std::vector<Tensor>&, const std::vector<Tensor>& g) { fc_grad = g.at(0).sizes(); });
+    gpt.blocks()[0]->ln_1.register_forward_hook([&](Module&, const std::vector<Tensor>&, const Tensor&) { ++ln_1; });
+    gpt.blocks()[1]->register_forward_hook([&](Module&, const std::vector<Tensor>&, const Tensor&) { ++block; });
+    gpt.ln_f.register_forward_hook([&](Module&, const std::vector<Tensor>&, const Tensor&) { ++ln_f; });
 
     Tensor loss = gpt.loss(idx, targets);
     EXPECT_NEAR(loss.item<float>(), plain, 1e-5) << "checkpoint " << checkpoint;
