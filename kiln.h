@@ -10,6 +10,7 @@
 #include <kiln/autograd/gradcheck.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/data/data.h>
+#include <kiln/core/data/pad_sequence.h>
 #include <kiln/core/data/window_sampler.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/parallel.h>

@@ -20,4 +20,5 @@
 #include <kiln/nn/multihead_attention.h>
 #include <kiln/nn/pooling.h>
 #include <kiln/nn/rms_norm.h>
+#include <kiln/nn/rotary_embedding.h>
 #include <kiln/nn/sequential.h>

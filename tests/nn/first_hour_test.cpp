@@ -14,6 +14,7 @@
 #include <kiln/nn/linear.h>
 #include <kiln/nn/module_list.h>
 #include <kiln/nn/rms_norm.h>
+#include <kiln/nn/rotary_embedding.h>
 
 using namespace kiln;
 namespace F = kiln::nn::functional;
@@ -156,6 +157,37 @@ TEST(GatedUnits, GluAndSwigluOfTheTwoHalves) {
   EXPECT_DOUBLE_EQ(s[0], 1.0 * sig(1.0) * 0.5);
   EXPECT_DOUBLE_EQ(s[1], -2.0 * sig(-2.0) * 3.0);
   EXPECT_THROW(F::glu(ones({3})), Error);
+}
+
+// RoPE: each pair (x1_i, x2_i) turned by t·θ_i, so norms are kept and a query-key dot product depends on
+// the distance of their positions only; position 0 is the identity.
+TEST(RotaryEmbedding, RotatesPairsSoScoresDependOnRelativePosition) {
+  manual_seed(12);
+  const int64_t D = 8, T = 6;
+  nn::RotaryEmbedding rope(D, {.base = 100.0, .max_seq_len = 32});
+  Tensor x = randn({2, T, D}, {.dtype = DType::f64});
+  Tensor y = rope(x);
+  EXPECT_EQ(y.sizes(), x.sizes());
+  // position t, pair i: the formula written out
+  auto xv = x.contiguous().to_vector<double>(), yv = y.contiguous().to_vector<double>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double theta = double(t) * std::pow(100.0, -2.0 * double(i) / double(D));
+      const double x1 = xv[size_t(T * D + t * D + i)], x2 = xv[size_t(T * D + t * D + i + D / 2)];
+      EXPECT_NEAR(yv[size_t(T * D + t * D + i)], x1 * std::cos(theta) - x2 * std::sin(theta), 1e-6);
+      EXPECT_NEAR(yv[size_t(T * D + t * D + i + D / 2)], x1 * std::sin(theta) + x2 * std::cos(theta), 1e-6);
+    }
+  // the same q and k placed at positions (m, n) and (m + 3, n + 3) give the same score
+  Tensor q = randn({D}, {.dtype = DType::f64}), k = randn({D}, {.dtype = DType::f64});
+  auto score = [&](int64_t m, int64_t n) {
+    Tensor qs = rope.forward(q.reshape({1, D}), m), ks = rope.forward(k.reshape({1, D}), n);
+    return sum(mul(qs, ks)).item<double>();
+  };
+  EXPECT_NEAR(score(2, 5), score(5, 8), 1e-6);
+  EXPECT_NEAR(score(0, 0), sum(mul(q, k)).item<double>(), 1e-6);
+  EXPECT_THROW(rope.forward(x, 30), Error);  // positions past max_seq_len
+  EXPECT_THROW(nn::RotaryEmbedding(7), Error);
+  EXPECT_TRUE(rope.state_dict().empty()) << "the tables are not checkpointed";
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 
 #include <kiln/autograd/checkpoint.h>
 #include <kiln/autograd/gradcheck.h>
+#include <kiln/core/data/pad_sequence.h>
 #include <kiln/nn/functional.h>
+#include <kiln/nn/rotary_embedding.h>
 
 namespace kiln::test_ops {
 
@@ -175,11 +177,33 @@ inline std::vector<OpCase> cases() {
       {"scaled_dot_product_attention", {{1, 3, 6, 4}, {1, 3, 6, 4}, {1, 3, 6, 4}}, [](const Inputs& x) {
          return F::scaled_dot_product_attention(x[0].transpose(1, 2).contiguous().transpose(1, 2), x[1], x[2], true);
        }},
+      // masks: key padding (bool, batch 1 attends to nothing), causal with a bool mask that empties row 0,
+      // an additive bias (not differentiated: the fused kernels), a trainable bias (the composite)
+      {"scaled_dot_product_attention", {{2, 2, 5, 4}, {2, 2, 6, 4}, {2, 2, 6, 4}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention(x[0], x[1], x[2], mask({1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0}, {2, 1, 1, 6}));
+       }},
+      {"scaled_dot_product_attention", {{1, 4, 3}, {1, 4, 3}, {1, 4, 3}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention(x[0], x[1], x[2],
+                                                mask({0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, {4, 4}), true);
+       }},
+      {"scaled_dot_product_attention", {{2, 4, 3}, {2, 5, 3}, {2, 5, 3}, {4, 5}},
+       [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }, D::any,
+       {true, true, true, false}},
+      {"scaled_dot_product_attention", {{1, 2, 3, 4}, {1, 2, 5, 4}, {1, 2, 5, 4}, {2, 1, 5}},
+       [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3], true); }},
+      {"scaled_dot_product_attention_qkvpacked", {{2, 5, 3, 2, 4}}, [](const Inputs& x) {
+         return F::scaled_dot_product_attention_qkvpacked(x[0], mask({1, 0, 1, 1, 0, 0, 1, 1, 1, 1}, {2, 1, 1, 5}));
+       }},
       {"scaled_dot_product_attention_qkvpacked", {{2, 5, 3, 2, 4}},
        [](const Inputs& x) { return F::scaled_dot_product_attention_qkvpacked(x[0], true); }},
       // D = 64: the tensor-core kernels on the GPU's half-precision columns, reading and writing rows 3HD apart
       {"scaled_dot_product_attention_qkvpacked", {{1, 17, 3, 2, 64}},
        [](const Inputs& x) { return F::scaled_dot_product_attention_qkvpacked(x[0], false); }},
+      {"rotary_embedding", {{2, 3, 5, 8}}, [](const Inputs& x) {
+         nn::RotaryEmbedding rope(8, {.max_seq_len = 16, .device = case_device()});
+         return rope.forward(x[0], 2);
+       }},
+      {"pad_sequence", {{3, 2}, {1, 2}, {2, 2}}, [](const Inputs& x) { return data::pad_sequence({x[0], x[1], x[2]}); }},
       {"scaled_dot_product_attention_reference", {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, [](const Inputs& x) {
          return F::scaled_dot_product_attention_reference(x[0], x[1], x[2], true);
        }},
