@@ -9,6 +9,8 @@
 // Rows tagged _keypad run the same shapes with a key padding mask (the last quarter of every sequence's
 // keys masked, as a (B, 1, 1, N) f32 bias broadcast over heads and queries), in the same process: the
 // masked kernels' cost beside the unmasked ones' (same FLOPs counted: every tile is still computed).
+// Rows tagged _bias (N <= 4096) add a random (N, N) f32 bias shared by the batch and heads, as an (N, N)
+// attn_mask is: one bias value read per score.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,9 +69,14 @@ int main(int argc, char** argv) {
           Tensor padding = zeros({B, 1, 1, N}, {.dtype = DType::f32, .device = kGpu});
           padding.narrow(3, N - N / 4, N / 4).fill_(-INFINITY);
           const Tensor keypad = padding.expand({B, H, N, N});
+          // a bias per score, shared by the batch and the heads (an (N, N) attn_mask): read from global memory
+          const Tensor shared_bias = N <= 4096 ? randn({N, N}, {.dtype = DType::f32, .device = kGpu}).expand({B, H, N, N})
+                                               : Tensor();
           const int iters = N >= 8192 ? 10 : 20;
-          for (const Tensor& bias : {Tensor(), keypad}) {
-            const std::string suffix = tag + (bias.defined() ? "_keypad" : "");
+          for (int kind = 0; kind < 3; ++kind) {
+            const Tensor bias = kind == 0 ? Tensor() : kind == 1 ? keypad : shared_bias;
+            if (kind == 2 && !bias.defined()) continue;
+            const std::string suffix = tag + (kind == 1 ? "_keypad" : kind == 2 ? "_bias" : "");
             auto fwd = [&] { kernels::attention_forward(q, k, v, bias, out, lse, causal, scale, 0.0, 0, 0); };
             auto bwd = [&] {
               kernels::attention_backward(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0);

@@ -140,6 +140,11 @@ CUtensorMap head_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16
 // ------------------------------------------------------------------------------------------ forward
 
 constexpr int kFwdRows = 128, kFwdKeys = 128;
+constexpr int kBarrierBytes = 8 * 32;  // the mbarriers (of either kernel)
+// Which bias the kernel instance adds to the scores: none; one per key (it does not vary with the query:
+// a key padding mask, sq = 0), which the producer stages in shared memory per K tile and the backward keeps
+// in registers; or one per score, read from global memory.
+enum class BiasKind { none, keys, full };
 // K/V ring depth: as deep as shared memory allows (D = 128: 32 KB Q + 3 x 64 KB), since a tile takes
 // about as long to arrive from L2 as the tensor cores take to consume it.
 constexpr int fwd_stages(int D) { return D <= 64 ? 4 : 3; }
@@ -157,26 +162,38 @@ struct FwdMaps {
 // path needs scale > 0): masks keys >= Tk and, causal, keys > row; updates the running max and sum;
 // returns the factor the running output must be scaled by; writes P (dropout applied; the sum keeps the
 // undropped values) as the register A operand of O += P V (k16 step kk: keys 16kk..16kk+15).
-template <class T>
+template <class T, BiasKind kBias>
 __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t (&pa)[kFwdKeys / 16][4],
                                              float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
-                                             int64_t bh, int n0, int row_lo, int row_first, int t4) {
+                                             int64_t bh, int n0, int row_lo, int row_first, int t4,
+                                             const float* key_bias2) {
   const int row_hi = row_lo + 8;
   // With a bias the scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
-  const bool biased = p.bias.ptr != nullptr;
-  const bool need_mask = biased || n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
-  const float sl = biased ? 1.f : p.scale_log2;
+  // BiasKind::keys reads the tile's 128 key biases (already in log2 units) from shared memory, where the
+  // producer put them; BiasKind::full reads each score's bias from global memory.
+  const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
+  const float sl = kBias != BiasKind::none ? 1.f : p.scale_log2;
   float mx[2] = {-INFINITY, -INFINITY};
-  if (biased) {
-    const float* brow[2] = {bias_row(p.bias, bh, row_lo < p.Tq ? row_lo : 0),
-                            bias_row(p.bias, bh, row_hi < p.Tq ? row_hi : 0)};
+  if constexpr (kBias == BiasKind::keys) {
 #pragma unroll
     for (int j = 0; j < kFwdKeys / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n0 + 8 * j + 2 * t4 + (e & 1);
-        const float bias = col < p.Tk ? __ldg(brow[e / 2] + int64_t(col) * p.bias.sk) : 0.f;
-        s[4 * j + e] = fmaf(s[4 * j + e], p.scale_log2, bias * kLog2e);
+      for (int c = 0; c < 2; ++c) {
+        const float b = key_bias2[8 * j + 2 * t4 + c];
+        s[4 * j + c] = fmaf(s[4 * j + c], p.scale_log2, b);
+        s[4 * j + c + 2] = fmaf(s[4 * j + c + 2], p.scale_log2, b);
+      }
+  } else if constexpr (kBias == BiasKind::full) {
+    const float* b_lo = bias_row(p.bias, bh, row_lo < p.Tq ? row_lo : 0);
+    const float* b_hi = bias_row(p.bias, bh, row_hi < p.Tq ? row_hi : 0);
+#pragma unroll
+    for (int j = 0; j < kFwdKeys / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = n0 + 8 * j + 2 * t4 + c;
+        const int64_t at = int64_t(col) * p.bias.sk;
+        s[4 * j + c] = fmaf(s[4 * j + c], p.scale_log2, col < p.Tk ? __ldg(b_lo + at) * kLog2e : 0.f);
+        s[4 * j + c + 2] = fmaf(s[4 * j + c + 2], p.scale_log2, col < p.Tk ? __ldg(b_hi + at) * kLog2e : 0.f);
       }
   }
 #pragma unroll
@@ -223,7 +240,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
     for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
-template <class T, int D>
+template <class T, int D, BiasKind kBias>
 __global__ void __launch_bounds__(kFwdThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdMaps maps) {
   using MmaS = wgmma::Mma<kFwdKeys, T>;
@@ -232,7 +249,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   constexpr int kFwdStages = fwd_stages(D);
   constexpr uint32_t kTileQ = kFwdRows * D * 2, kTileK = kFwdKeys * D * 2;
   const uint32_t sQ = aligned_smem_base(smem_raw), sK0 = sQ + kTileQ, sV0 = sK0 + kFwdStages * kTileK,
-                 bars = sV0 + kFwdStages * kTileK;
+                 bars = sV0 + kFwdStages * kTileK, sBias0 = bars + kBarrierBytes;
+  // BiasKind::keys: the key biases of stage s (log2 units), written by the producer warp once v_empty(s)
+  // frees the stage, published by its second arrival on k_full(s)
+  auto key_bias_stage = [&](int stage) {
+    return reinterpret_cast<float*>(smem_raw + (sBias0 + uint32_t(stage) * kFwdKeys * 4 - smem_addr(smem_raw)));
+  };
   // mbarriers: Q full, then per stage K full, V full, K empty, V empty (K and V are freed separately:
   // a K tile is done once its scores are in, a tile before its V)
   const uint32_t q_full = bars;
@@ -251,7 +273,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   if (tid == 0) {
     tma::barrier_init(q_full, 1);
     for (int s = 0; s < kFwdStages; ++s) {
-      tma::barrier_init(k_full(s), 1);
+      tma::barrier_init(k_full(s), kBias == BiasKind::keys ? 2 : 1);  // K's bytes (and the key biases)
       tma::barrier_init(v_full(s), 1);
       tma::barrier_init(k_empty(s), kFwdConsumers);
       tma::barrier_init(v_empty(s), kFwdConsumers);
@@ -260,19 +282,40 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   }
   __syncthreads();
 
-  if (tid >= kFwdConsumers) {  // the producer group: one thread issues every load
+  if (tid >= kFwdConsumers) {  // the producer group: one thread issues every load (a warp with key biases)
     wgmma::set_max_registers_dec<kProducerRegs>();
-    if (tid == kFwdConsumers) {
-      tma::arrive_expect_tx(q_full, kTileQ);
-      tma_tile<kFwdRows, D>(sQ, &maps.q, q_full, m0, h, b);
+    const int lane = tid - kFwdConsumers;
+    if (lane == 0 || (kBias == BiasKind::keys && lane < 32)) {
+      if (lane == 0) {
+        tma::arrive_expect_tx(q_full, kTileQ);
+        tma_tile<kFwdRows, D>(sQ, &maps.q, q_full, m0, h, b);
+      }
       for (int n = 0; n < n_tiles; ++n) {
         const int s = n % kFwdStages, use = n / kFwdStages;
-        if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
-        tma::arrive_expect_tx(k_full(s), kTileK);
-        tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), n * kFwdKeys, h, b);
+        if (lane == 0) {
+          if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
+          tma::arrive_expect_tx(k_full(s), kTileK);
+          tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), n * kFwdKeys, h, b);
+        }
         if (use > 0) tma::wait(v_empty(s), uint32_t(use - 1) & 1u);
-        tma::arrive_expect_tx(v_full(s), kTileK);
-        tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), n * kFwdKeys, h, b);
+        if constexpr (kBias == BiasKind::keys) {
+          // The stage's key biases, while K is in flight: their slot is free once the tile's V is (the
+          // softmax that reads them precedes O += P V), and k_full(s) completes only with this second
+          // arrival, so the scores' softmax sees them.
+          const float* key_bias = bias_row(p.bias, bh, 0);
+          float* dst = key_bias_stage(s);
+          for (int c = lane; c < kFwdKeys; c += 32) {
+            const int col = n * kFwdKeys + c;
+            dst[c] = col < p.Tk ? __ldg(key_bias + int64_t(col) * p.bias.sk) * kLog2e : 0.f;
+          }
+          __threadfence_block();
+          __syncwarp();  // the warp's stores before lane 0's arrival, which publishes them
+          if (lane == 0) tma::arrive(k_full(s));
+        }
+        if (lane == 0) {
+          tma::arrive_expect_tx(v_full(s), kTileK);
+          tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), n * kFwdKeys, h, b);
+        }
       }
     }
     return;
@@ -316,7 +359,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma::wait<0>();
     wgmma::fence_regs(s);
     tma::arrive(k_empty(0));
-    softmax_step<T>(s, pa, m, l, corr, p, bh, 0, row_lo, row_first, t4);
+    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, 0, row_lo, row_first, t4, key_bias_stage(0));
     // Every tile but the last: the next tile's scores run on the tensor cores while this tile's O += P V
     // is issued behind them and the next softmax runs on the ALUs. (No branch inside: ptxas keeps the
     // wgmmas asynchronous only where it can see which group each register waits for.)
@@ -328,7 +371,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wgmma::wait<1>();  // the scores are in; O += P V may still run
       wgmma::fence_regs(s);
       tma::arrive(k_empty((n + 1) % kFwdStages));
-      softmax_step<T>(s, pn, m, l, corr, p, bh, (n + 1) * kFwdKeys, row_lo, row_first, t4);
+      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, (n + 1) * kFwdKeys, row_lo, row_first, t4,
+                             key_bias_stage((n + 1) % kFwdStages));
       wgmma::wait<0>();
       wgmma::fence_regs(o);
       fence_operands(pa);
@@ -406,7 +450,7 @@ __global__ void pack_bwd_stats_kernel(const float* lse, const float* dsum, float
 // fetched after the barrier of tile m, into the buffer tile m - 1 used (three buffers); dSᵀ alternates
 // between two buffers, so tile m writes the one whose last readers (tile m - 2) finished before the
 // barrier of tile m - 1.
-template <class T, int D>
+template <class T, int D, BiasKind kBias>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, const __grid_constant__ BwdMaps maps,
                           const float2* __restrict__ stats, int Tq_pad) {
@@ -435,6 +479,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
 
   const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
+  // A bias that does not vary with the query (a key padding mask: sq = 0) is, per thread, two values for
+  // the whole kernel (its keys key_lo and key_hi), in log2 units.
+  float key_bias2[2] = {0.f, 0.f};
+  if constexpr (kBias == BiasKind::keys) {
+    const float* row = bias_row(p.bias, bh, 0);
+    if (key_lo < p.Tk) key_bias2[0] = __ldg(row + int64_t(key_lo) * p.bias.sk) * kLog2e;
+    if (key_hi < p.Tk) key_bias2[1] = __ldg(row + int64_t(key_hi) * p.bias.sk) * kLog2e;
+  }
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -523,7 +575,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     uint32_t pa[kBwdRows / 16][4];
     unsigned char* const sdS_m = smem_generic + (sdS0 + uint32_t(i % 2) * kTileS - sK);
     // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
-    const bool biased = p.bias.ptr != nullptr;  // a bias takes the masked instance
     auto elementwise = [&]<bool kMask, bool kDrop>() {
       const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
 #pragma unroll
@@ -537,13 +588,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
           for (int e = c; e < 4; e += 2) {
             float pr;
+            // the score's bias in log2 units: a key bias from registers, a full one from global memory
+            // (only where valid: the full kind always takes the masked instance)
+            float bias2 = 0.f;
+            if constexpr (kBias == BiasKind::keys) bias2 = e < 2 ? key_bias2[0] : key_bias2[1];
             if constexpr (kMask) {
               const int qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
               const bool valid = qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi);
-              const float bias2 = biased && valid ? __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e : 0.f;
+              if constexpr (kBias == BiasKind::full)
+                if (valid) bias2 = __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e;
               pr = valid ? fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2 + bias2)) : 0.f;
             } else {
-              pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2));
+              pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2 + bias2));
             }
             if constexpr (kDrop) {
               const float z = (bits >> (4 * j + e)) & 1u ? p.drop.scale : 0.f;
@@ -564,7 +620,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     };
     if (p.drop.on) elementwise.template operator()<true, true>();
-    else if (biased || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
+    else if (kBias == BiasKind::full || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
       elementwise.template operator()<true, false>();
     else
       elementwise.template operator()<false, false>();
@@ -636,28 +692,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
 // ------------------------------------------------------------------------------------------ launchers
 
-constexpr int kBarrierBytes = 8 * 32;
-constexpr int fwd_smem(int D) {
-  return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes;
+constexpr int fwd_smem(int D) {  // with the key-bias stages (4 bytes a key)
+  return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes +
+         fwd_stages(D) * kFwdKeys * 4;
 }
 constexpr int bwd_smem(int D) {
   return int(kAtomBytes) + (2 * kBwdKeys + 2 * kBwdBuffers * kBwdRows) * D * 2 + 2 * kBwdKeys * kBwdRows * 2 +
          2 * kBwdRows * (D / 2) * 4 + kBwdBuffers * int(kStatBytes) + kBarrierBytes;
 }
 
-template <class T, int D>
+template <class T, int D, BiasKind kBias>
 void fwd(const FwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kFwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
                      head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
-  auto kernel = flash_fwd_sm90_kernel<T, D>;
+  auto kernel = flash_fwd_sm90_kernel<T, D, kBias>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, fwd_smem(D)));
   dim3 grid(unsigned((p.Tq + kFwdRows - 1) / kFwdRows), unsigned(p.H), unsigned(B));
   kernel<<<grid, kFwdThreads, fwd_smem(D), current_stream()>>>(p, maps);
   KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
 }
 
-template <class T, int D>
+template <class T, int D, BiasKind kBias>
 void bwd(const BwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const HeadView dq_acc{p.dq_acc, int64_t(p.H) * p.Tq * D, int64_t(p.Tq) * D, D};  // contiguous f32
@@ -672,7 +728,7 @@ void bwd(const BwdParams& p, int B) {
   pack_bwd_stats_kernel<<<blocks_for(n_stats), 256, 0, current_stream()>>>(p.lse, p.dsum, stats_ptr, p.Tq, Tq_pad,
                                                                            n_stats);
   KILN_LAUNCH_CHECK("pack_bwd_stats_kernel", "attention_backward");
-  auto kernel = flash_bwd_sm90_kernel<T, D>;
+  auto kernel = flash_bwd_sm90_kernel<T, D, kBias>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
   dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));
   kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps, stats_ptr, Tq_pad);
@@ -689,14 +745,28 @@ bool sm90_usable() {
   return major == 9 && minor == 0;
 }
 
+// One instance per (dtype, head dim, bias kind).
+template <BiasKind kBias>
+void launch_fwd(const FwdParams& p, int B, bool is_bf16, int D) {
+  if (is_bf16) D == 64 ? fwd<__nv_bfloat16, 64, kBias>(p, B) : fwd<__nv_bfloat16, 128, kBias>(p, B);
+  else D == 64 ? fwd<__half, 64, kBias>(p, B) : fwd<__half, 128, kBias>(p, B);
+}
+template <BiasKind kBias>
+void launch_bwd(const BwdParams& p, int B, bool is_bf16, int D) {
+  if (is_bf16) D == 64 ? bwd<__nv_bfloat16, 64, kBias>(p, B) : bwd<__nv_bfloat16, 128, kBias>(p, B);
+  else D == 64 ? bwd<__half, 64, kBias>(p, B) : bwd<__half, 128, kBias>(p, B);
+}
+
 void launch_fwd_sm90(const FwdParams& p, int B, bool is_bf16, int D) {
-  if (is_bf16) D == 64 ? fwd<__nv_bfloat16, 64>(p, B) : fwd<__nv_bfloat16, 128>(p, B);
-  else D == 64 ? fwd<__half, 64>(p, B) : fwd<__half, 128>(p, B);
+  if (!p.bias.ptr) launch_fwd<BiasKind::none>(p, B, is_bf16, D);
+  else if (p.bias.sq == 0) launch_fwd<BiasKind::keys>(p, B, is_bf16, D);
+  else launch_fwd<BiasKind::full>(p, B, is_bf16, D);
 }
 
 void launch_bwd_sm90(const BwdParams& p, int B, bool is_bf16, int D) {
-  if (is_bf16) D == 64 ? bwd<__nv_bfloat16, 64>(p, B) : bwd<__nv_bfloat16, 128>(p, B);
-  else D == 64 ? bwd<__half, 64>(p, B) : bwd<__half, 128>(p, B);
+  if (!p.bias.ptr) launch_bwd<BiasKind::none>(p, B, is_bf16, D);
+  else if (p.bias.sq == 0) launch_bwd<BiasKind::keys>(p, B, is_bf16, D);
+  else launch_bwd<BiasKind::full>(p, B, is_bf16, D);
 }
 
 }  // namespace kiln::cuda::flash

@@ -123,6 +123,41 @@ std::vector<Row> nn_rows() {
       error("sdpa_mismatched_head_dims",
             [] { F::scaled_dot_product_attention(zeros({1, 2, 4, 8}), zeros({1, 2, 4, 6}), zeros({1, 2, 4, 8})); },
             {"scaled_dot_product_attention", "[1, 2, 4, 6]"}),
+      error("sdpa_mask_does_not_broadcast",
+            [] {
+              F::scaled_dot_product_attention(zeros({1, 2, 4, 8}), zeros({1, 2, 5, 8}), zeros({1, 2, 5, 8}),
+                                              zeros({4, 4}, {.dtype = DType::boolean}));
+            },
+            {"scaled_dot_product_attention", "attn_mask", "[4, 4]", "[1, 2, 4, 5]"}),
+      error("sdpa_integer_mask",
+            [] {
+              F::scaled_dot_product_attention(zeros({2, 4, 8}), zeros({2, 4, 8}), zeros({2, 4, 8}),
+                                              zeros({4, 4}, {.dtype = DType::i64}));
+            },
+            {"scaled_dot_product_attention", "attn_mask", "i64"}),
+      error("multihead_attention_key_padding_mask_shape",
+            [] {
+              nn::MultiheadAttention mha(8, 2);
+              Tensor x = zeros({2, 4, 8});
+              mha(x, x, x, zeros({2, 5}, {.dtype = DType::boolean}));
+            },
+            {"MultiheadAttention", "key_padding_mask", "[2, 5]"}),
+      error("multihead_attention_too_many_inputs",
+            [] {
+              nn::MultiheadAttention mha(8, 2);
+              Tensor x = zeros({2, 4, 8});
+              mha(x, x, x, Tensor(), Tensor(), x);
+            },
+            {"MultiheadAttention", "6 inputs"}),
+      error("rotary_embedding_odd_dim", [] { nn::RotaryEmbedding rope(7); }, {"RotaryEmbedding", "7"}),
+      error("rotary_embedding_past_max_len",
+            [] {
+              nn::RotaryEmbedding rope(8, {.max_seq_len = 4});
+              rope(zeros({2, 5, 8}));
+            },
+            {"RotaryEmbedding", "max_seq_len 4", "[2, 5, 8]"}),
+      error("linear_called_with_two_inputs", [] { nn::Linear fc(2, 2); fc(zeros({1, 2}), zeros({1, 2})); },
+            {"Linear", "2 inputs"}),
       error("dropout_p_above_one", [] { F::dropout(zeros({4}), 1.5, true); }, {"dropout", "1.5"}),
       error("dropout_module_negative_p", [] { nn::Dropout d(-0.1); }, {"Dropout"}),
       error("cross_entropy_target_out_of_range", [] { F::cross_entropy(zeros({2, 3}), from_vector<int64_t>({0, 3}, {2})); },
