@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
             if (need_mask) {
               const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
               if (col >= p.Tk || row >= p.Tq || (p.causal && col > row)) x = -INFINITY;
-              else if (biased) x = fmaf(x, p.scale_log2, bias_row(p.bias, bh, row)[col * p.bias.sk] * kLog2e);
+              else if (biased) x = fmaf(x, p.scale_log2, __ldg(bias_row(p.bias, bh, row) + int64_t(col) * p.bias.sk) * kLog2e);
             }
             s[mi][nt][e] = x;
             if (e < 2) mx_lo = fmaxf(mx_lo, x);
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
         const int qi = m0 + nt * 8 + 2 * t4 + (e & 1), kj = e < 2 ? key_lo : key_hi;
         const int qt = nt * 8 + 2 * t4 + (e & 1);
         const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
-        const float bias2 = biased && valid ? bias_row(p.bias, bh, qi)[kj * p.bias.sk] * kLog2e : 0.f;
+        const float bias2 = biased && valid ? __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e : 0.f;
         const float pr = valid ? fast_exp2(fmaf(st[nt][e], p.scale_log2, bias2 - cL[qt] * kLog2e)) : 0.f;
         const float z = p.drop.on ? ((bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f) : 1.f;
         pz[e] = pr * z;
