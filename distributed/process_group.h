@@ -1,0 +1,97 @@
+#pragma once
+// Process groups: the ranks of a data-parallel job and the collectives between them, as
+// torch.distributed's ProcessGroup. One interface; backends:
+//   mpi   CPU tensors over MPI (OpenMPI), launched by mpirun: what CI runs with `mpirun -np 2`
+//   nccl  CUDA tensors over NCCL (distributed/nccl_process_group.h; not built yet)
+//
+//   auto pg = kiln::distributed::init_process_group();   // from mpirun's environment
+//   Tensor t = ...;                                       // the same shape and dtype on every rank
+//   pg->all_reduce(t, ReduceOp::avg);                     // in place: every rank gets the mean
+//
+// Collectives work in place on contiguous tensors of f32, bf16, f16 or i64 (avg: floating only) and must be
+// called by every rank of the group in the same order with the same sizes. The *_async forms return a
+// Work whose wait() blocks until the collective is done. A collective that does not finish within the
+// group's timeout (a peer died, or never called it) makes wait() raise a kiln::Error naming the
+// collective, the group's size and the timeout, and the group is marked failed: at exit a failed MPI group
+// aborts the whole job (every rank exits non-zero) instead of waiting on its peers forever.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <kiln/core/tensor.h>
+
+namespace kiln::distributed {
+
+enum class ReduceOp { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+
+// A collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective is done and its result is in place; raises kiln::Error on a timeout.
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;  // without blocking
+};
+
+struct ProcessGroupOptions {
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per collective
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The rank among the processes on this machine (the GPU a rank drives).
+  int local_rank() const { return local_rank_; }
+  virtual const char* backend() const = 0;
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+  void set_timeout(std::chrono::milliseconds timeout) { options_.timeout = timeout; }
+
+  // t <- op over the ranks' t.
+  virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
+  // t <- root's t.
+  virtual std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) = 0;
+  // output (size() · n elements) <- every rank's input (n elements), rank r's at [r·n, (r+1)·n).
+  virtual std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input) = 0;
+  // output (n elements) <- op over the ranks of their input's elements [rank·n, (rank+1)·n).
+  virtual std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> barrier_async() = 0;
+
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) { all_reduce_async(t, op)->wait(); }
+  void broadcast(const Tensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
+  void all_gather(const Tensor& output, const Tensor& input) { all_gather_async(output, input)->wait(); }
+  void reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(output, input, op)->wait();
+  }
+  void barrier() { barrier_async()->wait(); }
+
+ protected:
+  ProcessGroup(int rank, int size, int local_rank, const ProcessGroupOptions& options)
+      : rank_(rank), size_(size), local_rank_(local_rank), options_(options) {}
+  // The checks every backend makes: defined, contiguous, a supported dtype, on `device_type`'s devices.
+  void check_tensor(const char* op, const Tensor& t, bool cuda) const;
+  void check_root(const char* op, int root) const;
+  // "all_reduce (sum) on the mpi group of 2 ranks"
+  std::string describe(const char* op) const;
+
+ private:
+  int rank_, size_, local_rank_;
+  ProcessGroupOptions options_;
+};
+
+struct InitOptions {
+  std::string backend = "mpi";  // "mpi" (CPU tensors)
+  ProcessGroupOptions group;
+};
+
+// The group of every process of the job, made from the launcher's environment (mpirun's). A job of one
+// process without a launcher is a group of one.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+}  // namespace kiln::distributed

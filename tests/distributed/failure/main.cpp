@@ -1,0 +1,42 @@
+// A job that goes wrong on purpose, for tests/distributed/failure/run.sh (2 MPI ranks):
+//   timeout  rank 1 reaches the barrier 20 s late; rank 0's barrier (timeout 1 s) must raise a kiln::Error
+//            naming the collective, the group size and the timeout, and the job must end non-zero
+//   kill     rank 1 kills itself (SIGKILL) before an all_reduce; rank 0 (timeout 5 s) must not hang
+// Exit status: 1 when rank 0 caught the expected error (the job is then aborted by the MPI group).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+#include <kiln/distributed/process_group.h>
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  const bool kill_mode = argc > 1 && std::strcmp(argv[1], "kill") == 0;
+  auto pg = distributed::init_process_group({.group = {.timeout = std::chrono::milliseconds(kill_mode ? 5000 : 1000)}});
+  Tensor x = ones({1024});
+  pg->all_reduce(x);  // every rank is up
+  try {
+    if (pg->rank() == 1) {
+      if (kill_mode) raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::seconds(20));
+    }
+    if (kill_mode) {
+      for (int step = 0; step < 100; ++step) pg->all_reduce(x);
+    } else {
+      pg->barrier();
+    }
+  } catch (const Error& e) {
+    std::printf("rank %d: kiln::Error: %s\n", pg->rank(), e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("rank %d: no error\n", pg->rank());
+  return 0;
+}
