@@ -1,0 +1,215 @@
+#include <kiln/distributed/data_parallel.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::distributed {
+
+struct DistributedDataParallel::Bucket {
+  std::vector<std::string> names;
+  std::vector<Tensor> params;
+  Tensor grad;                // the flat gradient buffer: every parameter's .grad is a view of it
+  std::vector<bool> ready;    // this backward pass
+  size_t pending = 0;         // parameters not ready yet
+  std::shared_ptr<Work> work;  // the all-reduce in flight
+};
+
+namespace {
+
+// "name [shape] dtype" per parameter, one a line: what every rank's model must agree on.
+std::string describe_parameters(const nn::NamedTensors& params) {
+  std::ostringstream os;
+  for (const auto& [name, p] : params) os << name << " " << shape_str(p.sizes()) << " " << dtype_name(p.dtype()) << "\n";
+  return os.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream is(text);
+  for (std::string l; std::getline(is, l);) lines.push_back(l);
+  return lines;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                                                 const DistributedDataParallelOptions& options)
+    : module_(module), group_(std::move(group)), options_(options) {
+  KILN_CHECK(group_ != nullptr, "DistributedDataParallel: no process group");
+  KILN_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
+             "DistributedDataParallel: bucket sizes must be positive, got ", options.first_bucket_cap_mb, " and ",
+             options.bucket_cap_mb, " MiB");
+  register_module("module", module);
+  nn::NamedTensors params;
+  for (const auto& [name, p] : module.named_parameters())
+    if (p.requires_grad()) params.emplace_back(name, p);
+  check_same_model_on_every_rank(params);
+  broadcast_state();
+  build_buckets(params, options);
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& [param, handle] : hooks_) param.remove_hook(handle);
+}
+
+void DistributedDataParallel::check_same_model_on_every_rank(const nn::NamedTensors& params) const {
+  const std::string mine = describe_parameters(params);
+  // rank 0's description, as one i64 per character (the collectives' integer dtype)
+  Tensor length = from_vector(std::vector<int64_t>{int64_t(mine.size())}, {1});
+  group_->broadcast(length, 0);
+  const int64_t n = length.to_vector<int64_t>()[0];
+  std::vector<int64_t> chars(size_t(n), 0);
+  if (group_->rank() == 0)
+    for (size_t i = 0; i < mine.size(); ++i) chars[i] = int64_t(static_cast<unsigned char>(mine[i]));
+  Tensor text = from_vector(chars, {std::max<int64_t>(n, 1)});
+  if (n > 0) group_->broadcast(text, 0);
+  std::string reference;
+  for (int64_t c : text.to_vector<int64_t>()) reference.push_back(char(c));
+  reference.resize(size_t(n));
+  // every rank learns whether any rank differs, so that all of them fail together
+  Tensor differs = from_vector(std::vector<int64_t>{mine == reference ? 0 : 1}, {1});
+  group_->all_reduce(differs, ReduceOp::max);
+  if (differs.to_vector<int64_t>()[0] == 0) return;
+  KILN_CHECK(mine != reference, "DistributedDataParallel: the model of another rank differs from rank 0's (its "
+             "error names the parameter); rank ", group_->rank(), " matches rank 0");
+  const std::vector<std::string> a = lines_of(mine), b = lines_of(reference);
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  KILN_FAIL("DistributedDataParallel: rank ", group_->rank(), "'s model differs from rank 0's at parameter ", i,
+            ": '", i < a.size() ? a[i] : "(none)", "' here, '", i < b.size() ? b[i] : "(none)", "' on rank 0 (",
+            a.size(), " parameters here, ", b.size(), " there)");
+}
+
+void DistributedDataParallel::broadcast_state() {
+  NoGradGuard no_grad;
+  auto send = [&](const std::string& name, const Tensor& t) {
+    const DType d = t.dtype();
+    KILN_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::i64,
+               "DistributedDataParallel: ", name, " is ", t.str(), "; data parallelism takes f32, bf16, f16 or i64");
+    if (t.is_contiguous()) {
+      group_->broadcast(t, 0);
+    } else {
+      Tensor c = t.contiguous();
+      group_->broadcast(c, 0);
+      Tensor(t).copy_(c);
+    }
+  };
+  for (const auto& [name, p] : module_.named_parameters()) send(name, p);
+  if (options_.broadcast_buffers)
+    for (const auto& [name, b] : module_.named_buffers()) send(name, b);
+}
+
+void DistributedDataParallel::build_buckets(const nn::NamedTensors& params,
+                                            const DistributedDataParallelOptions& options) {
+  // reverse registration order: the output layers' gradients come first in backward
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = params.size() - 1 - i;
+  std::vector<std::vector<size_t>> groups;
+  double bytes = 0;
+  for (size_t i : order) {
+    const Tensor& p = params[i].second;
+    KILN_CHECK(!p.grad_is_pinned(), "DistributedDataParallel: parameter ", params[i].first,
+               " already has a pinned gradient (optim::FlatParameters?); make DistributedDataParallel first");
+    const double cap = (groups.size() <= 1 ? options.first_bucket_cap_mb : options.bucket_cap_mb) * 1024.0 * 1024.0;
+    const bool fits = !groups.empty() && params[groups.back()[0]].second.dtype() == p.dtype() &&
+                      params[groups.back()[0]].second.device() == p.device() &&
+                      bytes + double(p.numel() * int64_t(element_size(p.dtype()))) <= cap;
+    if (!fits) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += double(p.numel() * int64_t(element_size(p.dtype())));
+  }
+  NoGradGuard no_grad;
+  for (const std::vector<size_t>& g : groups) {
+    auto bucket = std::make_unique<Bucket>();
+    int64_t total = 0;
+    for (size_t i : g) total += params[i].second.numel();
+    const Tensor& first = params[g[0]].second;
+    bucket->grad = zeros({total}, {.dtype = first.dtype(), .device = first.device()});
+    int64_t offset = 0;
+    for (size_t i : g) {
+      const Tensor& p = params[i].second;
+      Tensor view = bucket->grad.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) view.copy_(p.grad());
+      p.set_pinned_grad(view);
+      offset += p.numel();
+      bucket->names.push_back(params[i].first);
+      bucket->params.push_back(p);
+    }
+    bucket->ready.assign(g.size(), false);
+    bucket->pending = g.size();
+    const size_t b = buckets_.size();
+    for (size_t k = 0; k < g.size(); ++k) {
+      const Tensor& p = bucket->params[k];
+      const size_t handle = p.register_post_accumulate_grad_hook([this, b, k](const Tensor&) {
+        if (!sync_) return;
+        Bucket& bk = *buckets_[b];
+        if (!in_backward_) {  // the first gradient of this backward pass
+          in_backward_ = true;
+          autograd::queue_callback([this] { finish_backward(); });
+        }
+        if (bk.ready[k]) return;
+        bk.ready[k] = true;
+        if (--bk.pending == 0) launch_ready_buckets();
+      });
+      hooks_.emplace_back(p, handle);
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+void DistributedDataParallel::launch_ready_buckets() {
+  // in index order, so that every rank issues the same all-reduces in the same order
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
+    Bucket& b = *buckets_[next_launch_++];
+    b.work = group_->all_reduce_async(b.grad, ReduceOp::avg);
+  }
+}
+
+void DistributedDataParallel::finish_backward() {
+  in_backward_ = false;
+  std::vector<std::string> unused;
+  for (size_t i = next_launch_; i < buckets_.size(); ++i)
+    for (size_t k = 0; k < buckets_[i]->params.size(); ++k)
+      if (!buckets_[i]->ready[k]) unused.push_back(buckets_[i]->names[k]);
+  if (options_.find_unused_parameters) {
+    for (size_t i = next_launch_; i < buckets_.size(); ++i) buckets_[i]->pending = 0;
+    launch_ready_buckets();
+  }
+  // wait for every launched all-reduce, then make the buckets ready for the next pass
+  for (auto& b : buckets_) {
+    if (b->work) b->work->wait();
+    b->work.reset();
+    b->ready.assign(b->params.size(), false);
+    b->pending = b->params.size();
+  }
+  next_launch_ = 0;
+  if (!unused.empty() && !options_.find_unused_parameters) {
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];
+    if (unused.size() > 8) names += ", ...";
+    KILN_FAIL("DistributedDataParallel: ", unused.size(), " parameter(s) got no gradient in this backward pass (",
+              names, "), so their buckets were not all-reduced and the ranks' gradients now differ; construct it "
+              "with find_unused_parameters = true if some parameters sit out some steps");
+  }
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) out.push_back(b->names);
+  return out;
+}
+
+void DistributedDataParallel::pretty_print(std::ostream& os) const {
+  os << "DistributedDataParallel(" << group_->backend() << ", " << group_->size() << " ranks, " << buckets_.size()
+     << " buckets)";
+}
+
+}  // namespace kiln::distributed

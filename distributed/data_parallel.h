@@ -1,0 +1,98 @@
+#pragma once
+// DistributedDataParallel: the same model on every rank, each rank on its part of the batch, gradients
+// averaged over the ranks during backward, as torch.nn.parallel.DistributedDataParallel.
+//
+//   auto pg = distributed::init_process_group();
+//   nn::GPT model(cfg);                                // the same construction on every rank
+//   distributed::DistributedDataParallel ddp(model, pg);  // rank 0's parameters and buffers everywhere
+//   optim::AdamW opt(model.parameters());
+//   for (...) {
+//     opt.zero_grad();
+//     ddp(x, y) or model.loss(x, y) ... .backward();   // buckets all-reduce as their gradients become ready
+//     opt.step();                                      // every rank steps with the same averaged gradient
+//   }
+//
+// How: the parameters that require grad are grouped into buckets in reverse registration order (the order
+// backward tends to produce their gradients): the first bucket holds about first_bucket_cap_mb, the
+// others bucket_cap_mb, one dtype a bucket. Each bucket's gradients are views of one flat buffer (pinned:
+// backward accumulates into them, zero_grad zeroes them in place). A parameter's post-accumulate-grad hook
+// counts it ready; a bucket whose parameters are all ready is all-reduced (avg) at once, asynchronously,
+// while backward goes on; buckets are launched in index order, so every rank issues the same collectives
+// in the same order. At the end of backward (autograd::queue_callback) DDP waits for the last ones.
+// Every rank ends backward with identical gradients, so GradScaler's inf check and the global-norm clip
+// agree across ranks without more communication.
+//
+// A parameter that gets no gradient in a backward pass is an error naming it (its bucket would never be
+// ready); find_unused_parameters reduces such buckets at the end of backward instead (the parameter's
+// gradient then stays as it was, zero after zero_grad). Inside no_sync() backward only accumulates: the
+// next backward outside it averages the accumulated sum. Models whose parameters differ between ranks in
+// names, shapes or dtypes fail at construction with an error naming the first difference.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kiln/distributed/process_group.h>
+#include <kiln/nn/module.h>
+
+namespace kiln::distributed {
+
+struct DistributedDataParallelOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;  // a small first bucket starts communicating early
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;  // at construction, with the parameters
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  DistributedDataParallel(nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                          const DistributedDataParallelOptions& options = {});
+  ~DistributedDataParallel() override;
+
+  // The wrapped module's forward (operator() forwards every input).
+  Tensor forward(const Tensor& input) override { return module_(input); }
+  Tensor forward_args(const std::vector<Tensor>& inputs) override { return module_.call(inputs); }
+
+  nn::Module& module() const { return module_; }
+  ProcessGroup& process_group() const { return *group_; }
+
+  // While the returned guard lives, backward accumulates gradients without communicating.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) { ddp.sync_ = false; }
+    ~NoSync() { ddp_.sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  // The buckets' parameter names, in launch order (for tests and logs).
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+
+  void pretty_print(std::ostream& os) const override;
+
+ private:
+  struct Bucket;
+  void check_same_model_on_every_rank(const nn::NamedTensors& params) const;
+  void broadcast_state();
+  void build_buckets(const nn::NamedTensors& params, const DistributedDataParallelOptions& options);
+  void mark_ready(size_t bucket);
+  void launch_ready_buckets();
+  void finish_backward();
+
+  nn::Module& module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::pair<Tensor, size_t>> hooks_;  // (parameter, handle) to remove at destruction
+  size_t next_launch_ = 0;                        // the next bucket to all-reduce, in index order
+  bool in_backward_ = false;                      // finish_backward is queued
+  bool sync_ = true;
+};
+
+}  // namespace kiln::distributed

@@ -1,0 +1,177 @@
+// DistributedDataParallel over the MPI group (2 ranks under ctest): training on each rank's half of the batch
+// gives what one process gets on the whole batch; no_sync accumulates; unused parameters and models that
+// differ between ranks are errors naming the parameter; buckets come in reverse registration order.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/distributed/data_parallel.h>
+#include <kiln/nn/activation.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/linear.h>
+#include <kiln/optim/adamw.h>
+#include <kiln/optim/sgd.h>
+
+#include "distributed_test_util.h"
+
+namespace kiln::distributed {
+namespace {
+
+using testing::world;
+namespace F = kiln::nn::functional;
+
+struct Net : nn::Module {
+  nn::Linear fc1, fc2, spare;
+  bool use_spare = true;
+  explicit Net(int64_t hidden = 6) : fc1(5, hidden), fc2(hidden, 3), spare(3, 3) {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("spare", spare);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = fc2(tanh(fc1(x)));
+    return use_spare ? spare(y) : y;
+  }
+};
+
+// The whole batch (the same on every rank) and this rank's contiguous share of it.
+struct Data {
+  Tensor x, y;
+};
+Data whole_batch(int64_t rows) {
+  Generator gen(77);
+  return {randn({rows, 5}, {}, &gen), randn({rows, 3}, {}, &gen)};
+}
+Data share(const Data& d, int rank, int size) {
+  const int64_t n = d.x.size(0) / size;
+  return {d.x.narrow(0, rank * n, n), d.y.narrow(0, rank * n, n)};
+}
+
+void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto x = pa[i].second.contiguous().to_vector<float>(), y = pb[i].second.contiguous().to_vector<float>();
+    for (size_t k = 0; k < x.size(); ++k) ASSERT_NEAR(x[k], y[k], tol) << pa[i].first << " element " << k;
+  }
+}
+
+TEST(DistributedDataParallel, MatchesOneProcessOnTheWholeBatch) {
+  const auto& pg = world();
+  manual_seed(100 + uint64_t(pg->rank()));  // different initial weights on every rank: DDP sends rank 0's
+  Net model;
+  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4});
+  Net reference;  // rank 0's initial weights, trained alone on the whole batch
+  reference.load_state_dict(model.state_dict());
+  optim::AdamW opt(model.parameters(), {.lr = 0.05});
+  optim::AdamW ref_opt(reference.parameters(), {.lr = 0.05});
+  const Data all = whole_batch(8 * pg->size());
+  const Data mine = share(all, pg->rank(), pg->size());
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    F::mse_loss(ddp(mine.x), mine.y).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    F::mse_loss(reference(all.x), all.y).backward();
+    ref_opt.step();
+  }
+  expect_same_parameters(model, reference, 1e-5);
+  // and every rank holds the same weights: rank 0's, broadcast, compared on every rank
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor mine_p = p.contiguous().clone(), rank0 = p.contiguous().clone();
+    pg->broadcast(rank0, 0);
+    EXPECT_EQ(mine_p.to_vector<float>(), rank0.to_vector<float>()) << name;
+  }
+}
+
+TEST(DistributedDataParallel, BucketsInReverseRegistrationOrderAndGradientsAreViews) {
+  const auto& pg = world();
+  Net model;
+  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-5, .first_bucket_cap_mb = 1e-5});
+  const auto buckets = ddp.bucket_parameter_names();
+  ASSERT_EQ(buckets.size(), 6u);  // 1e-5 MiB (10 bytes) holds one parameter at a time
+  EXPECT_EQ(buckets.front(), std::vector<std::string>{"spare.bias"});
+  EXPECT_EQ(buckets.back(), std::vector<std::string>{"fc1.weight"});
+  DistributedDataParallel one_bucket_model_owner(*new Net, pg);  // default caps: one bucket
+  EXPECT_EQ(one_bucket_model_owner.bucket_parameter_names().size(), 1u);
+  EXPECT_TRUE(model.fc1.weight.grad_is_pinned());
+}
+
+// Inside no_sync backward only accumulates; the next backward averages the sum: with the loss a mean over
+// each micro-batch of each rank, two micro-batches give twice the gradient of the whole batch's mean loss.
+TEST(DistributedDataParallel, NoSyncAccumulatesUntilTheNextSynchronizedBackward) {
+  const auto& pg = world();
+  manual_seed(5);
+  Net model, reference;
+  reference.load_state_dict(model.state_dict());
+  DistributedDataParallel ddp(model, pg);
+  const Data all = whole_batch(4 * pg->size());
+  const Data mine = share(all, pg->rank(), pg->size());
+  const Data first{mine.x.narrow(0, 0, 2), mine.y.narrow(0, 0, 2)}, second{mine.x.narrow(0, 2, 2), mine.y.narrow(0, 2, 2)};
+  {
+    auto guard = ddp.no_sync();
+    F::mse_loss(ddp(first.x), first.y).backward();
+  }
+  // in between, the gradient is this rank's own, not averaged: that of its first micro-batch alone
+  Net local;
+  local.load_state_dict(model.state_dict());
+  F::mse_loss(local(first.x), first.y).backward();
+  auto own = model.fc1.weight.grad().contiguous().to_vector<float>();
+  auto alone = local.fc1.weight.grad().contiguous().to_vector<float>();
+  for (size_t k = 0; k < own.size(); ++k) ASSERT_NEAR(own[k], alone[k], 1e-6) << "fc1.weight element " << k;
+  F::mse_loss(ddp(second.x), second.y).backward();
+  F::mse_loss(reference(all.x), all.y).backward();
+  const auto params = model.named_parameters(), ref_params = reference.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto g = params[i].second.grad().contiguous().to_vector<float>();
+    auto w = mul(ref_params[i].second.grad(), 2.0).contiguous().to_vector<float>();
+    for (size_t k = 0; k < g.size(); ++k) ASSERT_NEAR(g[k], w[k], 1e-5) << params[i].first << " element " << k;
+  }
+}
+
+TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
+  const auto& pg = world();
+  Net model;
+  model.use_spare = false;
+  DistributedDataParallel ddp(model, pg);
+  const Data d = share(whole_batch(2 * pg->size()), pg->rank(), pg->size());
+  try {
+    F::mse_loss(ddp(d.x), d.y).backward();  // `spare` is not used
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("spare.weight"), std::string::npos) << e.what();
+  }
+  Net other;
+  other.use_spare = false;
+  DistributedDataParallel tolerant(other, pg, {.find_unused_parameters = true});
+  other.zero_grad();
+  F::mse_loss(tolerant(d.x), d.y).backward();
+  other.use_spare = true;
+  other.zero_grad();
+  F::mse_loss(tolerant(d.x), d.y).backward();  // now every parameter is used
+  Tensor g = other.spare.weight.grad().contiguous().clone(), g0 = g.clone();
+  pg->broadcast(g0, 0);
+  EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());
+}
+
+TEST(DistributedDataParallel, ModelsThatDifferBetweenRanksFailAtConstruction) {
+  const auto& pg = world();
+  if (pg->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net model(pg->rank() == 0 ? 6 : 7);  // fc1.weight [6, 5] on rank 0, [7, 5] elsewhere
+  try {
+    DistributedDataParallel ddp(model, pg);
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (pg->rank() != 0) {
+      EXPECT_NE(msg.find("fc1.weight [7, 5] f32' here, 'fc1.weight [6, 5] f32' on rank 0"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("another rank differs"), std::string::npos) << msg;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::distributed
