@@ -5,6 +5,9 @@
 #ifdef KILN_WITH_MPI
 #include <kiln/distributed/mpi_process_group.h>
 #endif
+#ifdef KILN_WITH_NCCL
+#include <kiln/distributed/nccl_process_group.h>
+#endif
 
 namespace kiln::distributed {
 
@@ -46,7 +49,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "then configure again)");
 #endif
   }
-  KILN_FAIL("init_process_group: unknown backend '", options.backend, "' (this build has: mpi)");
+  if (options.backend == "nccl") {
+#ifdef KILN_WITH_NCCL
+    return std::make_shared<NcclProcessGroup>(options.group);
+#else
+    KILN_FAIL("init_process_group: this build of Kiln has no NCCL backend (it needs CUDA, NCCL and MPI)");
+#endif
+  }
+  KILN_FAIL("init_process_group: unknown backend '", options.backend, "' (mpi or nccl)");
 }
 
 }  // namespace kiln::distributed

@@ -2,7 +2,7 @@
 // Process groups: the ranks of a data-parallel job and the collectives between them, as
 // torch.distributed's ProcessGroup. One interface; backends:
 //   mpi   CPU tensors over MPI (OpenMPI), launched by mpirun: what CI runs with `mpirun -np 2`
-//   nccl  CUDA tensors over NCCL (distributed/nccl_process_group.h; not built yet)
+//   nccl  CUDA tensors over NCCL, one GPU a rank, launched by mpirun (distributed/nccl_process_group.h)
 //
 //   auto pg = kiln::distributed::init_process_group();   // from mpirun's environment
 //   Tensor t = ...;                                       // the same shape and dtype on every rank
@@ -86,7 +86,7 @@ class ProcessGroup {
 };
 
 struct InitOptions {
-  std::string backend = "mpi";  // "mpi" (CPU tensors)
+  std::string backend = "mpi";  // "mpi" (CPU tensors) or "nccl" (CUDA tensors)
   ProcessGroupOptions group;
 };
 

@@ -1,0 +1,241 @@
+#include <kiln/distributed/nccl_process_group.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/runtime.h>
+#include <kiln/cuda/stream.h>
+#include <kiln/distributed/mpi_process_group.h>
+
+namespace kiln::distributed {
+
+namespace {
+
+#define KILN_NCCL_CHECK(call, what)                                                              \
+  do {                                                                                           \
+    const ncclResult_t r_ = (call);                                                              \
+    KILN_CHECK(r_ == ncclSuccess, what, " failed: ", ncclGetErrorString(r_), " (", #call, ")"); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i64: return ncclInt64;
+    default: KILN_FAIL("nccl: no NCCL type for ", dtype_name(d));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : op == ReduceOp::avg ? ncclAvg : ncclMax; }
+
+}  // namespace
+
+// The communicator, its stream and the watchdog that ends the process when a collective never finishes.
+struct NcclProcessGroup::State {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  cuda::Stream stream;
+  std::chrono::milliseconds timeout{0};
+
+  struct InFlight {
+    std::shared_ptr<cuda::Event> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::string what;
+  };
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<InFlight> in_flight;
+  bool stopping = false;
+  std::thread watchdog;
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stopping) {
+      wake.wait_for(lock, std::chrono::milliseconds(100));
+      cuda::DeviceGuard guard(device);
+      while (!in_flight.empty() && in_flight.front().done->query()) in_flight.pop_front();
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      const bool late = !in_flight.empty() && std::chrono::steady_clock::now() > in_flight.front().deadline;
+      if (late || async != ncclSuccess) {
+        const std::string what = in_flight.empty() ? "a collective" : in_flight.front().what;
+        std::fprintf(stderr, "kiln::Error: %s %s; aborting the NCCL communicator and exiting\n", what.c_str(),
+                     late ? ("did not finish within " + std::to_string(timeout.count()) +
+                             " ms: a peer died, or did not call it")
+                                .c_str()
+                          : (std::string("failed: ") + ncclGetErrorString(async)).c_str());
+        std::fflush(stderr);
+        ncclCommAbort(comm);
+        std::_Exit(1);
+      }
+    }
+  }
+};
+
+namespace {
+
+// Stream-ordered completion: wait() makes the device's current stream wait for the collective (the host
+// goes on); a barrier's wait() blocks the host too.
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<cuda::Event> done, int device, bool host_blocking)
+      : done_(std::move(done)), device_(device), host_blocking_(host_blocking) {}
+  void wait() override {
+    if (host_blocking_) done_->synchronize();
+    else cuda::Stream::current(device_).wait(*done_);
+  }
+  bool is_completed() override { return done_->query(); }
+
+ private:
+  std::shared_ptr<cuda::Event> done_;
+  int device_;
+  bool host_blocking_;
+};
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
+    : NcclProcessGroup(options, std::make_shared<MpiProcessGroup>(options)) {}
+
+NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<MpiProcessGroup> bootstrap)
+    : ProcessGroup(bootstrap->rank(), bootstrap->size(), bootstrap->local_rank(), options),
+      bootstrap_(std::move(bootstrap)), state_(std::make_shared<State>()) {
+  const std::string what = describe("init_process_group");
+  KILN_CHECK(cuda::is_available() && local_rank() < cuda::device_count(), what, ": local rank ", local_rank(),
+             " needs a CUDA device of its own, but this machine has ", cuda::is_available() ? cuda::device_count() : 0);
+  state_->device = local_rank();
+  state_->timeout = options.timeout;
+  cuda::DeviceGuard guard(state_->device);
+  // rank 0's unique id to every rank, over MPI, as 16 i64
+  ncclUniqueId id;
+  static_assert(sizeof(id) % sizeof(int64_t) == 0);
+  if (rank() == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id), what);
+  std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
+  std::memcpy(words.data(), &id, sizeof(id));
+  Tensor id_tensor = from_vector(words, {int64_t(words.size())});
+  bootstrap_->broadcast(id_tensor, 0);
+  std::memcpy(&id, id_tensor.raw_data(), sizeof(id));
+  KILN_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()), what);
+  state_->stream = cuda::Stream::create(state_->device, /*priority=*/-1);  // communication ahead of compute
+  state_->watchdog = std::thread([s = state_.get()] { s->watch(); });
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
+  }
+  state_->wake.notify_all();
+  if (state_->watchdog.joinable()) state_->watchdog.join();
+  if (state_->comm) {
+    cuda::DeviceGuard guard(state_->device);
+    state_->stream.synchronize();
+    ncclCommDestroy(state_->comm);
+  }
+}
+
+int NcclProcessGroup::device() const { return state_->device; }
+
+namespace {
+
+// Runs `launch` on the group's stream after the current stream's work, marks `tensors` used there, and
+// returns the Work that completes with it.
+template <class Launch>
+std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& what,
+                              std::initializer_list<Tensor> tensors, Launch launch, bool host_blocking = false) {
+  cuda::DeviceGuard guard(s.device);
+  s.stream.wait(cuda::Stream::current(s.device));
+  launch(static_cast<cudaStream_t>(s.stream.handle()));
+  for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
+  auto done = std::make_shared<cuda::Event>();
+  done->record(s.stream);
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.in_flight.push_back({done, std::chrono::steady_clock::now() + s.timeout, what});
+  }
+  return std::make_shared<NcclWork>(done, s.device, host_blocking);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
+  const std::string what = describe((std::string("all_reduce (") + reduce_op_name(op) + ")").c_str());
+  check_tensor("all_reduce", t, true);
+  KILN_CHECK(t.device().index == device(), what, ": ", t.str(), " is not on this rank's device cuda:", device());
+  KILN_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), what, ": avg needs a floating tensor, got ", t.str());
+  return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
+    KILN_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
+                                  state_->comm, stream),
+                    what);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int root) {
+  const std::string what = describe("broadcast");
+  check_tensor("broadcast", t, true);
+  check_root("broadcast", root);
+  return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
+    KILN_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root,
+                                  state_->comm, stream),
+                    what);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
+  const std::string what = describe("all_gather");
+  check_tensor("all_gather", output, true);
+  check_tensor("all_gather", input, true);
+  KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size()) * input.numel(), what,
+             ": output ", output.str(), " must hold ", size(), " x input ", input.str(), " of its dtype");
+  return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
+    KILN_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), size_t(input.numel()), nccl_type(input.dtype()),
+                                  state_->comm, stream),
+                    what);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
+  const std::string what = describe((std::string("reduce_scatter (") + reduce_op_name(op) + ")").c_str());
+  check_tensor("reduce_scatter", output, true);
+  check_tensor("reduce_scatter", input, true);
+  KILN_CHECK(output.dtype() == input.dtype() && input.numel() == int64_t(size()) * output.numel(), what,
+             ": input ", input.str(), " must hold ", size(), " x output ", output.str(), " of its dtype");
+  KILN_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), what, ": avg needs a floating tensor, got ",
+             output.str());
+  return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
+    KILN_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(), size_t(output.numel()),
+                                      nccl_type(output.dtype()), nccl_op(op), state_->comm, stream),
+                    what);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::barrier_async() {
+  // a one-element all-reduce on the communication stream (NCCL has no barrier), waited for by the host
+  const std::string what = describe("barrier");
+  Tensor token = zeros({1}, {.dtype = DType::f32, .device = Device::cuda(device())});
+  return enqueue(
+      *state_, what, {token},
+      [&](cudaStream_t stream) {
+        KILN_NCCL_CHECK(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, state_->comm, stream),
+                        what);
+      },
+      /*host_blocking=*/true);
+}
+
+}  // namespace kiln::distributed

@@ -1,0 +1,148 @@
+// The NCCL group on 2 GPUs (ctest label gpu; started with mpiexec -n 2, one GPU a rank): every collective in
+// every dtype against an expectation each rank computes itself, collectives ordered against the compute
+// stream, and DistributedDataParallel on the GPU against one process on the whole batch. Skips (exit 0 on
+// every rank) where fewer than 2 GPUs are present.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+#include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/nccl_process_group.h>
+#include <kiln/nn/activation.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/linear.h>
+#include <kiln/optim/adamw.h>
+
+namespace kiln::distributed {
+namespace {
+
+std::shared_ptr<ProcessGroup>& group() {
+  static std::shared_ptr<ProcessGroup> pg;
+  return pg;
+}
+Device gpu() { return Device::cuda(dynamic_cast<NcclProcessGroup&>(*group()).device()); }
+
+const std::vector<DType> kDtypes = {DType::f32, DType::bf16, DType::f16, DType::i64};
+double value(int r, int64_t i) { return double((i * 3 + r * 5) % 17) - 8.0; }
+Tensor values_of(int r, int64_t n, DType t) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(r, i);
+  return cast(from_vector(v, {n}), t).to(gpu());
+}
+std::vector<double> host(const Tensor& t) { return cast(t.cpu(), DType::f64).to_vector<double>(); }
+
+TEST(Nccl, AllReduceBroadcastAllGatherReduceScatter) {
+  auto& pg = *group();
+  const int n = pg.size(), me = pg.rank();
+  for (DType t : kDtypes) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+      if (op == ReduceOp::avg && t == DType::i64) continue;
+      Tensor x = values_of(me, 1 << 16, t);
+      pg.all_reduce(x, op);
+      const auto got = host(x);
+      for (int64_t i = 0; i < int64_t(got.size()); ++i) {
+        double sum = 0, mx = -1e9;
+        for (int r = 0; r < n; ++r) sum += value(r, i), mx = std::max(mx, value(r, i));
+        const double want = op == ReduceOp::sum ? sum : op == ReduceOp::max ? mx : sum / n;
+        ASSERT_NEAR(got[size_t(i)], want, op == ReduceOp::avg && t != DType::f32 ? std::abs(want) * 1e-2 : 0.0)
+            << dtype_name(t) << " " << reduce_op_name(op) << " element " << i;
+      }
+    }
+    Tensor b = values_of(me, 99, t);
+    pg.broadcast(b, 1);
+    EXPECT_EQ(host(b), host(values_of(1, 99, t))) << dtype_name(t);
+    Tensor gathered = empty({n * 50}, {.dtype = t, .device = gpu()});
+    pg.all_gather(gathered, values_of(me, 50, t));
+    std::vector<double> want;
+    for (int r = 0; r < n; ++r)
+      for (double v : host(values_of(r, 50, t))) want.push_back(v);
+    EXPECT_EQ(host(gathered), want) << dtype_name(t);
+    Tensor part = empty({40}, {.dtype = t, .device = gpu()});
+    pg.reduce_scatter(part, values_of(me, n * 40, t), ReduceOp::sum);
+    const auto rs = host(part);
+    for (int64_t i = 0; i < 40; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += value(r, me * 40 + i);
+      ASSERT_EQ(rs[size_t(i)], sum) << dtype_name(t) << " element " << i;
+    }
+  }
+  pg.barrier();
+}
+
+// A tensor written by compute, reduced, and read by compute again, all without host synchronization in
+// between: the communication stream waits for compute, and compute (after wait()) for the collective.
+TEST(Nccl, CollectivesAreOrderedAgainstTheComputeStream) {
+  auto& pg = *group();
+  Tensor big = ones({1 << 22}, {.device = gpu()});
+  for (int i = 0; i < 3; ++i) {
+    big = mul(big, 2.0);  // compute writes
+    auto work = pg.all_reduce_async(big, ReduceOp::sum);
+    work->wait();        // compute waits for the collective
+  }
+  // ((1·2·n)·2·n)·2·n = 8 n³
+  const double n = pg.size();
+  EXPECT_EQ(sum(big).item<double>(), double(1 << 22) * 8 * n * n * n);
+}
+
+struct Net : nn::Module {
+  nn::Linear fc1{5, 16}, fc2{16, 3};
+  Net() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  Tensor forward(const Tensor& x) override { return fc2(tanh(fc1(x))); }
+};
+
+TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
+  auto pg = group();
+  manual_seed(100 + uint64_t(pg->rank()));
+  Net model;
+  model.to(gpu());
+  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4});
+  Net reference;
+  reference.to(gpu());
+  reference.load_state_dict(model.state_dict());
+  optim::AdamW opt(model.parameters(), {.lr = 0.05}), ref_opt(reference.parameters(), {.lr = 0.05});
+  Generator gen(77);
+  const int64_t rows = 8 * pg->size();
+  Tensor x = randn({rows, 5}, {}, &gen).to(gpu()), y = randn({rows, 3}, {}, &gen).to(gpu());
+  Tensor mx = x.narrow(0, pg->rank() * 8, 8), my = y.narrow(0, pg->rank() * 8, 8);
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    nn::functional::mse_loss(ddp(mx), my).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    nn::functional::mse_loss(reference(x), y).backward();
+    ref_opt.step();
+  }
+  auto pa = model.named_parameters(), pb = reference.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto a = pa[i].second.cpu().contiguous().to_vector<float>(), b = pb[i].second.cpu().contiguous().to_vector<float>();
+    for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 2e-5) << pa[i].first << " element " << k;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::distributed
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (!kiln::cuda::is_available() || kiln::cuda::device_count() < 2) {
+    std::printf("nccl tests: fewer than 2 CUDA devices, skipped\n");
+    return 0;
+  }
+  kiln::distributed::group() = kiln::distributed::init_process_group({.backend = "nccl"});
+  auto& pg = *kiln::distributed::group();
+  if (pg.rank() != 0) {
+    auto& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  pg.barrier();
+  return rc;
+}
