@@ -60,21 +60,22 @@ DistributedDataParallel::~DistributedDataParallel() {
 void DistributedDataParallel::check_same_model_on_every_rank(const nn::NamedTensors& params) const {
   const std::string mine = describe_parameters(params);
   // rank 0's description, as one i64 per character (the collectives' integer dtype)
-  Tensor length = from_vector(std::vector<int64_t>{int64_t(mine.size())}, {1});
+  const Device dev = group_->device();  // the group's own tensors: CPU (mpi) or this rank's GPU (nccl)
+  Tensor length = from_vector(std::vector<int64_t>{int64_t(mine.size())}, {1}).to(dev);
   group_->broadcast(length, 0);
-  const int64_t n = length.to_vector<int64_t>()[0];
+  const int64_t n = length.cpu().to_vector<int64_t>()[0];
   std::vector<int64_t> chars(size_t(n), 0);
   if (group_->rank() == 0)
     for (size_t i = 0; i < mine.size(); ++i) chars[i] = int64_t(static_cast<unsigned char>(mine[i]));
-  Tensor text = from_vector(chars, {std::max<int64_t>(n, 1)});
+  Tensor text = from_vector(chars, {std::max<int64_t>(n, 1)}).to(dev);
   if (n > 0) group_->broadcast(text, 0);
   std::string reference;
-  for (int64_t c : text.to_vector<int64_t>()) reference.push_back(char(c));
+  for (int64_t c : text.cpu().to_vector<int64_t>()) reference.push_back(char(c));
   reference.resize(size_t(n));
   // every rank learns whether any rank differs, so that all of them fail together
-  Tensor differs = from_vector(std::vector<int64_t>{mine == reference ? 0 : 1}, {1});
+  Tensor differs = from_vector(std::vector<int64_t>{mine == reference ? 0 : 1}, {1}).to(dev);
   group_->all_reduce(differs, ReduceOp::max);
-  if (differs.to_vector<int64_t>()[0] == 0) return;
+  if (differs.cpu().to_vector<int64_t>()[0] == 0) return;
   KILN_CHECK(mine != reference, "DistributedDataParallel: the model of another rank differs from rank 0's (its "
              "error names the parameter); rank ", group_->rank(), " matches rank 0");
   const std::vector<std::string> a = lines_of(mine), b = lines_of(reference);
@@ -91,6 +92,8 @@ void DistributedDataParallel::broadcast_state() {
     const DType d = t.dtype();
     KILN_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::i64,
                "DistributedDataParallel: ", name, " is ", t.str(), "; data parallelism takes f32, bf16, f16 or i64");
+    KILN_CHECK(t.device() == group_->device(), "DistributedDataParallel: ", name, " is ", t.str(), ", but the ",
+               group_->backend(), " group takes tensors on ", group_->device().str(), " (move the model there first)");
     if (t.is_contiguous()) {
       group_->broadcast(t, 0);
     } else {

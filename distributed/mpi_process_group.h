@@ -14,6 +14,7 @@ class MpiProcessGroup : public ProcessGroup {
   ~MpiProcessGroup() override;
 
   const char* backend() const override { return "mpi"; }
+  Device device() const override { return Device::cpu(); }
   std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input) override;

@@ -150,7 +150,7 @@ NcclProcessGroup::~NcclProcessGroup() {
   }
 }
 
-int NcclProcessGroup::device() const { return state_->device; }
+Device NcclProcessGroup::device() const { return Device::cuda(state_->device); }
 
 namespace {
 
@@ -177,7 +177,7 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
 std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
   const std::string what = describe((std::string("all_reduce (") + reduce_op_name(op) + ")").c_str());
   check_tensor("all_reduce", t, true);
-  KILN_CHECK(t.device().index == device(), what, ": ", t.str(), " is not on this rank's device cuda:", device());
+  KILN_CHECK(t.device() == device(), what, ": ", t.str(), " is not on this rank's device ", device().str());
   KILN_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), what, ": avg needs a floating tensor, got ", t.str());
   return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
@@ -228,7 +228,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& outpu
 std::shared_ptr<Work> NcclProcessGroup::barrier_async() {
   // a one-element all-reduce on the communication stream (NCCL has no barrier), waited for by the host
   const std::string what = describe("barrier");
-  Tensor token = zeros({1}, {.dtype = DType::f32, .device = Device::cuda(device())});
+  Tensor token = zeros({1}, {.dtype = DType::f32, .device = device()});
   return enqueue(
       *state_, what, {token},
       [&](cudaStream_t stream) {

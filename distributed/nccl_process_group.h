@@ -26,7 +26,7 @@ class NcclProcessGroup : public ProcessGroup {
   ~NcclProcessGroup() override;
 
   const char* backend() const override { return "nccl"; }
-  int device() const;  // the CUDA device this rank drives: local_rank()
+  Device device() const override;  // the CUDA device this rank drives: cuda:local_rank()
   std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input) override;

@@ -50,6 +50,8 @@ class ProcessGroup {
   // The rank among the processes on this machine (the GPU a rank drives).
   int local_rank() const { return local_rank_; }
   virtual const char* backend() const = 0;
+  // Where the tensors this group takes live: the CPU (mpi), or this rank's GPU (nccl).
+  virtual Device device() const = 0;
   std::chrono::milliseconds timeout() const { return options_.timeout; }
   void set_timeout(std::chrono::milliseconds timeout) { options_.timeout = timeout; }
 

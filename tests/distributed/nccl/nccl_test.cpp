@@ -1,10 +1,11 @@
 // The NCCL group on 2 GPUs (ctest label gpu; started with mpiexec -n 2, one GPU a rank): every collective in
 // every dtype against an expectation each rank computes itself, collectives ordered against the compute
 // stream, and DistributedDataParallel on the GPU against one process on the whole batch. Skips (exit 0 on
-// every rank) where fewer than 2 GPUs are present.
+// every rank) where there are fewer GPUs than ranks; `mpiexec -n 1` runs it on one GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -25,7 +26,7 @@ std::shared_ptr<ProcessGroup>& group() {
   static std::shared_ptr<ProcessGroup> pg;
   return pg;
 }
-Device gpu() { return Device::cuda(dynamic_cast<NcclProcessGroup&>(*group()).device()); }
+Device gpu() { return group()->device(); }
 
 const std::vector<DType> kDtypes = {DType::f32, DType::bf16, DType::f16, DType::i64};
 double value(int r, int64_t i) { return double((i * 3 + r * 5) % 17) - 8.0; }
@@ -54,8 +55,8 @@ TEST(Nccl, AllReduceBroadcastAllGatherReduceScatter) {
       }
     }
     Tensor b = values_of(me, 99, t);
-    pg.broadcast(b, 1);
-    EXPECT_EQ(host(b), host(values_of(1, 99, t))) << dtype_name(t);
+    pg.broadcast(b, n - 1);
+    EXPECT_EQ(host(b), host(values_of(n - 1, 99, t))) << dtype_name(t);
     Tensor gathered = empty({n * 50}, {.dtype = t, .device = gpu()});
     pg.all_gather(gathered, values_of(me, 50, t));
     std::vector<double> want;
@@ -132,8 +133,12 @@ TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (!kiln::cuda::is_available() || kiln::cuda::device_count() < 2) {
-    std::printf("nccl tests: fewer than 2 CUDA devices, skipped\n");
+  // one GPU a rank: mpiexec's rank count (1 without it) must not exceed the GPUs
+  const char* ranks_env = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const int ranks = ranks_env ? std::atoi(ranks_env) : 1;
+  if (!kiln::cuda::is_available() || kiln::cuda::device_count() < ranks) {
+    std::printf("nccl tests: %d ranks but %d CUDA devices, skipped\n", ranks,
+                kiln::cuda::is_available() ? kiln::cuda::device_count() : 0);
     return 0;
   }
   kiln::distributed::group() = kiln::distributed::init_process_group({.backend = "nccl"});
