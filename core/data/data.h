@@ -104,6 +104,14 @@ struct LoaderOptions {
   // Batches in page-locked memory (cuda::pin_memory), so moving them to a GPU does not wait for the copy.
   // Needs a CUDA device.
   bool pin_memory = false;
+  // Data parallelism (PyTorch's DistributedSampler): this process is replica `rank` of `num_replicas` and
+  // sees elements rank, rank + num_replicas, rank + 2·num_replicas, ... of each epoch's order, which is
+  // the same on every rank when every rank's seed is (set `seed`, or call manual_seed alike everywhere).
+  // The order is first padded by repeating its start to a multiple of num_replicas, or, with
+  // drop_uneven, cut to one, so that every rank gets the same number of examples.
+  int64_t num_replicas = 1;
+  int64_t rank = 0;
+  bool drop_uneven = false;
 };
 
 // Iterates over a dataset in batches. Every begin() starts the next epoch (see epoch(), set_epoch()). With
@@ -152,6 +160,9 @@ class Loader {
   const LoaderOptions& options() const { return options_; }
   // The dataset indices in the order epoch `epoch` visits them (all of them, before drop_last).
   std::vector<int64_t> order(int64_t epoch) const;
+  // The part of order(epoch) this replica visits (order(epoch) itself with one replica).
+  std::vector<int64_t> replica_order(int64_t epoch) const;
+  int64_t replica_size() const;  // examples this replica sees per epoch
 
  private:
   const Dataset* dataset_;

@@ -110,6 +110,8 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options) : dataset_(&datase
   KILN_CHECK(options_.batch_size > 0, "Loader: batch_size must be positive, got ", options_.batch_size);
   KILN_CHECK(options_.prefetch >= 0, "Loader: prefetch must be >= 0, got ", options_.prefetch);
   KILN_CHECK(!options_.pin_memory || cuda::is_available(), "Loader: pin_memory needs a CUDA device");
+  KILN_CHECK(options_.num_replicas >= 1 && options_.rank >= 0 && options_.rank < options_.num_replicas,
+             "Loader: rank ", options_.rank, " is not a replica of ", options_.num_replicas);
   if (options_.seed) {
     seed_ = *options_.seed;
   } else {
@@ -118,8 +120,13 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options) : dataset_(&datase
   }
 }
 
+int64_t Loader::replica_size() const {
+  const int64_t n = dataset_->size(), r = options_.num_replicas;
+  return options_.drop_uneven ? n / r : (n + r - 1) / r;
+}
+
 int64_t Loader::size() const {
-  int64_t n = dataset_->size(), b = options_.batch_size;
+  int64_t n = replica_size(), b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
@@ -140,9 +147,20 @@ std::vector<int64_t> Loader::order(int64_t epoch) const {
   return order;
 }
 
+std::vector<int64_t> Loader::replica_order(int64_t epoch) const {
+  std::vector<int64_t> all = order(epoch);
+  if (options_.num_replicas == 1) return all;
+  const int64_t per_replica = replica_size(), r = options_.num_replicas;
+  std::vector<int64_t> mine;
+  mine.reserve(size_t(per_replica));
+  // element k of the padded order is all[k mod n]: the start repeated to fill the last round
+  for (int64_t i = 0; i < per_replica; ++i) mine.push_back(all[size_t((i * r + options_.rank) % int64_t(all.size()))]);
+  return mine;
+}
+
 Loader::Iterator Loader::begin() {
   int64_t epoch = epoch_++;
-  auto run = std::make_unique<Run>(*dataset_, order(epoch), options_.batch_size, size(), options_.prefetch,
+  auto run = std::make_unique<Run>(*dataset_, replica_order(epoch), options_.batch_size, size(), options_.prefetch,
                                     options_.pin_memory);
   return Iterator(std::move(run));
 }

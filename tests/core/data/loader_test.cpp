@@ -92,6 +92,36 @@ TEST(Loader, ShuffleCoversEveryIndexOncePerEpoch) {
   }
 }
 
+// Replicas (DistributedSampler): every rank a disjoint share of the same epoch order, padded by repeating
+// its start (or cut with drop_uneven) so that the shares are equal.
+TEST(Loader, ReplicasSplitEachEpochsOrder) {
+  IndexDataset ds(10);
+  for (bool drop : {false, true}) {
+    std::vector<int64_t> seen;
+    Loader whole(ds, {.batch_size = 3, .shuffle = true, .seed = 9});
+    const std::vector<int64_t> order = whole.order(0);
+    for (int64_t rank = 0; rank < 3; ++rank) {
+      Loader loader(ds, {.batch_size = 3, .shuffle = true, .seed = 9, .num_replicas = 3, .rank = rank,
+                         .drop_uneven = drop});
+      EXPECT_EQ(loader.replica_size(), drop ? 3 : 4);
+      EXPECT_EQ(loader.size(), drop ? 1 : 2);
+      auto mine = flatten(epoch_batches(loader));
+      ASSERT_EQ(int64_t(mine.size()), loader.replica_size());
+      for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i], order[(i * 3 + size_t(rank)) % 10]);
+      seen.insert(seen.end(), mine.begin(), mine.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    if (drop) {
+      EXPECT_EQ(seen.size(), 9u);
+      EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end()) << "disjoint shares";
+    } else {
+      EXPECT_EQ(seen.size(), 12u);  // 10 and the first 2 again
+      EXPECT_EQ(std::unique(seen.begin(), seen.end()) - seen.begin(), 10) << "every index";
+    }
+  }
+  EXPECT_THROW(Loader(ds, {.num_replicas = 2, .rank = 2}), Error);
+}
+
 TEST(Loader, OrderDependsOnSeedAndEpochOnly) {
   IndexDataset ds(500);
   Loader a(ds, {.batch_size = 50, .shuffle = true, .seed = 42});
