@@ -89,7 +89,7 @@ class ProcessGroup {
 
 struct InitOptions {
   std::string backend = "mpi";  // "mpi" (CPU tensors) or "nccl" (CUDA tensors)
-  ProcessGroupOptions group;
+  ProcessGroupOptions group = {};
 };
 
 // The group of every process of the job, made from the launcher's environment (mpirun's). A job of one

@@ -9,6 +9,10 @@
 // Runs --warmup untimed steps (allocator, cuBLASLt heuristics), then --steps timed steps between two
 // device synchronizations. stdout ends with
 //   RESULT tokens_per_second=... mfu=... peak_gib=... step_ms=...
+// Data parallel: started by mpirun with several ranks (mpirun -n 2 gpt2_bench), each rank drives the GPU of
+// its local rank, trains on its own batches of B x T tokens, and DistributedDataParallel averages the
+// gradients over NCCL during backward; tokens/s counts every rank's tokens, and rank 0 alone prints.
+//
 // MFU is nanoGPT's estimate_mfu: FLOPs per token = 6N + 12 L H Q T (N = parameters without the position
 // embeddings, the tied token embedding counted once; L layers, H heads, Q head dim, T context: the
 // attention score and value products, forward and backward), times tokens/s, over the H100/H200's dense
@@ -16,6 +20,8 @@
 // the whole run (model, optimizer state, activations), like torch.cuda.max_memory_allocated.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -26,6 +32,7 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/distributed/data_parallel.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 
@@ -84,6 +91,15 @@ Args parse_args(int argc, char** argv) {
 
 int run(const Args& args) {
   Device dev = Device::parse(args.device);
+  // several ranks under mpirun: NCCL data parallelism, one GPU a rank
+  std::shared_ptr<distributed::ProcessGroup> group;
+  const char* world_env = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (world_env != nullptr && std::atoi(world_env) > 1) {
+    KILN_CHECK(dev.is_cuda(), "gpt2_bench: data parallelism runs on GPUs (--device cuda)");
+    group = distributed::init_process_group({.backend = "nccl"});
+    dev = group->device();
+  }
+  const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
                "--device cpu runs a (slow) CPU smoke test");
@@ -98,12 +114,14 @@ int run(const Args& args) {
   manual_seed(args.seed);
   nn::GPT model({.vocab_size = args.vocab_size, .block_size = T, .n_layer = args.n_layer, .n_head = args.n_head,
                  .n_embd = args.n_embd, .dropout = 0.0, .bias = true, .checkpoint = args.grad_checkpoint, .device = dev});
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;  // rank 0's weights everywhere, gradients averaged
+  if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
   auto groups = model.parameter_groups();
   optim::AdamW opt(groups.decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.1});
   opt.add_param_group(groups.no_decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.0});
 
   // A few batches of random tokens made up front and cycled (the input pipeline is not what is measured).
-  Generator gen(args.seed + 1);
+  Generator gen(args.seed + 1 + uint64_t(rank));  // each rank its own data
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int k = 0; k < 2; ++k)
     batches.emplace_back(randint(0, args.vocab_size, {B, T}, {.dtype = DType::i64}, &gen).to(dev),
@@ -146,17 +164,18 @@ int run(const Args& args) {
   const double N = double(model.num_params(/*non_embedding=*/true));
   const double L = double(args.n_layer), H = double(args.n_head), Q = double(args.n_embd / args.n_head);
   const double flops_per_token = 6.0 * N + 12.0 * L * H * Q * double(T);
-  const double tps = double(args.steps * B * T) / seconds;
-  const double mfu = flops_per_token * tps / 989e12;
+  const double tps = double(args.steps * B * T * world) / seconds;  // every rank's tokens
+  const double mfu = flops_per_token * tps / (989e12 * world);
   const double peak_gib = dev.is_cuda() ? double(cuda::memory_stats(dev.index).peak_allocated) / double(1 << 30) : 0.0;
+  if (rank != 0) return 0;
   std::fprintf(stderr,
                "GPT %lldx%lldx%lld, vocab %lld: N = %.2fM parameters (without wpe), %.3g FLOPs/token; B=%lld T=%lld, "
                "%s%s; final loss %.4f\n",
                (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
                N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
-  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f\n", tps, mfu, peak_gib,
-              1e3 * seconds / double(args.steps));
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d\n", tps, mfu, peak_gib,
+              1e3 * seconds / double(args.steps), world);
   return 0;
 }
 
