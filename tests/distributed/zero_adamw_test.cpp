@@ -1,0 +1,71 @@
+// ZeroAdamW (ZeRO-1) over the MPI group: the same parameters as DistributedDataParallel + optim::AdamW after
+// several steps (two parameter groups, one without weight decay), with each rank holding the AdamW state of
+// its shard only.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/zero_adamw.h>
+#include <kiln/nn/activation.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/linear.h>
+#include <kiln/optim/adamw.h>
+
+#include "distributed_test_util.h"
+
+namespace kiln::distributed {
+namespace {
+
+using testing::world;
+namespace F = kiln::nn::functional;
+
+struct Mlp : nn::Module {
+  nn::Linear fc1{7, 9}, fc2{9, 4};
+  Mlp() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  Tensor forward(const Tensor& x) override { return fc2(tanh(fc1(x))); }
+};
+
+TEST(ZeroAdamW, MatchesDistributedDataParallelWithAdamW) {
+  const auto& pg = world();
+  manual_seed(11 + uint64_t(pg->rank()));  // rank 0's weights win in both
+  Mlp a, b;
+  DistributedDataParallel ddp(a, pg);
+  b.load_state_dict(a.state_dict());  // both start from rank 0's `a`
+  optim::AdamW adamw({a.fc1.weight, a.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1});
+  adamw.add_param_group({a.fc1.bias, a.fc2.bias}, optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.0});
+  ZeroAdamW zero({{{b.fc1.weight, b.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1}},
+                  {{b.fc1.bias, b.fc2.bias}, {.lr = 0.02, .weight_decay = 0.0}}},
+                 pg);
+  EXPECT_EQ(zero.numel(), 7 * 9 + 9 + 9 * 4 + 4);
+  EXPECT_EQ(zero.shard_numel(), (zero.numel() + pg->size() - 1) / pg->size());
+  // this rank's AdamW holds moments for its shard only
+  int64_t state = 0;
+  ASSERT_NE(zero.shard_optimizer(), nullptr);
+  for (const auto& g : zero.shard_optimizer()->param_groups())
+    for (const Tensor& p : g.params) state += p.numel();
+  EXPECT_LE(state, zero.shard_numel());
+  Generator gen(3 + uint64_t(pg->rank()));  // each rank its own data
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({5, 7}, {}, &gen), y = randn({5, 4}, {}, &gen);
+    adamw.zero_grad();
+    F::mse_loss(ddp(x), y).backward();
+    adamw.step();
+    zero.zero_grad();
+    F::mse_loss(b(x), y).backward();
+    zero.step();
+  }
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
+    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::distributed
