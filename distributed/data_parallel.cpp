@@ -7,6 +7,7 @@
 #include <kiln/autograd/node.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/optim/flat_parameters.h>
 
 namespace kiln::distributed {
 
@@ -50,7 +51,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
     if (p.requires_grad()) params.emplace_back(name, p);
   check_same_model_on_every_rank(params);
   broadcast_state();
-  build_buckets(params, options);
+  if (options.flat) build_buckets_over(*options.flat, params);
+  else build_buckets(params, options);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -146,26 +148,62 @@ void DistributedDataParallel::build_buckets(const nn::NamedTensors& params,
       bucket->names.push_back(params[i].first);
       bucket->params.push_back(p);
     }
-    bucket->ready.assign(g.size(), false);
-    bucket->pending = g.size();
-    const size_t b = buckets_.size();
-    for (size_t k = 0; k < g.size(); ++k) {
-      const Tensor& p = bucket->params[k];
-      const size_t handle = p.register_post_accumulate_grad_hook([this, b, k](const Tensor&) {
-        if (!sync_) return;
-        Bucket& bk = *buckets_[b];
-        if (!in_backward_) {  // the first gradient of this backward pass
-          in_backward_ = true;
-          autograd::queue_callback([this] { finish_backward(); });
-        }
-        if (bk.ready[k]) return;
-        bk.ready[k] = true;
-        if (--bk.pending == 0) launch_ready_buckets();
-      });
-      hooks_.emplace_back(p, handle);
-    }
-    buckets_.push_back(std::move(bucket));
+    add_bucket(std::move(bucket));
   }
+}
+
+void DistributedDataParallel::build_buckets_over(const optim::FlatParameters& flat, const nn::NamedTensors& params) {
+  // each module parameter's place in the flat layout
+  std::vector<std::pair<int64_t, size_t>> placed;  // (offset in flat, index in params)
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i].second;
+    size_t j = 0;
+    while (j < flat.params().size() && !flat.params()[j].is_same(p)) ++j;
+    KILN_CHECK(j < flat.params().size(), "DistributedDataParallel: parameter ", params[i].first,
+               " is not one of options.flat's parameters");
+    placed.emplace_back(flat.offset(j), i);
+  }
+  std::sort(placed.rbegin(), placed.rend());  // reverse layout order: the last parameters first
+  NoGradGuard no_grad;
+  const int64_t elem = int64_t(element_size(flat.grad().dtype()));
+  size_t k = 0;
+  while (k < placed.size()) {
+    // a bucket: consecutive parameters of the layout, [lo, hi) of the flat gradient
+    const double cap = (buckets_.empty() ? options_.first_bucket_cap_mb : options_.bucket_cap_mb) * 1024.0 * 1024.0;
+    auto bucket = std::make_unique<Bucket>();
+    int64_t hi = placed[k].first + params[placed[k].second].second.numel(), lo = placed[k].first;
+    do {
+      lo = placed[k].first;
+      bucket->names.push_back(params[placed[k].second].first);
+      bucket->params.push_back(params[placed[k].second].second);
+      ++k;
+    } while (k < placed.size() && double((hi - placed[k].first) * elem) <= cap);
+    bucket->grad = flat.grad().narrow(0, lo, hi - lo);
+    add_bucket(std::move(bucket));
+  }
+}
+
+// Registers the bucket's post-accumulate-grad hooks: each marks its parameter ready for this backward pass.
+void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
+  const size_t n = bucket->params.size(), b = buckets_.size();
+  bucket->ready.assign(n, false);
+  bucket->pending = n;
+  for (size_t k = 0; k < n; ++k) {
+    const Tensor& p = bucket->params[k];
+    const size_t handle = p.register_post_accumulate_grad_hook([this, b, k](const Tensor&) {
+      if (!sync_) return;
+      Bucket& bk = *buckets_[b];
+      if (!in_backward_) {  // the first gradient of this backward pass
+        in_backward_ = true;
+        autograd::queue_callback([this] { finish_backward(); });
+      }
+      if (bk.ready[k]) return;
+      bk.ready[k] = true;
+      if (--bk.pending == 0) launch_ready_buckets();
+    });
+    hooks_.emplace_back(p, handle);
+  }
+  buckets_.push_back(std::move(bucket));
 }
 
 void DistributedDataParallel::launch_ready_buckets() {

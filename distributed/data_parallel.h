@@ -35,6 +35,10 @@
 #include <kiln/distributed/process_group.h>
 #include <kiln/nn/module.h>
 
+namespace kiln::optim {
+class FlatParameters;
+}
+
 namespace kiln::distributed {
 
 struct DistributedDataParallelOptions {
@@ -42,6 +46,10 @@ struct DistributedDataParallelOptions {
   double first_bucket_cap_mb = 1.0;  // a small first bucket starts communicating early
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // at construction, with the parameters
+  // The parameters' gradients already live in this FlatParameters' flat buffer (made before DDP, over the
+  // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
+  // buffers of their own.
+  const optim::FlatParameters* flat = nullptr;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -81,6 +89,8 @@ class DistributedDataParallel : public nn::Module {
   void check_same_model_on_every_rank(const nn::NamedTensors& params) const;
   void broadcast_state();
   void build_buckets(const nn::NamedTensors& params, const DistributedDataParallelOptions& options);
+  void build_buckets_over(const optim::FlatParameters& flat, const nn::NamedTensors& params);
+  void add_bucket(std::unique_ptr<Bucket> bucket);
   void mark_ready(size_t bucket);
   void launch_ready_buckets();
   void finish_backward();

@@ -12,6 +12,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/flat_parameters.h>
 #include <kiln/optim/sgd.h>
 
 #include "distributed_test_util.h"
@@ -84,6 +85,31 @@ TEST(DistributedDataParallel, MatchesOneProcessOnTheWholeBatch) {
     pg->broadcast(rank0, 0);
     EXPECT_EQ(mine_p.to_vector<float>(), rank0.to_vector<float>()) << name;
   }
+}
+
+// Over optim::FlatParameters (char_gpt's flat gradients): the buckets are ranges of the flat gradient, and
+// training gives what DDP with its own buckets gives.
+TEST(DistributedDataParallel, OverFlatParametersTheBucketsAreRangesOfTheFlatGradient) {
+  const auto& pg = world();
+  manual_seed(21 + uint64_t(pg->rank()));
+  Net a, b;
+  DistributedDataParallel plain(a, pg);
+  b.load_state_dict(a.state_dict());
+  optim::FlatParameters flat(b.parameters());
+  DistributedDataParallel over(b, pg, {.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4, .flat = &flat});
+  EXPECT_GT(over.bucket_parameter_names().size(), 1u);
+  EXPECT_EQ(over.bucket_parameter_names().front().front(), "spare.bias");  // the last of the layout first
+  optim::AdamW oa(a.parameters(), {.lr = 0.03}), ob(b.parameters(), {.lr = 0.03});
+  const Data d = share(whole_batch(6 * pg->size()), pg->rank(), pg->size());
+  for (int step = 0; step < 4; ++step) {
+    oa.zero_grad();
+    F::mse_loss(plain(d.x), d.y).backward();
+    oa.step();
+    flat.zero_grad();
+    F::mse_loss(over(d.x), d.y).backward();
+    ob.step();
+  }
+  expect_same_parameters(a, b, 1e-6);
 }
 
 TEST(DistributedDataParallel, BucketsInReverseRegistrationOrderAndGradientsAreViews) {
