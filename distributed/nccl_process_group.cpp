@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -21,6 +22,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/distributed/mpi_process_group.h>
+#include <kiln/distributed/rendezvous.h>
 
 namespace kiln::distributed {
 
@@ -110,11 +112,44 @@ class NcclWork : public Work {
 
 }  // namespace
 
-NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
-    : NcclProcessGroup(options, std::make_shared<MpiProcessGroup>(options)) {}
+struct NcclProcessGroup::Bootstrap {
+  int rank = 0, size = 1, local_rank = 0;
+  std::function<std::vector<uint8_t>(const std::vector<uint8_t>&)> share;  // rank 0's bytes to every rank
+  std::shared_ptr<MpiProcessGroup> mpi;                                    // launched by mpirun
+};
 
-NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<MpiProcessGroup> bootstrap)
-    : ProcessGroup(bootstrap->rank(), bootstrap->size(), bootstrap->local_rank(), options),
+namespace {
+
+std::shared_ptr<NcclProcessGroup::Bootstrap> make_bootstrap(const ProcessGroupOptions& options) {
+  auto b = std::make_shared<NcclProcessGroup::Bootstrap>();
+  if (const std::optional<LaunchEnv> env = launch_env()) {  // torchrun-style variables: TCP
+    b->rank = env->rank, b->size = env->world_size, b->local_rank = env->local_rank;
+    b->share = [e = *env, timeout = options.timeout](const std::vector<uint8_t>& bytes) {
+      return share_from_rank0(e, bytes, timeout);
+    };
+    return b;
+  }
+  b->mpi = std::make_shared<MpiProcessGroup>(options);  // mpirun (or a lone process: a group of one)
+  b->rank = b->mpi->rank(), b->size = b->mpi->size(), b->local_rank = b->mpi->local_rank();
+  b->share = [mpi = b->mpi](const std::vector<uint8_t>& bytes) {
+    std::vector<int64_t> words((bytes.size() + 7) / 8, 0);
+    std::memcpy(words.data(), bytes.data(), bytes.size());
+    Tensor t = from_vector(words, {int64_t(words.size())});
+    mpi->broadcast(t, 0);
+    std::vector<uint8_t> out(bytes.size());
+    std::memcpy(out.data(), t.raw_data(), out.size());
+    return out;
+  };
+  return b;
+}
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options)
+    : NcclProcessGroup(options, make_bootstrap(options)) {}
+
+NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<Bootstrap> bootstrap)
+    : ProcessGroup(bootstrap->rank, bootstrap->size, bootstrap->local_rank, options),
       bootstrap_(std::move(bootstrap)), state_(std::make_shared<State>()) {
   const std::string what = describe("init_process_group");
   KILN_CHECK(cuda::is_available() && local_rank() < cuda::device_count(), what, ": local rank ", local_rank(),
@@ -122,15 +157,15 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shar
   state_->device = local_rank();
   state_->timeout = options.timeout;
   cuda::DeviceGuard guard(state_->device);
-  // rank 0's unique id to every rank, over MPI, as 16 i64
+  // rank 0's unique id to every rank
   ncclUniqueId id;
-  static_assert(sizeof(id) % sizeof(int64_t) == 0);
+  std::memset(&id, 0, sizeof(id));
   if (rank() == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id), what);
-  std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
-  std::memcpy(words.data(), &id, sizeof(id));
-  Tensor id_tensor = from_vector(words, {int64_t(words.size())});
-  bootstrap_->broadcast(id_tensor, 0);
-  std::memcpy(&id, id_tensor.raw_data(), sizeof(id));
+  std::vector<uint8_t> bytes(sizeof(id));
+  std::memcpy(bytes.data(), &id, sizeof(id));
+  bytes = bootstrap_->share(bytes);
+  KILN_CHECK(bytes.size() == sizeof(id), what, ": the rendezvous returned ", bytes.size(), " bytes for the unique id");
+  std::memcpy(&id, bytes.data(), sizeof(id));
   KILN_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()), what);
   state_->stream = cuda::Stream::create(state_->device, /*priority=*/-1);  // communication ahead of compute
   state_->watchdog = std::thread([s = state_.get()] { s->watch(); });

@@ -1,6 +1,7 @@
 #pragma once
 // The NCCL backend of ProcessGroup (distributed/process_group.h): CUDA tensors, one GPU a rank (the rank's
-// local_rank), launched by mpirun (the NCCL unique id goes from rank 0 to the others over MPI).
+// local_rank). Launched by torchrun-style environment variables (scripts/kilnrun; rank 0's NCCL unique id
+// reaches the others over TCP: distributed/rendezvous.h) or by mpirun (the id goes over MPI).
 //
 // Streams: collectives run on the group's communication stream. Each one first makes that stream wait for
 // the current (compute) stream, so it reads what compute wrote, and marks its tensors used on the
@@ -18,8 +19,6 @@
 
 namespace kiln::distributed {
 
-class MpiProcessGroup;
-
 class NcclProcessGroup : public ProcessGroup {
  public:
   explicit NcclProcessGroup(const ProcessGroupOptions& options = {});
@@ -33,11 +32,12 @@ class NcclProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) override;
   std::shared_ptr<Work> barrier_async() override;
 
-  struct State;  // communicator, stream, watchdog (nccl_process_group.cpp)
+  struct State;      // communicator, stream, watchdog (nccl_process_group.cpp)
+  struct Bootstrap;  // this rank's place, and how rank 0's unique id reaches it (TCP or MPI)
 
  private:
-  NcclProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<MpiProcessGroup> bootstrap);
-  std::shared_ptr<MpiProcessGroup> bootstrap_;
+  NcclProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<Bootstrap> bootstrap);
+  std::shared_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<State> state_;
 };
 

@@ -9,7 +9,8 @@
 // Runs --warmup untimed steps (allocator, cuBLASLt heuristics), then --steps timed steps between two
 // device synchronizations. stdout ends with
 //   RESULT tokens_per_second=... mfu=... peak_gib=... step_ms=...
-// Data parallel: started by mpirun with several ranks (mpirun -n 2 gpt2_bench), each rank drives the GPU of
+// Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 gpt2_bench, or mpirun -n 2
+// gpt2_bench), each rank drives the GPU of
 // its local rank, trains on its own batches of B x T tokens, and DistributedDataParallel averages the
 // gradients over NCCL during backward; tokens/s counts every rank's tokens, and rank 0 alone prints.
 //
@@ -33,6 +34,7 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 
@@ -91,10 +93,9 @@ Args parse_args(int argc, char** argv) {
 
 int run(const Args& args) {
   Device dev = Device::parse(args.device);
-  // several ranks under mpirun: NCCL data parallelism, one GPU a rank
+  // several ranks (kilnrun or mpirun): NCCL data parallelism, one GPU a rank
   std::shared_ptr<distributed::ProcessGroup> group;
-  const char* world_env = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (world_env != nullptr && std::atoi(world_env) > 1) {
+  if (distributed::launched_world_size() > 1) {
     KILN_CHECK(dev.is_cuda(), "gpt2_bench: data parallelism runs on GPUs (--device cuda)");
     group = distributed::init_process_group({.backend = "nccl"});
     dev = group->device();

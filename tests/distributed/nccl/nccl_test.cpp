@@ -1,7 +1,8 @@
 // The NCCL group on 2 GPUs (ctest label gpu; started with mpiexec -n 2, one GPU a rank): every collective in
 // every dtype against an expectation each rank computes itself, collectives ordered against the compute
 // stream, and DistributedDataParallel on the GPU against one process on the whole batch. Skips (exit 0 on
-// every rank) where there are fewer GPUs than ranks; `mpiexec -n 1` runs it on one GPU.
+// every rank) where there are fewer GPUs than ranks; `mpiexec -n 1` runs it on one GPU, and so does
+// `scripts/kilnrun --nproc-per-node 1` (the environment-variable rendezvous).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -134,7 +135,7 @@ TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   // one GPU a rank: mpiexec's rank count (1 without it) must not exceed the GPUs
-  const char* ranks_env = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* ranks_env = std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : std::getenv("OMPI_COMM_WORLD_SIZE");
   const int ranks = ranks_env ? std::atoi(ranks_env) : 1;
   if (!kiln::cuda::is_available() || kiln::cuda::device_count() < ranks) {
     std::printf("nccl tests: %d ranks but %d CUDA devices, skipped\n", ranks,
