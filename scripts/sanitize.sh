@@ -24,7 +24,12 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:dete
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=1"
 status=0
-(cd "$build" && ctest -j"$(nproc)" --output-on-failure --timeout 1200) > "$build/sanitize.log" 2>&1 || status=$?
+(cd "$build" && ctest -j"$(nproc)" --output-on-failure --timeout 1200 -LE distributed) > "$build/sanitize.log" 2>&1 || status=$?
+# The MPI-launched tests (label distributed) run with ASan and UBSan but without leak detection: OpenMPI 4.1
+# leaks a few KB in its dlopen'ed components at exit, which LSan reports as "<unknown module>" frames it
+# cannot attribute (the components are unloaded by then), so no suppression can name them.
+(cd "$build" && ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
+   ctest --output-on-failure --timeout 1200 -L distributed) >> "$build/sanitize.log" 2>&1 || status=$?
 asan=$(grep -c "ERROR: AddressSanitizer" "$build/sanitize.log" || true)
 ubsan=$(grep -c "runtime error:" "$build/sanitize.log" || true)
 leaks=$(grep -c "ERROR: LeakSanitizer" "$build/sanitize.log" || true)

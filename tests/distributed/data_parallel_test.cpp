@@ -120,8 +120,9 @@ TEST(DistributedDataParallel, BucketsInReverseRegistrationOrderAndGradientsAreVi
   ASSERT_EQ(buckets.size(), 6u);  // 1e-5 MiB (10 bytes) holds one parameter at a time
   EXPECT_EQ(buckets.front(), std::vector<std::string>{"spare.bias"});
   EXPECT_EQ(buckets.back(), std::vector<std::string>{"fc1.weight"});
-  DistributedDataParallel one_bucket_model_owner(*new Net, pg);  // default caps: one bucket
-  EXPECT_EQ(one_bucket_model_owner.bucket_parameter_names().size(), 1u);
+  Net other;
+  DistributedDataParallel one_bucket(other, pg);  // default caps: one bucket
+  EXPECT_EQ(one_bucket.bucket_parameter_names().size(), 1u);
   EXPECT_TRUE(model.fc1.weight.grad_is_pinned());
 }
 
