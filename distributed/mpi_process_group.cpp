@@ -13,6 +13,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/distributed/rendezvous.h>
 
 namespace kiln::distributed {
 
@@ -171,7 +172,13 @@ bool staged(DType d) { return d == DType::bf16 || d == DType::f16; }
 MpiProcessGroup::MpiProcessGroup(const ProcessGroupOptions& options) : MpiProcessGroup(options, make_comm()) {}
 
 MpiProcessGroup::MpiProcessGroup(const ProcessGroupOptions& options, std::shared_ptr<Comm> comm)
-    : ProcessGroup(comm->rank, comm->size, comm->local_rank, options), comm_(std::move(comm)) {}
+    : ProcessGroup(comm->rank, comm->size, comm->local_rank, options), comm_(std::move(comm)) {
+  // started by kilnrun/torchrun rather than mpirun, every process would be an MPI job of its own
+  const int launched = launched_world_size();
+  KILN_CHECK(launched == size(), "init_process_group: the launcher started ", launched, " ranks but MPI sees ",
+             size(), ": the mpi backend is started by mpirun (mpirun -n ", launched, " prog); kilnrun and torchrun "
+             "start the nccl backend");
+}
 
 MpiProcessGroup::~MpiProcessGroup() = default;
 

@@ -12,6 +12,10 @@
 // scales the loss with optim::GradScaler (its state goes into the checkpoint); --clip clips the global
 // gradient norm between unscaling and the optimizer step.
 //
+// Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 fashion_mnist ..., or mpirun),
+// each rank trains on its share of every epoch (data::Loader's num_replicas/rank) and DistributedDataParallel
+// averages the gradients (NCCL on GPUs, MPI on the CPU); rank 0 alone prints and writes checkpoints.
+//
 // Progress goes to stderr (a bar updated in place on a terminal); stdout gets one line per epoch and, last,
 //   RESULT test_accuracy=0.xxxx epochs=N seconds=S
 #include <unistd.h>
@@ -31,6 +35,9 @@
 #include <kiln/core/data/data.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/distributed/checkpoint.h>
+#include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/modules.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
@@ -190,6 +197,14 @@ double evaluate(nn::Module& net, const data::Dataset& test, Device dev, std::opt
 int run(const Args& args) {
   auto t0 = std::chrono::steady_clock::now();
   Device dev = Device::parse(args.device);
+  // several ranks: data parallelism (NCCL on GPUs, one a rank; MPI on the CPU)
+  std::shared_ptr<distributed::ProcessGroup> group;
+  if (distributed::launched_world_size() > 1) {
+    group = distributed::init_process_group({.backend = dev.is_cuda() ? "nccl" : "mpi"});
+    dev = group->device();
+  }
+  const int rank = group ? group->rank() : 0;
+  const bool main_rank = rank == 0;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "fashion_mnist: --device ", args.device,
                ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
@@ -206,6 +221,8 @@ int run(const Args& args) {
   if (args.model == "mlp") net = std::make_unique<Mlp>();
   else net = std::make_unique<Cnn>();
   net->to(dev);  // the parameters stay f32 under --amp: they are the master weights
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;  // rank 0's weights everywhere
+  if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(*net, group);
 
   data::FashionMNIST train(args.data, data::Split::Train, {.normalize = true});
   data::FashionMNIST test(args.data, data::Split::Test, {.normalize = true});
@@ -213,7 +230,7 @@ int run(const Args& args) {
   // the uninterrupted run would have seen.
   // On a GPU the batches come in page-locked memory, so their copies to the device are asynchronous.
   data::Loader loader(train, {.batch_size = args.batch_size, .shuffle = true, .seed = args.seed,
-                              .pin_memory = dev.is_cuda()});
+                              .pin_memory = dev.is_cuda(), .num_replicas = group ? group->size() : 1, .rank = rank});
 
   std::vector<Tensor> params = net->parameters();
   optim::AdamW opt(params, {.lr = args.lr, .weight_decay = args.weight_decay});
@@ -281,7 +298,7 @@ int run(const Args& args) {
       }
       seen += x.size(0);
       int64_t done = it.index() + 1;
-      progress.update(done, [&] { return loss_sum.item<double>() / double(done); }, seen);
+      if (main_rank) progress.update(done, [&] { return loss_sum.item<double>() / double(done); }, seen);
     }
     const double train_loss = loss_sum.item<double>() / double(loader.size());
     // A diverged run stops here rather than training on NaN: without a scaler no step is skipped, so a
@@ -289,19 +306,28 @@ int run(const Args& args) {
     KILN_CHECK(std::isfinite(train_loss) || scaler.is_enabled(), "fashion_mnist: epoch ", epoch + 1,
                " ended with a non-finite training loss (", train_loss, "): the run diverged (lr ", args.lr,
                "); lower --lr or set --clip");
-    accuracy = evaluate(*net, test, dev, amp_dtype);
-    std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1, train_loss, accuracy);
-    if (scaler.is_enabled()) std::printf(", loss scale %g, skipped steps %lld", scaler.get_scale(), (long long)skipped);
-    std::printf("\n");
-    std::fflush(stdout);
-    if (!args.checkpoint.empty())
-      optim::save_checkpoint(args.checkpoint, *net, &opt,
-                             {{"epoch", epoch + 1}, {"model", args.model}, {"seed", int64_t(args.seed)},
-                              {"amp", args.amp}, {"test_accuracy", accuracy}},
-                             step, &schedule, &scaler);
+    accuracy = evaluate(*net, test, dev, amp_dtype);  // every rank holds the same model: the same figure
+    if (main_rank) {
+      std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1, train_loss, accuracy);
+      if (scaler.is_enabled())
+        std::printf(", loss scale %g, skipped steps %lld", scaler.get_scale(), (long long)skipped);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    if (!args.checkpoint.empty()) {
+      const optim::Metadata meta{{"epoch", epoch + 1}, {"model", args.model}, {"seed", int64_t(args.seed)},
+                                 {"amp", args.amp}, {"test_accuracy", accuracy}};
+      if (group)  // rank 0 writes, the others wait; the file is the one a single process writes
+        distributed::save_checkpoint(*group, args.checkpoint, *net,
+                                     {{"optimizer", &opt}, {"scheduler", &schedule}, {"scaler", &scaler}}, meta, step);
+      else
+        optim::save_checkpoint(args.checkpoint, *net, &opt, meta, step, &schedule, &scaler);
+    }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f\n", accuracy, (long long)args.epochs, seconds);
+  if (main_rank)
+    std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f world=%d\n", accuracy, (long long)args.epochs,
+                seconds, group ? group->size() : 1);
   return 0;
 }
 
