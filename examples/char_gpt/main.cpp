@@ -23,6 +23,11 @@
 // evaluations and checkpoints; not the final sample); tokens_per_second counts training tokens (B*T per
 // iteration) over the time spent in training iterations only.
 //
+// Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 char_gpt --device cuda, or
+// mpirun; on the CPU mpirun alone), each rank samples its own windows (its generator seeded by --seed and its
+// rank) and DistributedDataParallel averages the gradients in the flat buffer; every rank evaluates the same
+// batches (the same figures), rank 0 alone prints and writes; tokens/s counts every rank's tokens.
+//
 // The training step makes no host synchronization: the loss is read only at evaluation points, the
 // parameters and gradients live in flat buffers (optim::FlatParameters: one fill to zero the gradients, one
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
@@ -50,6 +55,9 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/distributed/checkpoint.h>
+#include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
@@ -193,6 +201,13 @@ int run(const Args& args) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Device dev = Device::parse(args.device);
+  // several ranks: data parallelism (NCCL on GPUs, one a rank; MPI on the CPU)
+  std::shared_ptr<distributed::ProcessGroup> group;
+  if (distributed::launched_world_size() > 1) {
+    group = distributed::init_process_group({.backend = dev.is_cuda() ? "nccl" : "mpi"});
+    dev = group->device();
+  }
+  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,
                ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
@@ -224,10 +239,16 @@ int run(const Args& args) {
   opt.add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
   optim::CosineWithWarmup schedule(opt, args.warmup_iters, args.lr_decay_iters, args.min_lr);
   optim::FlatParameters flat(model.parameters());
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;  // buckets are ranges of flat's gradient
+  if (group)
+    ddp = std::make_unique<distributed::DistributedDataParallel>(
+        model, group, distributed::DistributedDataParallelOptions{.flat = &flat});
 
   const data::WindowSampler train_batches(corpus.train, args.batch_size, args.block_size, dev);
   const data::WindowSampler val_batches(corpus.val, args.batch_size, args.block_size, dev);
-  Generator batch_gen(args.seed);  // training batches; its state goes into the checkpoint
+  // training batches, each rank its own stream; the position (the same on every rank) goes into checkpoints
+  const uint64_t batch_seed = args.seed + uint64_t(rank) * 0x9E3779B97F4A7C15ull;
+  Generator batch_gen(batch_seed);
   int64_t start_iter = 0;
   double best_val = std::numeric_limits<double>::infinity();
   if (args.resume) {
@@ -248,7 +269,7 @@ int run(const Args& args) {
       KILN_CHECK(*vocab == corpus.vocab, "char_gpt: ", args.checkpoint, " was trained on another vocabulary");
       start_iter = info.step;
       best_val = *best;
-      batch_gen.set_state({args.seed, uint64_t(*offset)});
+      batch_gen.set_state({batch_seed, uint64_t(*offset)});
       std::fprintf(stderr, "resumed from %s at iteration %lld (best val loss %.4f)\n", args.checkpoint.c_str(),
                    (long long)start_iter, best_val);
     }
@@ -319,9 +340,11 @@ int run(const Args& args) {
       const double val_loss = estimate_loss(val_batches, 2, iter);
       const bool improved = val_loss < best_val;
       if (improved) best_val = val_loss;
-      std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
-                  schedule.get_last_lr()[0], segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0);
-      std::fflush(stdout);
+      if (rank == 0) {
+        std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
+                    schedule.get_last_lr()[0], segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0);
+        std::fflush(stdout);
+      }
       if (!args.checkpoint.empty() && iter > start_iter) {
         optim::Metadata meta{{"vocab", corpus.vocab},
                              {"best_val_loss", best_val},
@@ -332,8 +355,14 @@ int run(const Args& args) {
                              {"n_head", args.n_head},
                              {"n_embd", args.n_embd},
                              {"block_size", args.block_size}};
-        optim::save_checkpoint(args.checkpoint, model, &opt, meta, iter, &schedule);
-        if (improved) optim::save_checkpoint(best_path(args.checkpoint), model, &opt, meta, iter, &schedule);
+        auto save = [&](const std::string& to) {
+          if (group)  // rank 0 writes, the others wait
+            distributed::save_checkpoint(*group, to, model, {{"optimizer", &opt}, {"scheduler", &schedule}}, meta, iter);
+          else
+            optim::save_checkpoint(to, model, &opt, meta, iter, &schedule);
+        };
+        save(args.checkpoint);
+        if (improved) save(best_path(args.checkpoint));
       }
       sync();
       segment_start = Clock::now();
@@ -364,6 +393,7 @@ int run(const Args& args) {
                  1e3 * std::chrono::duration<double>(b - a).count() / double(args.profile),
                  1e3 * std::chrono::duration<double>(c - a).count() / double(args.profile));
   }
+  if (rank != 0) return 0;
   if (args.sample > 0) {
     Generator gen(args.seed + 1);
     const size_t newline = corpus.vocab.find('\n');
@@ -379,7 +409,7 @@ int run(const Args& args) {
   }
   if (dev.is_cuda())
     std::fprintf(stderr, "peak GPU memory %.2f GiB\n", double(cuda::memory_stats(dev.index).peak_allocated) / (1 << 30));
-  const double tps = train_seconds > 0 ? double(trained_iters * tokens_per_iter) / train_seconds : 0.0;
+  const double tps = train_seconds > 0 ? double(trained_iters * tokens_per_iter * world) / train_seconds : 0.0;
   std::printf("RESULT best_val_loss=%.4f seconds=%.1f tokens_per_second=%.0f\n", best_val, seconds, tps);
   return 0;
 }
