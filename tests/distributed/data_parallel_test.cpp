@@ -3,6 +3,7 @@
 // differ between ranks are errors naming the parameter; buckets come in reverse registration order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include <kiln/core/ops.h>
@@ -13,6 +14,8 @@
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/flat_parameters.h>
+#include <kiln/optim/grad_scaler.h>
+#include <kiln/autograd/checkpoint.h>
 #include <kiln/optim/sgd.h>
 
 #include "distributed_test_util.h"
@@ -181,6 +184,45 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
   Tensor g = other.spare.weight.grad().contiguous().clone(), g0 = g.clone();
   pg->broadcast(g0, 0);
   EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());
+}
+
+// Gradient checkpointing: the hooks of parameters inside a recomputed block fire in the nested backward,
+// and the end-of-backward wait is deferred to the outermost pass; the result equals DDP without it.
+TEST(DistributedDataParallel, WorksWithGradientCheckpointing) {
+  const auto& pg = world();
+  manual_seed(31 + uint64_t(pg->rank()));
+  Net a, b;
+  DistributedDataParallel plain(a, pg);
+  b.load_state_dict(a.state_dict());
+  DistributedDataParallel ckpt(b, pg);
+  const Data d = share(whole_batch(4 * pg->size()), pg->rank(), pg->size());
+  F::mse_loss(a(d.x), d.y).backward();
+  Tensor h = autograd::checkpoint([&](const std::vector<Tensor>& in) { return tanh(b.fc1(in[0])); }, {d.x});
+  F::mse_loss(b.spare(b.fc2(h)), d.y).backward();
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(pa[i].second.grad().contiguous().to_vector<float>(), pb[i].second.grad().contiguous().to_vector<float>())
+        << pa[i].first;
+}
+
+// GradScaler: a non-finite gradient on one rank reaches every rank through the all-reduce, so every rank
+// skips the same step (and backs off the same scale) without more communication.
+TEST(DistributedDataParallel, EveryRankSkipsAStepWhenOneRankOverflows) {
+  const auto& pg = world();
+  Net model;
+  DistributedDataParallel ddp(model, pg);
+  optim::AdamW opt(model.parameters(), {.lr = 0.1});
+  optim::GradScaler scaler({.init_scale = 1024.0});
+  Data d = share(whole_batch(2 * pg->size()), pg->rank(), pg->size());
+  Tensor x = d.x.clone();
+  if (pg->rank() == pg->size() - 1) x.narrow(0, 0, 1).fill_(INFINITY);  // the last rank overflows
+  const std::vector<float> before = model.fc1.weight.contiguous().to_vector<float>();
+  opt.zero_grad();
+  scaler.scale(F::mse_loss(ddp(x), d.y)).backward();
+  EXPECT_FALSE(scaler.step(opt)) << "rank " << pg->rank() << " stepped";
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  EXPECT_EQ(model.fc1.weight.contiguous().to_vector<float>(), before);
 }
 
 TEST(DistributedDataParallel, ModelsThatDifferBetweenRanksFailAtConstruction) {
