@@ -3,7 +3,8 @@
 // state, so rank 0 alone writes the file (atomically, as optim::save_checkpoint: a temporary file renamed
 // into place) while the other ranks wait at a barrier, and every rank loads the same file. The file is the
 // one a single process writes: a run saved at one world size resumes at any other, 1 included
-// (docs/checkpoint-format.md). The default generator's state saved is rank 0's.
+// (docs/checkpoint-format.md). The default generator's state saved is rank 0's. A ZeroAdamW component is
+// consolidated first (on every rank), so the file holds the whole AdamW state, as a single process's would.
 //
 //   distributed::save_checkpoint(*pg, "run.h5", model, {{"optimizer", &opt}}, {}, step);
 //   optim::load_checkpoint("run.h5", model, {{"optimizer", &opt}});   // on every rank

@@ -8,10 +8,17 @@
 
 namespace kiln::distributed {
 
+namespace {
+optim::Options defaults_of(const std::vector<ZeroParamGroup>& groups) {
+  KILN_CHECK(!groups.empty(), "ZeroAdamW: no parameter groups");
+  return groups[0].options.to_options();
+}
+}  // namespace
+
 ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<ProcessGroup> group)
-    : group_(std::move(group)) {
+    : optim::Optimizer("AdamW", defaults_of(groups)), group_(std::move(group)) {
   KILN_CHECK(group_ != nullptr, "ZeroAdamW: no process group");
-  std::vector<std::pair<Tensor, size_t>> params;  // (parameter, its group)
+  std::vector<std::pair<Tensor, size_t>> params;  // (parameter, its group), in global order
   for (size_t g = 0; g < groups.size(); ++g)
     for (const Tensor& p : groups[g].params) {
       KILN_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "ZeroAdamW: group ", g,
@@ -22,11 +29,12 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
                  group_->backend(), " group's device ", group_->device().str());
       KILN_CHECK(params.empty() || p.dtype() == params[0].first.dtype(), "ZeroAdamW: parameters of one dtype, got ",
                  params[0].first.str(), " and ", p.str());
-      for (const auto& [q, qg] : params) KILN_CHECK(!q.is_same(p), "ZeroAdamW: a parameter appears twice: ", p.str());
       params.emplace_back(p, g);
+      offsets_.push_back(total_);
       total_ += p.numel();
     }
   KILN_CHECK(!params.empty(), "ZeroAdamW: no parameters");
+  for (const ZeroParamGroup& g : groups) add_param_group({g.params, g.options.to_options()});
   const int64_t ranks = group_->size();
   shard_ = (total_ + ranks - 1) / ranks;
   const TensorOptions o{.dtype = params[0].first.dtype(), .device = group_->device()};
@@ -35,37 +43,36 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
   grad_ = zeros({shard_ * ranks}, o);
   shard_grad_ = zeros({shard_}, o);
   // every rank starts from rank 0's parameters, laid end to end in the flat buffer
-  int64_t offset = 0;
-  for (const auto& [p, g] : params) {
-    Tensor view = data_.narrow(0, offset, p.numel()).view(p.sizes());
-    view.copy_(p);
-    offset += p.numel();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i].first;
+    data_.narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p);
   }
   group_->broadcast(data_, 0);
-  offset = 0;
-  for (const auto& [p, g] : params) {
-    p.set_data(data_.narrow(0, offset, p.numel()).view(p.sizes()));
-    p.set_pinned_grad(grad_.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i].first;
+    p.set_data(data_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
+    p.set_pinned_grad(grad_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
   }
-  // the shard's pieces: views of data_ that the shard's AdamW steps in place, gradients from shard_grad_
+  // this rank's pieces: views of data_ that the inner AdamW steps in place, gradients from shard_grad_
   const int64_t s0 = group_->rank() * shard_, s1 = s0 + shard_;
-  std::vector<std::vector<Tensor>> pieces(groups.size());
-  offset = 0;
-  for (const auto& [p, g] : params) {
-    const int64_t lo = std::max(offset, s0), hi = std::min(offset + p.numel(), s1);
-    if (lo < hi) {
-      Tensor piece = data_.narrow(0, lo, hi - lo);
-      piece.requires_grad_(true);
-      piece.set_pinned_grad(shard_grad_.narrow(0, lo - s0, hi - lo));
-      pieces[g].push_back(piece);
-    }
-    offset += p.numel();
+  std::vector<std::vector<Tensor>> tensors(groups.size());
+  std::vector<std::vector<Piece>> pieces(groups.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t a = offsets_[i], b = a + params[i].first.numel(), lo = std::max(a, s0), hi = std::min(b, s1);
+    if (lo >= hi) continue;
+    Tensor piece = data_.narrow(0, lo, hi - lo);
+    piece.requires_grad_(true);
+    piece.set_pinned_grad(shard_grad_.narrow(0, lo - s0, hi - lo));
+    const size_t g = params[i].second;
+    tensors[g].push_back(piece);
+    pieces[g].push_back({int64_t(i), lo - a, hi - lo, g});
   }
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (pieces[g].empty()) continue;
-    if (!optimizer_) optimizer_ = std::make_unique<optim::AdamW>(pieces[g], groups[g].options);
-    else optimizer_->add_param_group(pieces[g], groups[g].options);
+    if (tensors[g].empty()) continue;
+    if (!optimizer_) optimizer_ = std::make_unique<optim::AdamW>(tensors[g], groups[g].options);
+    else optimizer_->add_param_group(tensors[g], groups[g].options);
+    inner_group_of_.push_back(g);
+    pieces_.insert(pieces_.end(), pieces[g].begin(), pieces[g].end());
   }
 }
 
@@ -77,10 +84,67 @@ void ZeroAdamW::zero_grad() {
 void ZeroAdamW::step() {
   NoGradGuard no_grad;
   group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);
-  if (optimizer_) optimizer_->step();
+  if (optimizer_) {
+    // the groups' hyper-parameters, as a schedule left them, to the inner groups
+    for (size_t k = 0; k < inner_group_of_.size(); ++k)
+      optimizer_->param_groups()[k].options = param_groups()[inner_group_of_[k]].options;
+    optimizer_->step();
+  }
   // the shard travels from a copy: MPI takes no input that overlaps the output
   const Tensor mine = data_.narrow(0, group_->rank() * shard_, shard_).clone();
   group_->all_gather(data_, mine);
+  ++steps_;
+}
+
+void ZeroAdamW::consolidate_state() {
+  NoGradGuard no_grad;
+  release_consolidated_state();
+  consolidated_at_ = steps_;
+  if (steps_ == 0) return;  // no moments yet
+  const int64_t s0 = group_->rank() * shard_;
+  const TensorOptions o{.dtype = optim::state_dtype(data_.dtype()), .device = group_->device()};
+  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    Tensor mine = zeros({shard_}, o), whole = empty({shard_ * group_->size()}, o);
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      const Piece& pc = pieces_[k];
+      mine.narrow(0, offsets_[size_t(pc.param)] + pc.begin - s0, pc.length).copy_(optimizer_->state(int64_t(k)).tensors.at(name));
+    }
+    group_->all_gather(whole, mine);
+    for (int64_t i = 0; i < num_params(); ++i) {
+      const Tensor& p = param(i);
+      state(i).tensors[name] = whole.narrow(0, offsets_[size_t(i)], p.numel()).view(p.sizes()).clone();
+      state(i).step = steps_;
+    }
+  }
+}
+
+void ZeroAdamW::release_consolidated_state() {
+  for (int64_t i = 0; i < num_params(); ++i) state(i) = optim::ParamState{};
+  consolidated_at_ = -1;
+}
+
+State ZeroAdamW::save_state() const {
+  KILN_CHECK(steps_ == 0 || consolidated_at_ == steps_, "ZeroAdamW: the state is sharded across the ranks; call "
+             "consolidate_state() on every rank before saving (distributed::save_checkpoint does)");
+  return optim::Optimizer::save_state();
+}
+
+void ZeroAdamW::apply_state(const State& state) {
+  // the whole AdamW state into this optimizer (its checks passed), then each piece takes its part of it
+  optim::Optimizer::apply_state(state);
+  int64_t step = 0;
+  for (int64_t i = 0; i < num_params(); ++i) step = std::max(step, this->state(i).step);
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& pc = pieces_[k];
+    const optim::ParamState& whole = this->state(pc.param);
+    optim::ParamState& part = optimizer_->state(int64_t(k));
+    part = optim::ParamState{};
+    if (whole.empty()) continue;
+    part.step = whole.step;
+    for (const auto& [name, t] : whole.tensors) part.tensors[name] = t.flatten().narrow(0, pc.begin, pc.length).clone();
+  }
+  release_consolidated_state();
+  steps_ = step;
 }
 
 }  // namespace kiln::distributed

@@ -10,13 +10,21 @@
 //   auto groups = model.parameter_groups();                   // the same on every rank
 //   distributed::ZeroAdamW opt({{groups.decay, {.lr = 6e-4, .weight_decay = 0.1}},
 //                               {groups.no_decay, {.lr = 6e-4, .weight_decay = 0.0}}}, pg);
-//   for (...) { opt.zero_grad(); model.loss(x, y).backward(); opt.step(); }   // no DDP around the model
+//   optim::CosineWithWarmup schedule(opt, 100, 5000);          // schedules set the groups' lr as usual
+//   for (...) { opt.zero_grad(); model.loss(x, y).backward(); opt.step(); schedule.step(); }  // no DDP
+//
+// It is an optim::Optimizer of type "AdamW" whose groups hold the whole model's parameters (what schedules
+// and checkpoints see); the moments live in an inner optim::AdamW over this rank's pieces of the flat
+// parameter buffer, one piece per part of a parameter that falls in the shard.
+//
+// Checkpoints: distributed::save_checkpoint calls consolidate_state() on every rank (an all-gather of the
+// moments), so that rank 0 writes the whole AdamW state, laid out as optim::AdamW's: a ZeRO checkpoint
+// resumes with ZeroAdamW at any world size or with a plain AdamW, and the other way round. Loading on
+// every rank keeps each rank's shard of it.
 //
 // Layout: the constructor broadcasts rank 0's parameters and makes every parameter a view of one flat
 // buffer and its gradient a pinned view of another (as optim::FlatParameters), so backward accumulates into
 // the flat gradient that step() reduce-scatters. The parameters share one dtype and device (the group's).
-// The shard's optimizer is a plain optim::AdamW over views of the flat buffer: one parameter per piece of a
-// parameter that falls in the shard, in that parameter's group.
 #include <memory>
 #include <vector>
 
@@ -30,25 +38,44 @@ struct ZeroParamGroup {
   optim::AdamWOptions options;
 };
 
-class ZeroAdamW {
+class ZeroAdamW : public optim::Optimizer {
  public:
   ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<ProcessGroup> group);
 
-  void zero_grad();  // one fill of the flat gradient
-  void step();       // reduce-scatter, this shard's AdamW step, all-gather
+  void zero_grad();      // one fill of the flat gradient
+  void step() override;  // reduce-scatter, this shard's AdamW step, all-gather
 
-  int64_t numel() const { return total_; }          // every parameter's elements
-  int64_t shard_numel() const { return shard_; }    // this rank's share (the last rank's may be padding)
-  // The AdamW over this rank's shard (null when the shard holds only padding): its state is this rank's
-  // part of the optimizer state; its learning rates are what a schedule sets (set them on every rank).
+  int64_t numel() const { return total_; }        // every parameter's elements
+  int64_t shard_numel() const { return shard_; }  // this rank's share (the last rank's may end in padding)
+  // The AdamW over this rank's shard (null when the shard is only padding): its state is this rank's part.
   optim::AdamW* shard_optimizer() { return optimizer_.get(); }
-  const Tensor& flat_grad() const { return grad_; }
+
+  // Collective (every rank): gathers the whole AdamW state into this optimizer's per-parameter state, which
+  // save_state() then writes; release_consolidated_state() frees it again.
+  void consolidate_state();
+  void release_consolidated_state();
+  // The whole state as optim::AdamW lays it out; an error unless consolidate_state() ran since the last step.
+  State save_state() const override;
+
+ protected:
+  std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  void apply_state(const State& state) override;  // keeps this rank's shard of a whole AdamW state
 
  private:
+  struct Piece {
+    int64_t param;      // global parameter index
+    int64_t begin;      // first element of the parameter in the piece
+    int64_t length;
+    size_t group;       // global group index
+  };
   std::shared_ptr<ProcessGroup> group_;
   int64_t total_ = 0, shard_ = 0;
-  Tensor data_, grad_, shard_grad_;  // (ranks·S), (ranks·S), (S)
+  std::vector<int64_t> offsets_;          // each parameter's start in the flat buffers
+  Tensor data_, grad_, shard_grad_;       // (ranks·S), (ranks·S), (S)
+  std::vector<Piece> pieces_;             // the inner optimizer's parameters, in its order
+  std::vector<size_t> inner_group_of_;    // global group of each inner group
   std::unique_ptr<optim::AdamW> optimizer_;
+  int64_t steps_ = 0, consolidated_at_ = -1;
 };
 
 }  // namespace kiln::distributed
