@@ -15,11 +15,17 @@ Prints one line per mode:
     RESULT compile tokens_per_second=... mfu=... peak_gib=... step_ms=...
 MFU = (6N + 12 L H Q T) * tokens/s / 989e12, N the parameters without the position embeddings (nanoGPT's
 estimate_mfu); peak_gib = torch.cuda.max_memory_allocated() over the mode's whole run (model included).
+
+Under torchrun with several ranks (torchrun --nproc-per-node 2 bench/gpt2_torch.py) it runs PyTorch DDP
+(NCCL, one GPU a rank, torch.compile of the DDP-wrapped model in compile mode), each rank its own batches;
+tokens/s counts every rank's tokens, MFU is per GPU, and rank 0 alone prints (with world=N).
 """
 import argparse
+import os
 import time
 
 import torch
+import torch.distributed as dist
 
 from gpt_torch_model import GPT
 
@@ -28,15 +34,22 @@ def run(mode, args):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    dev = "cuda"
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    dev = f"cuda:{torch.cuda.current_device()}"
     V, T, L, H, E, B = args.vocab_size, args.seq_len, args.n_layer, args.n_head, args.n_embd, args.batch_size
     model = GPT(V, T, L, H, E, grad_checkpoint=args.grad_checkpoint).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), fused=True)
-    step_model = torch.compile(model) if mode == "compile" else model
-    batches = [(torch.randint(0, V, (B, T), device=dev), torch.randint(0, V, (B, T), device=dev)) for _ in range(2)]
+    wrapped = model
+    if world > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    step_model = torch.compile(wrapped) if mode == "compile" else wrapped
+    gen = torch.Generator(device=dev).manual_seed(1 + rank)  # each rank its own batches
+    batches = [(torch.randint(0, V, (B, T), device=dev, generator=gen),
+                torch.randint(0, V, (B, T), device=dev, generator=gen)) for _ in range(2)]
 
     def step(i):
         x, y = batches[i % len(batches)]
@@ -59,13 +72,14 @@ def run(mode, args):
 
     N = model.num_params()
     flops_per_token = 6 * N + 12 * L * H * (E // H) * T
-    tps = args.steps * B * T / seconds
-    mfu = flops_per_token * tps / 989e12
+    tps = args.steps * B * T * world / seconds
+    mfu = flops_per_token * tps / (989e12 * world)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"# {mode}: N = {N / 1e6:.2f}M, loss {loss.item():.4f}", flush=True)
-    print(f"RESULT {mode} tokens_per_second={tps:.0f} mfu={mfu:.4f} peak_gib={peak:.2f} "
-          f"step_ms={1e3 * seconds / args.steps:.1f}", flush=True)
-    del model, opt, step_model, batches
+    if rank == 0:
+        print(f"# {mode}: N = {N / 1e6:.2f}M, loss {loss.item():.4f}", flush=True)
+        print(f"RESULT {mode} tokens_per_second={tps:.0f} mfu={mfu:.4f} peak_gib={peak:.2f} "
+              f"step_ms={1e3 * seconds / args.steps:.1f} world={world}", flush=True)
+    del model, wrapped, opt, step_model, batches
 
 
 def main():
@@ -83,9 +97,15 @@ def main():
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: one GPU a rank
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     for mode in args.modes.split(","):
         run(mode.strip(), args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
