@@ -183,9 +183,7 @@ MpiProcessGroup::MpiProcessGroup(const ProcessGroupOptions& options, std::shared
 MpiProcessGroup::~MpiProcessGroup() = default;
 
 std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
-  const std::string what = describe((std::string("all_reduce (") + reduce_op_name(op) + ")").c_str());
-  check_tensor("all_reduce", t, false);
-  KILN_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), what, ": avg needs a floating tensor, got ", t.str());
+  const std::string what = check_all_reduce(t, op);
   NoGradGuard no_grad;
   // bf16/f16 reduce in an f32 copy; the result is rounded once when it is copied back
   Tensor buffer = staged(t.dtype()) ? cast(t, DType::f32).contiguous() : t;
@@ -202,9 +200,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceO
 }
 
 std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root) {
-  const std::string what = describe("broadcast");
-  check_tensor("broadcast", t, false);
-  check_root("broadcast", root);
+  const std::string what = check_broadcast(t, root);
   MPI_Request request;
   const int rc = MPI_Ibcast(t.raw_data(), mpi_count(what, t.numel() * int64_t(element_size(t.dtype()))), MPI_BYTE,
                             root, comm_->comm, &request);
@@ -213,11 +209,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root
 }
 
 std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
-  const std::string what = describe("all_gather");
-  check_tensor("all_gather", output, false);
-  check_tensor("all_gather", input, false);
-  KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size()) * input.numel(), what,
-             ": output ", output.str(), " must hold ", size(), " x input ", input.str(), " of its dtype");
+  const std::string what = check_all_gather(output, input);
   const int bytes = mpi_count(what, input.numel() * int64_t(element_size(input.dtype())));
   MPI_Request request;
   const int rc = MPI_Iallgather(input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes, MPI_BYTE, comm_->comm,
@@ -227,13 +219,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, co
 }
 
 std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
-  const std::string what = describe((std::string("reduce_scatter (") + reduce_op_name(op) + ")").c_str());
-  check_tensor("reduce_scatter", output, false);
-  check_tensor("reduce_scatter", input, false);
-  KILN_CHECK(output.dtype() == input.dtype() && input.numel() == int64_t(size()) * output.numel(), what,
-             ": input ", input.str(), " must hold ", size(), " x output ", output.str(), " of its dtype");
-  KILN_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), what, ": avg needs a floating tensor, got ",
-             output.str());
+  const std::string what = check_reduce_scatter(output, input, op);
   NoGradGuard no_grad;
   const bool stage = staged(output.dtype());
   Tensor in = stage ? cast(input, DType::f32).contiguous() : input;

@@ -210,10 +210,7 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
 }  // namespace
 
 std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
-  const std::string what = describe((std::string("all_reduce (") + reduce_op_name(op) + ")").c_str());
-  check_tensor("all_reduce", t, true);
-  KILN_CHECK(t.device() == device(), what, ": ", t.str(), " is not on this rank's device ", device().str());
-  KILN_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), what, ": avg needs a floating tensor, got ", t.str());
+  const std::string what = check_all_reduce(t, op);
   return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
                                   state_->comm, stream),
@@ -222,9 +219,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, Reduce
 }
 
 std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int root) {
-  const std::string what = describe("broadcast");
-  check_tensor("broadcast", t, true);
-  check_root("broadcast", root);
+  const std::string what = check_broadcast(t, root);
   return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root,
                                   state_->comm, stream),
@@ -233,11 +228,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int roo
 }
 
 std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
-  const std::string what = describe("all_gather");
-  check_tensor("all_gather", output, true);
-  check_tensor("all_gather", input, true);
-  KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size()) * input.numel(), what,
-             ": output ", output.str(), " must hold ", size(), " x input ", input.str(), " of its dtype");
+  const std::string what = check_all_gather(output, input);
   return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), size_t(input.numel()), nccl_type(input.dtype()),
                                   state_->comm, stream),
@@ -246,13 +237,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, c
 }
 
 std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
-  const std::string what = describe((std::string("reduce_scatter (") + reduce_op_name(op) + ")").c_str());
-  check_tensor("reduce_scatter", output, true);
-  check_tensor("reduce_scatter", input, true);
-  KILN_CHECK(output.dtype() == input.dtype() && input.numel() == int64_t(size()) * output.numel(), what,
-             ": input ", input.str(), " must hold ", size(), " x output ", output.str(), " of its dtype");
-  KILN_CHECK(op != ReduceOp::avg || is_floating(output.dtype()), what, ": avg needs a floating tensor, got ",
-             output.str());
+  const std::string what = check_reduce_scatter(output, input, op);
   return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(), size_t(output.numel()),
                                       nccl_type(output.dtype()), nccl_op(op), state_->comm, stream),

@@ -20,23 +20,63 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-void ProcessGroup::check_tensor(const char* op, const Tensor& t, bool cuda) const {
-  KILN_CHECK(t.defined(), describe(op), ": the tensor is undefined");
+namespace {
+std::string with_op(const char* name, ReduceOp op) { return std::string(name) + " (" + reduce_op_name(op) + ")"; }
+}  // namespace
+
+std::string ProcessGroup::describe(const std::string& op) const {
+  return op + " on the " + backend() + " group of " + std::to_string(size_) + " rank" + (size_ == 1 ? "" : "s") +
+         " (rank " + std::to_string(rank_) + ")";
+}
+
+namespace {
+
+void check_tensor(const std::string& what, const Tensor& t, Device device) {
+  KILN_CHECK(t.defined(), what, ": the tensor is undefined");
   const DType d = t.dtype();
-  KILN_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::i64, describe(op), ": got ",
-             t.str(), "; the collectives take f32, bf16, f16 or i64");
-  KILN_CHECK(t.is_contiguous(), describe(op), ": got a non-contiguous ", t.str(), " (call .contiguous())");
-  KILN_CHECK(t.device().is_cuda() == cuda, describe(op), ": got ", t.str(), "; the ", backend(), " group takes ",
-             cuda ? "CUDA" : "CPU", " tensors");
+  KILN_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::i64, what, ": got ", t.str(),
+             "; the collectives take f32, bf16, f16 or i64");
+  KILN_CHECK(t.is_contiguous(), what, ": got a non-contiguous ", t.str(), " (call .contiguous())");
+  KILN_CHECK(t.device() == device, what, ": got ", t.str(), "; this group takes tensors on ", device.str());
 }
 
-void ProcessGroup::check_root(const char* op, int root) const {
-  KILN_CHECK(root >= 0 && root < size_, describe(op), ": root ", root, " is not a rank of the group");
+void check_op(const std::string& what, const Tensor& t, ReduceOp op) {
+  KILN_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), what, ": avg needs a floating tensor, got ", t.str());
 }
 
-std::string ProcessGroup::describe(const char* op) const {
-  return std::string(op) + " on the " + backend() + " group of " + std::to_string(size_) + " rank" +
-         (size_ == 1 ? "" : "s") + " (rank " + std::to_string(rank_) + ")";
+}  // namespace
+
+std::string ProcessGroup::check_all_reduce(const Tensor& t, ReduceOp op) const {
+  const std::string what = describe(with_op("all_reduce", op));
+  check_tensor(what, t, device());
+  check_op(what, t, op);
+  return what;
+}
+
+std::string ProcessGroup::check_broadcast(const Tensor& t, int root) const {
+  const std::string what = describe("broadcast");
+  check_tensor(what, t, device());
+  KILN_CHECK(root >= 0 && root < size_, what, ": root ", root, " is not a rank of the group");
+  return what;
+}
+
+std::string ProcessGroup::check_all_gather(const Tensor& output, const Tensor& input) const {
+  const std::string what = describe("all_gather");
+  check_tensor(what, output, device());
+  check_tensor(what, input, device());
+  KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size_) * input.numel(), what, ": output ",
+             output.str(), " must hold ", size_, " x input ", input.str(), " of its dtype");
+  return what;
+}
+
+std::string ProcessGroup::check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const {
+  const std::string what = describe(with_op("reduce_scatter", op));
+  check_tensor(what, output, device());
+  check_tensor(what, input, device());
+  KILN_CHECK(output.dtype() == input.dtype() && input.numel() == int64_t(size_) * output.numel(), what, ": input ",
+             input.str(), " must hold ", size_, " x output ", output.str(), " of its dtype");
+  check_op(what, output, op);
+  return what;
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {

@@ -76,11 +76,14 @@ class ProcessGroup {
  protected:
   ProcessGroup(int rank, int size, int local_rank, const ProcessGroupOptions& options)
       : rank_(rank), size_(size), local_rank_(local_rank), options_(options) {}
-  // The checks every backend makes: defined, contiguous, a supported dtype, on `device_type`'s devices.
-  void check_tensor(const char* op, const Tensor& t, bool cuda) const;
-  void check_root(const char* op, int root) const;
-  // "all_reduce (sum) on the mpi group of 2 ranks"
-  std::string describe(const char* op) const;
+  // What every backend checks before a collective (each tensor: defined, contiguous, a supported dtype, on
+  // the group's device; the sizes; the op; the root), returning its description for messages:
+  // "all_reduce (sum) on the mpi group of 2 ranks (rank 0)".
+  std::string check_all_reduce(const Tensor& t, ReduceOp op) const;
+  std::string check_broadcast(const Tensor& t, int root) const;
+  std::string check_all_gather(const Tensor& output, const Tensor& input) const;
+  std::string check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const;
+  std::string describe(const std::string& op) const;
 
  private:
   int rank_, size_, local_rank_;

@@ -19,6 +19,7 @@
 #include <kiln/optim/adamw.h>
 
 #include "distributed_test_util.h"
+#include "test_mlp.h"
 
 namespace kiln::distributed {
 namespace {
@@ -26,13 +27,8 @@ namespace {
 using testing::world;
 namespace F = kiln::nn::functional;
 
-struct Mlp : nn::Module {
-  nn::Linear fc1{4, 8}, fc2{8, 2};
-  Mlp() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  Tensor forward(const Tensor& x) override { return fc2(tanh(fc1(x))); }
+struct Mlp : testing::Mlp {
+  Mlp() : testing::Mlp(4, 8, 2) {}
 };
 
 // Step k's whole batch: 4 rows a rank, the same on every rank.
@@ -58,6 +54,19 @@ std::vector<double> train_ddp(Mlp& model, optim::AdamW& opt, DistributedDataPara
   }
   (void)model;
   return losses;
+}
+
+// One process on the whole batch from step 3 on: its losses must be `want` (the 2-rank run's) to rounding.
+void expect_losses_alone(Mlp& model, optim::Optimizer& opt, optim::LRScheduler* sched, const std::vector<double>& want) {
+  for (int s = 3; s < 6; ++s) {
+    auto [x, y] = batch(s, world()->size());
+    opt.zero_grad();
+    Tensor loss = F::mse_loss(model(x), y);
+    loss.backward();
+    opt.step();
+    if (sched) sched->step();
+    EXPECT_NEAR(loss.item<double>(), want[size_t(s - 3)], 1e-6) << "one process, step " << s;
+  }
 }
 
 TEST(DistributedCheckpoint, WrittenAtTwoRanksResumesAtTwoAndAtOne) {
@@ -88,14 +97,7 @@ TEST(DistributedCheckpoint, WrittenAtTwoRanksResumesAtTwoAndAtOne) {
     Mlp model;
     optim::AdamW opt(model.parameters(), {.lr = 0.02});
     optim::load_checkpoint(path, model, {{"optimizer", &opt}});
-    for (int s = 3; s < 6; ++s) {
-      auto [x, y] = batch(s, pg->size());
-      opt.zero_grad();
-      Tensor loss = F::mse_loss(model(x), y);
-      loss.backward();
-      opt.step();
-      EXPECT_NEAR(loss.item<double>(), after[size_t(s - 3)], 1e-6) << "step " << s;
-    }
+    expect_losses_alone(model, opt, nullptr, after);
   }
   pg->barrier();
   if (pg->rank() == 0) std::filesystem::remove(path);
@@ -153,15 +155,7 @@ TEST(DistributedCheckpoint, ShardedOptimizerStateIsConsolidatedAndResumesAnywher
     opt.add_param_group({model.fc1.bias, model.fc2.bias}, optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.0});
     optim::CosineWithWarmup sched(opt, 2, 10);
     optim::load_checkpoint(path, model, {{"optimizer", &opt}, {"scheduler", &sched}});
-    for (int s = 3; s < 6; ++s) {
-      auto [x, y] = batch(s, pg->size());
-      opt.zero_grad();
-      Tensor loss = F::mse_loss(model(x), y);
-      loss.backward();
-      opt.step();
-      sched.step();
-      EXPECT_NEAR(loss.item<double>(), after[size_t(s - 3)], 1e-6) << "plain AdamW, one process, step " << s;
-    }
+    expect_losses_alone(model, opt, &sched, after);
   }
   pg->barrier();
   if (pg->rank() == 0) std::filesystem::remove(path);

@@ -15,6 +15,7 @@
 #include <kiln/optim/adamw.h>
 
 #include "distributed_test_util.h"
+#include "test_mlp.h"
 
 namespace kiln::distributed {
 namespace {
@@ -22,19 +23,10 @@ namespace {
 using testing::world;
 namespace F = kiln::nn::functional;
 
-struct Mlp : nn::Module {
-  nn::Linear fc1{7, 9}, fc2{9, 4};
-  Mlp() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  Tensor forward(const Tensor& x) override { return fc2(tanh(fc1(x))); }
-};
-
 TEST(ZeroAdamW, MatchesDistributedDataParallelWithAdamW) {
   const auto& pg = world();
   manual_seed(11 + uint64_t(pg->rank()));  // rank 0's weights win in both
-  Mlp a, b;
+  testing::Mlp a(7, 9, 4), b(7, 9, 4);
   DistributedDataParallel ddp(a, pg);
   b.load_state_dict(a.state_dict());  // both start from rank 0's `a`
   optim::AdamW adamw({a.fc1.weight, a.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1});

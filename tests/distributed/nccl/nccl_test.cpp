@@ -20,6 +20,8 @@
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
 
+#include "../test_mlp.h"
+
 namespace kiln::distributed {
 namespace {
 
@@ -91,13 +93,8 @@ TEST(Nccl, CollectivesAreOrderedAgainstTheComputeStream) {
   EXPECT_EQ(sum(big).item<double>(), double(1 << 22) * 8 * n * n * n);
 }
 
-struct Net : nn::Module {
-  nn::Linear fc1{5, 16}, fc2{16, 3};
-  Net() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  Tensor forward(const Tensor& x) override { return fc2(tanh(fc1(x))); }
+struct Net : testing::Mlp {
+  Net() : testing::Mlp(5, 16, 3) {}
 };
 
 TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
