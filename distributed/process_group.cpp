@@ -1,6 +1,7 @@
 #include <kiln/distributed/process_group.h>
 
 #include <kiln/core/error.h>
+#include <kiln/distributed/rendezvous.h>
 
 #ifdef KILN_WITH_MPI
 #include <kiln/distributed/mpi_process_group.h>
@@ -97,6 +98,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 #endif
   }
   KILN_FAIL("init_process_group: unknown backend '", options.backend, "' (mpi or nccl)");
+}
+
+std::shared_ptr<ProcessGroup> init_process_group_if_launched(Device device, const ProcessGroupOptions& options) {
+  if (launched_world_size() <= 1) return nullptr;
+  return init_process_group({.backend = device.is_cuda() ? "nccl" : "mpi", .group = options});
 }
 
 }  // namespace kiln::distributed

@@ -95,8 +95,12 @@ struct InitOptions {
   ProcessGroupOptions group = {};
 };
 
-// The group of every process of the job, made from the launcher's environment (mpirun's). A job of one
-// process without a launcher is a group of one.
+// The group of every process of the job, made from the launcher's environment (mpirun's, or kilnrun's and
+// torchrun's variables for nccl). A job of one process without a launcher is a group of one.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+// What a trainer calls first: when a launcher started several ranks, their group (nccl for a CUDA `device`,
+// mpi for the CPU), whose device() the trainer then uses; else null (one process, no data parallelism).
+std::shared_ptr<ProcessGroup> init_process_group_if_launched(Device device, const ProcessGroupOptions& options = {});
 
 }  // namespace kiln::distributed

@@ -57,7 +57,6 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/checkpoint.h>
 #include <kiln/distributed/data_parallel.h>
-#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
@@ -201,12 +200,9 @@ int run(const Args& args) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Device dev = Device::parse(args.device);
-  // several ranks: data parallelism (NCCL on GPUs, one a rank; MPI on the CPU)
-  std::shared_ptr<distributed::ProcessGroup> group;
-  if (distributed::launched_world_size() > 1) {
-    group = distributed::init_process_group({.backend = dev.is_cuda() ? "nccl" : "mpi"});
-    dev = group->device();
-  }
+  // several ranks (kilnrun, torchrun or mpirun): data parallelism, NCCL on GPUs (one a rank), MPI on the CPU
+  const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
+  if (group) dev = group->device();
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,

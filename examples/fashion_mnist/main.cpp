@@ -37,7 +37,6 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/checkpoint.h>
 #include <kiln/distributed/data_parallel.h>
-#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/modules.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
@@ -197,12 +196,9 @@ double evaluate(nn::Module& net, const data::Dataset& test, Device dev, std::opt
 int run(const Args& args) {
   auto t0 = std::chrono::steady_clock::now();
   Device dev = Device::parse(args.device);
-  // several ranks: data parallelism (NCCL on GPUs, one a rank; MPI on the CPU)
-  std::shared_ptr<distributed::ProcessGroup> group;
-  if (distributed::launched_world_size() > 1) {
-    group = distributed::init_process_group({.backend = dev.is_cuda() ? "nccl" : "mpi"});
-    dev = group->device();
-  }
+  // several ranks (kilnrun, torchrun or mpirun): data parallelism, NCCL on GPUs (one a rank), MPI on the CPU
+  const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
+  if (group) dev = group->device();
   const int rank = group ? group->rank() : 0;
   const bool main_rank = rank == 0;
   if (dev.is_cuda()) {

@@ -34,7 +34,6 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
-#include <kiln/distributed/rendezvous.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 
@@ -93,13 +92,9 @@ Args parse_args(int argc, char** argv) {
 
 int run(const Args& args) {
   Device dev = Device::parse(args.device);
-  // several ranks (kilnrun or mpirun): NCCL data parallelism, one GPU a rank
-  std::shared_ptr<distributed::ProcessGroup> group;
-  if (distributed::launched_world_size() > 1) {
-    KILN_CHECK(dev.is_cuda(), "gpt2_bench: data parallelism runs on GPUs (--device cuda)");
-    group = distributed::init_process_group({.backend = "nccl"});
-    dev = group->device();
-  }
+  // several ranks (kilnrun, torchrun or mpirun): data parallelism, NCCL on GPUs (one a rank), MPI on the CPU
+  const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
+  if (group) dev = group->device();
   const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
