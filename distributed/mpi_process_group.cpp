@@ -212,8 +212,10 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, co
   const std::string what = check_all_gather(output, input);
   const int bytes = mpi_count(what, input.numel() * int64_t(element_size(input.dtype())));
   MPI_Request request;
-  const int rc = MPI_Iallgather(input.raw_data(), bytes, MPI_BYTE, output.raw_data(), bytes, MPI_BYTE, comm_->comm,
-                                &request);
+  // in place (input is this rank's slice of output): MPI_IN_PLACE, as MPI takes no overlapping buffers
+  const bool in_place = gathers_in_place(output, input);
+  const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : input.raw_data(), in_place ? 0 : bytes, MPI_BYTE,
+                                output.raw_data(), bytes, MPI_BYTE, comm_->comm, &request);
   KILN_CHECK(rc == MPI_SUCCESS, what, " failed: ", mpi_error(rc));
   return std::make_shared<MpiWork>(request, [output, input] {}, what, timeout());
 }

@@ -228,7 +228,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int roo
 }
 
 std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
-  const std::string what = check_all_gather(output, input);
+  const std::string what = check_all_gather(output, input);  // in place: NCCL takes input = output + rank·n
   return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), size_t(input.numel()), nccl_type(input.dtype()),
                                   state_->comm, stream),

@@ -67,7 +67,16 @@ std::string ProcessGroup::check_all_gather(const Tensor& output, const Tensor& i
   check_tensor(what, input, device());
   KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size_) * input.numel(), what, ": output ",
              output.str(), " must hold ", size_, " x input ", input.str(), " of its dtype");
+  KILN_CHECK(!input.shares_storage(output) || gathers_in_place(output, input), what, ": input ", input.str(),
+             " shares memory with output ", output.str(), " but is not this rank's slice of it");
   return what;
+}
+
+bool ProcessGroup::gathers_in_place(const Tensor& output, const Tensor& input) const {
+  const auto* out = static_cast<const char*>(output.raw_data());
+  const auto* in = static_cast<const char*>(input.raw_data());
+  return input.shares_storage(output) &&
+         in == out + int64_t(rank_) * input.numel() * int64_t(element_size(input.dtype()));
 }
 
 std::string ProcessGroup::check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const {

@@ -59,7 +59,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
   // t <- root's t.
   virtual std::shared_ptr<Work> broadcast_async(const Tensor& t, int root) = 0;
-  // output (size() · n elements) <- every rank's input (n elements), rank r's at [r·n, (r+1)·n).
+  // output (size() · n elements) <- every rank's input (n elements), rank r's at [r·n, (r+1)·n). input may be
+  // this rank's slice of output itself (in place: no copy).
+
   virtual std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input) = 0;
   // output (n elements) <- op over the ranks of their input's elements [rank·n, (rank+1)·n).
   virtual std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) = 0;
@@ -84,6 +86,9 @@ class ProcessGroup {
   std::string check_all_gather(const Tensor& output, const Tensor& input) const;
   std::string check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const;
   std::string describe(const std::string& op) const;
+  // Whether all_gather's input is this rank's slice of its output (checked by check_all_gather otherwise
+  // not to overlap it).
+  bool gathers_in_place(const Tensor& output, const Tensor& input) const;
 
  private:
   int rank_, size_, local_rank_;

@@ -85,6 +85,26 @@ TEST(Collectives, AllGatherPutsRanksInOrder) {
   }
 }
 
+// In place: the input is this rank's slice of the output; any other overlap is an error.
+TEST(Collectives, AllGatherInPlace) {
+  const auto& pg = world();
+  const int64_t len = 21;
+  for (DType t : kDtypes) {
+    Tensor out = zeros({pg->size() * len}, {.dtype = t});
+    out.narrow(0, pg->rank() * len, len).copy_(values_of(pg->rank(), len, t));
+    pg->all_gather(out, out.narrow(0, pg->rank() * len, len));
+    std::vector<double> want;
+    for (int r = 0; r < pg->size(); ++r)
+      for (double v : host(values_of(r, len, t))) want.push_back(v);
+    EXPECT_EQ(host(out), want) << dtype_name(t);
+  }
+  if (pg->size() > 1) {
+    Tensor out = zeros({pg->size() * len});
+    const int64_t other = (pg->rank() + 1) % pg->size();
+    EXPECT_THROW(pg->all_gather(out, out.narrow(0, other * len, len)), Error);
+  }
+}
+
 TEST(Collectives, ReduceScatterGivesEachRankItsSlice) {
   const auto& pg = world();
   const int n = pg->size();
