@@ -5,6 +5,7 @@
 #include <kiln/core/error.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
+#include <kiln/nn/sk_conv2d.h>
 
 namespace kiln::nn {
 
@@ -24,7 +25,10 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, ExpandingArray<2> kern
   reset_parameters();
 }
 
+Conv2d::~Conv2d() = default;
+
 void Conv2d::reset_parameters() {
+  KILN_CHECK(!sketch_, repr(), ": reset_parameters on a sketched layer");
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
     double bound = 1.0 / std::sqrt(double(in_channels_ * kernel_size_[0] * kernel_size_[1]));
@@ -34,6 +38,7 @@ void Conv2d::reset_parameters() {
 
 Tensor Conv2d::forward(const Tensor& x) {
   KILN_CHECK(x.defined(), repr(), ": the input is undefined");
+  if (sketch_) return (*sketch_)(x);
   KILN_CHECK(x.dim() == 3 || x.dim() == 4, repr(), ": expected a 4-D input (N, C, H, W) or a 3-D one (C, H, W), got ",
              x.str());
   const bool batched = x.dim() == 4;
@@ -51,10 +56,24 @@ Tensor Conv2d::forward(const Tensor& x) {
   return batched ? out : out.squeeze(0);
 }
 
+SKConv2d& Conv2d::sketch(const SKConv2dOptions& options) {
+  KILN_CHECK(!sketch_, repr(), ": already sketched");
+  SKConv2dOptions o = options;
+  o.bias = bias.defined();
+  sketch_ = std::make_unique<SKConv2d>(*this, o);
+  remove_parameter("weight");
+  if (bias.defined()) remove_parameter("bias");
+  weight = Tensor();
+  bias = Tensor();
+  register_module("sketch", *sketch_);
+  return *sketch_;
+}
+
 void Conv2d::pretty_print(std::ostream& os) const {
   os << "Conv2d(" << in_channels_ << ", " << out_channels_ << ", kernel_size=" << kernel_size_
      << ", stride=" << options_.stride << ", padding=" << options_.padding << ", dilation=" << options_.dilation
-     << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+     << ", bias=" << ((sketch_ ? sketch_->bias.defined() : bias.defined()) ? "true" : "false")
+     << (sketch_ ? ", sketched" : "") << ")";
 }
 
 }  // namespace kiln::nn

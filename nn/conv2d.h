@@ -7,11 +7,15 @@
 // Initialization as PyTorch: kaiming_uniform_(a = sqrt(5)) on the weight, b ~ U(±1/sqrt(fan_in)) with
 // fan_in = C_in·kH·kW.
 #include <cstdint>
+#include <memory>
 
 #include <kiln/nn/expanding_array.h>
 #include <kiln/nn/module.h>
 
 namespace kiln::nn {
+
+class SKConv2d;
+struct SKConv2dOptions;
 
 struct Conv2dOptions {
   ExpandingArray<2> stride = 1;
@@ -25,6 +29,7 @@ struct Conv2dOptions {
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, ExpandingArray<2> kernel_size, const Conv2dOptions& options = {});
+  ~Conv2d() override;
 
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
@@ -35,6 +40,11 @@ class Conv2d : public Module {
   const ExpandingArray<2>& kernel_size() const { return kernel_size_; }
   const Conv2dOptions& options() const { return options_; }
 
+  // Replaces the dense kernel and bias by an SKConv2d initialised from them (as Linear::sketch): the
+  // child "sketch", which forward runs; weight and bias become undefined.
+  SKConv2d& sketch(const SKConv2dOptions& options);
+  SKConv2d* sketched() const { return sketch_.get(); }
+
   Tensor weight;  // (out_channels, in_channels, kH, kW)
   Tensor bias;    // (out_channels), undefined when options.bias is false
 
@@ -42,6 +52,7 @@ class Conv2d : public Module {
   int64_t in_channels_, out_channels_;
   ExpandingArray<2> kernel_size_;
   Conv2dOptions options_;
+  std::unique_ptr<SKConv2d> sketch_;
 };
 
 }  // namespace kiln::nn

@@ -17,6 +17,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
 // for backward only when a gradient is needed.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// The sketched linear layer (nn::SKLinear, ../shared/ALGORITHMS.md): over the last dim of x (..., in),
+//   y = 1/(2L) · Σ_i ( x · s1_i · u1_i + x · u2_i · s2_i ) + bias
+// with s1 (L, in, k), s2 (L, k, out) trained, u1 (L, k, out), u2 (L, in, k) fixed sketches (they take no
+// gradient: an error if they require one), bias (out) or undefined. One autograd node, two GEMMs each
+// way: x · [s1 | u2] as one GEMM of width 2·L·k, then the L-term sum with its 1/(2L) scale and the bias
+// as one more (nn/functional_sketched.cpp). Under autocast it computes in the autocast dtype.
+Tensor sketched_linear(const Tensor& x, const Tensor& s1, const Tensor& s2, const Tensor& u1, const Tensor& u2,
+                       const Tensor& bias = Tensor());
 inline Tensor relu(const Tensor& x) { return kiln::relu(x); }
 inline Tensor gelu(const Tensor& x, bool tanh_approximation = false) { return kiln::gelu(x, tanh_approximation); }
 // x · sigmoid(x) (SiLU, "swish"), composed.

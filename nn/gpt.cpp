@@ -47,8 +47,9 @@ GPTMLP::GPTMLP(const GPTConfig& c)
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  // fc with hooks runs as itself (the hooks see the pre-activation), otherwise fused with the GELU.
-  Tensor a = fc.has_hooks() ? gelu(fc(x), /*tanh_approximation=*/true) : functional::linear_gelu(x, fc.weight, fc.bias);
+  // fc with hooks runs as itself (the hooks see the pre-activation), as does a sketched fc (nn::sketch);
+  // otherwise fused with the GELU.
+  Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : functional::linear_gelu(x, fc.weight, fc.bias);
   return drop(proj(a));
 }
 

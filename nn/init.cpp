@@ -4,6 +4,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
+#include <kiln/core/ops.h>
 
 namespace kiln::nn::init {
 
@@ -70,6 +71,16 @@ Tensor constant_(Tensor tensor, double value) {
 
 Tensor zeros_(Tensor tensor) { return constant_(std::move(tensor), 0.0); }
 Tensor ones_(Tensor tensor) { return constant_(std::move(tensor), 1.0); }
+
+Tensor sign_sketch_(Tensor tensor, double scale, Generator* gen) {
+  check_floating(tensor, "sign_sketch_");
+  NoGradGuard no_grad;
+  const Tensor u = rand(tensor.sizes(), {.dtype = DType::f32, .device = tensor.device()}, gen);
+  const Tensor half = full({}, 0.5, {.dtype = DType::f32, .device = tensor.device()});
+  // 2·[u >= 1/2] - 1 is ±1
+  tensor.copy_(mul(add(mul(cast(ge(u, half), DType::f32), 2.0), -1.0), scale));
+  return tensor;
+}
 
 Tensor kaiming_uniform_(Tensor tensor, double a, FanMode mode, Nonlinearity nonlinearity, Generator* gen) {
   check_floating(tensor, "kaiming_uniform_");

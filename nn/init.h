@@ -40,4 +40,8 @@ Tensor kaiming_normal_(Tensor tensor, double a = 0.0, FanMode mode = FanMode::fa
 Tensor xavier_uniform_(Tensor tensor, double gain = 1.0, Generator* gen = nullptr);
 Tensor xavier_normal_(Tensor tensor, double gain = 1.0, Generator* gen = nullptr);
 
+// A scaled sign sketch: each entry +scale or -scale with probability 1/2 (SKLinear's ±1/sqrt(k) buffers).
+// The signs come from f32 uniforms of `gen`, so a seed gives the same sketch on every device and dtype.
+Tensor sign_sketch_(Tensor tensor, double scale, Generator* gen = nullptr);
+
 }  // namespace kiln::nn::init

@@ -5,6 +5,7 @@
 #include <kiln/core/error.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
+#include <kiln/nn/sk_linear.h>
 
 namespace kiln::nn {
 
@@ -19,7 +20,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, const LinearOptions& o
   reset_parameters();
 }
 
+Linear::~Linear() = default;
+
 void Linear::reset_parameters() {
+  KILN_CHECK(!sketch_, repr(), ": reset_parameters on a sketched layer");
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
     double bound = 1.0 / std::sqrt(double(in_features_));
@@ -31,12 +35,27 @@ Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.defined(), repr(), ": the input is undefined");
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, repr(), ": expected an input of shape [..., ", in_features_,
              "], got ", x.str(), " (weight ", weight.str(), ")");
+  if (sketch_) return (*sketch_)(x);
   return functional::linear(x, weight, bias);
+}
+
+SKLinear& Linear::sketch(const SKLinearOptions& options) {
+  KILN_CHECK(!sketch_, repr(), ": already sketched");
+  SKLinearOptions o = options;
+  o.bias = bias.defined();
+  sketch_ = std::make_unique<SKLinear>(*this, o);
+  remove_parameter("weight");
+  if (bias.defined()) remove_parameter("bias");
+  weight = Tensor();
+  bias = Tensor();
+  register_module("sketch", *sketch_);
+  return *sketch_;
 }
 
 void Linear::pretty_print(std::ostream& os) const {
   os << "Linear(in_features=" << in_features_ << ", out_features=" << out_features_
-     << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+     << ", bias=" << ((sketch_ ? sketch_->bias.defined() : bias.defined()) ? "true" : "false")
+     << (sketch_ ? ", sketched" : "") << ")";
 }
 
 }  // namespace kiln::nn

@@ -5,10 +5,14 @@
 // Initialization as PyTorch: W ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a = sqrt(5)), and b
 // from the same interval.
 #include <cstdint>
+#include <memory>
 
 #include <kiln/nn/module.h>
 
 namespace kiln::nn {
+
+class SKLinear;
+struct SKLinearOptions;
 
 struct LinearOptions {
   bool bias = true;
@@ -19,6 +23,7 @@ struct LinearOptions {
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, const LinearOptions& options = {});
+  ~Linear() override;
 
   Tensor forward(const Tensor& x) override;
   void reset_parameters();  // draws the PyTorch initialization again
@@ -27,11 +32,18 @@ class Linear : public Module {
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
 
+  // Replaces the dense weight and bias by an SKLinear initialised from them (nn::sketch does it for a whole
+  // model): it becomes the child "sketch" (state dict keys "<this>.sketch.s1", ...), forward runs it, and
+  // weight and bias become undefined. Build the optimizer after sketching.
+  SKLinear& sketch(const SKLinearOptions& options);
+  SKLinear* sketched() const { return sketch_.get(); }
+
   Tensor weight;  // (out_features, in_features)
   Tensor bias;    // (out_features), undefined when options.bias is false
 
  private:
   int64_t in_features_, out_features_;
+  std::unique_ptr<SKLinear> sketch_;
 };
 
 }  // namespace kiln::nn

@@ -101,6 +101,12 @@ Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool r
   return tensor;
 }
 
+void Module::remove_parameter(const std::string& name) {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.first == name; });
+  KILN_CHECK(it != parameters_.end(), this->name(), ": remove_parameter: no parameter '", name, "'");
+  parameters_.erase(it);
+}
+
 Tensor Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
   check_new_name(name, "buffer");
   KILN_CHECK(tensor.defined(), this->name(), ": register_buffer '", name, "': the tensor is undefined");
@@ -320,8 +326,11 @@ LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) 
     KILN_FAIL(os.str());
   }
 
-  NoGradGuard no_grad;
-  for (auto& [dst, src] : copies) dst.copy_(src);
+  {
+    NoGradGuard no_grad;
+    for (auto& [dst, src] : copies) dst.copy_(src);
+  }
+  for (Module* m : modules()) m->on_state_loaded();
   return result;
 }
 

@@ -160,6 +160,14 @@ class Module {
   virtual void pretty_print(std::ostream& os) const;
   std::string repr() const;  // pretty_print as a string, for error messages
 
+ protected:
+  // Removes a parameter registered here (a layer replacing its weight by another form: Linear::sketch);
+  // the handle stays valid for whoever holds it. Throws kiln::Error when there is none of that name.
+  void remove_parameter(const std::string& name);
+  // Called on each module of the tree, after load_state_dict has copied the state in, so that state
+  // derived from loaded tensors follows them (SKLinear regenerates its sketches from a loaded seed).
+  virtual void on_state_loaded() {}
+
  private:
   struct Buffer {
     std::string name;

@@ -22,3 +22,6 @@
 #include <kiln/nn/rms_norm.h>
 #include <kiln/nn/rotary_embedding.h>
 #include <kiln/nn/sequential.h>
+#include <kiln/nn/sk_conv2d.h>
+#include <kiln/nn/sk_linear.h>
+#include <kiln/nn/sketch.h>

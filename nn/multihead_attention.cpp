@@ -53,8 +53,8 @@ Tensor MultiheadAttention::forward_args(const std::vector<Tensor>& in) {
 // PyTorch's MultiheadAttention masks (bool: true = not attended; floating: added) as one additive bias
 // that broadcasts to the (B, H, Tq, Tk) scores, f32 (f64 for f64 inputs); undefined without masks.
 Tensor MultiheadAttention::score_bias(const Tensor& key_padding_mask, const Tensor& attn_mask, int64_t B, int64_t Tq,
-                                      int64_t Tk, DType dtype) const {
-  const TensorOptions o{.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = in_proj.weight.device()};
+                                      int64_t Tk, DType dtype, Device device) const {
+  const TensorOptions o{.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = device};
   auto additive = [&](const Tensor& m) {
     KILN_CHECK(m.dtype() == DType::boolean || is_floating(m.dtype()), repr(),
                ": masks must be bool (true: not attended) or floating (added), got ", m.str());
@@ -104,7 +104,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   const Tensor kpm = batched || !key_padding_mask.defined() || key_padding_mask.dim() != 1
                          ? key_padding_mask
                          : key_padding_mask.unsqueeze(0);
-  const Tensor mask = score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype());
+  const Tensor mask = score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype(), q_in.device());
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;
@@ -114,6 +114,8 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, options_.causal, std::nullopt,
                                                               options_.dropout, is_training());
   } else {
+    KILN_CHECK(!in_proj.sketched(), repr(), ": attention over separate query, key and value tensors takes the dense "
+               "in_proj in three blocks; this one is sketched (sketch it only for self-attention)");
     auto block = [&](const Tensor& t, int64_t i) { return t.defined() ? t.narrow(0, i * E, E) : Tensor(); };
     auto heads = [&](const Tensor& t, int64_t T) { return t.view({B, T, H, D}).transpose(1, 2); };
     Tensor q = heads(functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0)), Tq);

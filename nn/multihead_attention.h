@@ -53,7 +53,7 @@ class MultiheadAttention : public Module {
 
  private:
   Tensor score_bias(const Tensor& key_padding_mask, const Tensor& attn_mask, int64_t B, int64_t Tq, int64_t Tk,
-                    DType dtype) const;
+                    DType dtype, Device device) const;
 
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;
