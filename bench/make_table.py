@@ -23,7 +23,7 @@ for line in open(args[1]):
     if p[:1] == ["TORCH"]:
         torch[p[1]] = float(p[2])
 
-compute_bound = ("gemm", "linear", "attention")
+compute_bound = ("gemm", "linear", "attention", "dense")
 print(f"{'benchmark':40s} {'kiln ms':>9s} {'torch ms':>9s} {'achieved':>14s} {'of floor':>9s} {'vs torch':>9s}")
 for name, (ms, nbytes, flops) in kiln.items():
     t = torch.get(name)

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
@@ -174,7 +175,7 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
 // Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
 // output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep, bool accumulate) {
+              const EpilogueSpec& ep, bool accumulate, double alpha_value) {
   int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
   DType dt = out.dtype(), in_dt = a.dtype();
   bool tf32 = in_dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
@@ -184,8 +185,8 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
               oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
               alignment_of(out.raw_data()), uint32_t(ep.kind), ep.aux ? ep.aux_ld : 0,
               ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0};
-  float alpha_f = 1.0f, beta_f = accumulate ? 1.0f : 0.0f;
-  double alpha_d = 1.0, beta_d = accumulate ? 1.0 : 0.0;
+  float alpha_f = float(alpha_value), beta_f = accumulate ? 1.0f : 0.0f;
+  double alpha_d = alpha_value, beta_d = accumulate ? 1.0 : 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
   // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
@@ -267,6 +268,43 @@ bool kernels::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tens
   Operand oa, ob;
   Tensor a3 = as_operand(a.unsqueeze(0), &oa), b3 = as_operand(b.unsqueeze(0), &ob);
   return try_gemm(a3, oa, b3, ob, out.unsqueeze(0), EpilogueSpec{}, accumulate);
+}
+
+void kernels::gemm(const Tensor& a_in, const Tensor& b_in, double alpha, const Tensor& bias, const Tensor& out) {
+  NvtxRange range("gemm");
+  const DType t = a_in.dtype();
+  KILN_CHECK(b_in.dtype() == t && (out.dtype() == t || (out.dtype() == DType::f32 && (t == DType::bf16 || t == DType::f16))) &&
+                 (!bias.defined() || (bias.dtype() == out.dtype() && bias.is_contiguous())),
+             "gemm: expected a, b of one floating dtype, out of theirs (or f32 for bf16/f16) and bias of out's, got ",
+             a_in.str(), ", ", b_in.str(), ", bias ", bias.str(), " -> ", out.str());
+  KILN_CHECK(a_in.device() == out.device() && b_in.device() == out.device() &&
+                 (!bias.defined() || bias.device() == out.device()) && out.is_contiguous(),
+             "gemm: tensors on different devices or a non-contiguous output: ", a_in.str(), ", ", b_in.str(), " -> ",
+             out.str());
+  (void)type_info(t, false);
+  DeviceGuard guard(out.device().index);
+  if (out.numel() == 0) return;
+  const int64_t M = out.size(0), N = out.size(1);
+  Operand oa, ob;
+  const Tensor a = as_operand(a_in.unsqueeze(0), &oa), b = as_operand(b_in.unsqueeze(0), &ob);
+  const Tensor out3 = out.unsqueeze(0);
+  if (a_in.size(1) > 0) {
+    if (bias.defined()) {
+      EpilogueSpec e;
+      e.kind = CUBLASLT_EPILOGUE_BIAS;
+      e.bias = bias.raw_data();
+      if (try_gemm(a, oa, b, ob, out3, e, false, alpha)) return;
+    }
+    if (!try_gemm(a, oa, b, ob, out3, EpilogueSpec{}, false, alpha)) {  // no kernel for it: the plain product, scaled
+      KILN_CHECK(out.dtype() == t, "gemm: cuBLASLt has no algorithm for (", M, " x ", a_in.size(1), ") · (",
+                 a_in.size(1), " x ", N, ") from ", dtype_name(t), " to ", dtype_name(out.dtype()));
+      run_gemm(a, oa, b, ob, out3);
+      if (alpha != 1.0) kernels::unary(UnaryOp::mul_scalar, out, out, alpha, 0.0);
+    }
+  } else {
+    kernels::fill(out, 0.0);
+  }
+  if (bias.defined()) kernels::binary(BinaryOp::add, out, bias.unsqueeze(0).expand({M, N}), out);
 }
 
 }  // namespace kiln::cuda

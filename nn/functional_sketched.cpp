@@ -1,19 +1,22 @@
 // sketched_linear: SKLinear's math (../shared/ALGORITHMS.md, docs/sketched.md) as one autograd node of two
-// GEMMs each way.
+// GEMMs forward and four backward.
 //
-// With x (M, in), L terms of rank k:
-//   y = 1/(2L) · Σ_i ( x·S1_i·U1_i + x·U2_i·S2_i ) + b
-//     = h · V + b,  h = x · P (M, 2Lk),  P = [S1_0 … S1_{L-1} | U2_0 … U2_{L-1}] (in, 2Lk),
-//                                         V = 1/(2L) · [U1_0; …; U1_{L-1}; S2_0; …; S2_{L-1}] (2Lk, out)
-// so the sum over the 2L terms is the reduction of the second GEMM: x is read once (one GEMM of width 2Lk),
-// the scale rides on V (a 2Lk x out matrix, small beside x) and the bias on the second GEMM's epilogue.
+// With x (M, in), L terms of rank k, α = 1/(2L):
+//   y = α · Σ_i ( x·S1_i·U1_i + x·U2_i·S2_i ) + b
+//     = α · h · V + b,  h = x · P (M, 2Lk),  P = [S1_0 … S1_{L-1} | U2_0 … U2_{L-1}] (in, 2Lk),
+//                                            V = [U1_0; …; U1_{L-1}; S2_0; …; S2_{L-1}] (2Lk, out)
+// so the sum over the 2L terms is the reduction of the second GEMM, whose epilogue applies α and the bias:
+// x is read once (one GEMM of width 2Lk). P and V are packed by one small kernel (kernels::sketch_pack).
 // Backward, with g = dy (M, out):
-//   dh = g · Vᵀ           dS2 = 1/(2L) · h[:, Lk:]ᵀ · g      db = Σ_rows g
-//   dx = dh · Pᵀ          dS1 = x ᵀ · dh[:, :Lk]  (no 1/(2L): it is inside V, hence inside dh)
-// U1 and U2 are fixed sketches: no gradient. x is read twice (dx's GEMM writes it, dS1's reads it) and g
-// twice (dh and dS2 with the bias gradient) — the memory floor of the layer.
+//   dh = α · g · Vᵀ        dS2 = α · h[:, Lk:]ᵀ · g        db = Σ_rows g
+//   dx = dh · Pᵀ           dS1 = xᵀ · dh[:, :Lk]           (α is inside dh)
+// U1 and U2 are fixed sketches: no gradient. Every product is one kernels::gemm call with its scale (an f32
+// gradient for an f32 parameter of a bf16/f16 layer straight from the GEMM's f32 accumulators), so the
+// bytes are the layer's floor: x read forward and again for dS1, y written, g read twice (dh; dS2 and db),
+// dx written; h and the packed operands are small (2Lk columns).
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linear.h>
+#include <kiln/core/kernels/sketched_linear.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
@@ -21,17 +24,14 @@ namespace kiln::nn::functional {
 
 namespace {
 
-// out (R, C) in dtype `dt` = a (R, K) · b (K, C), a and b in one (compute) dtype: straight from the GEMM's
-// f32 accumulators for an f32 result of bf16/f16 operands where the device can, else rounded and cast.
-Tensor product_as(const Tensor& a, const Tensor& b, DType dt) {
-  const TensorOptions to{.dtype = dt, .device = a.device()};
-  if (dt != a.dtype() && dt == DType::f32) {
-    Tensor out = empty({a.size(0), b.size(1)}, to);
-    if (kernels::matmul_accumulate_f32(a, b, out, false)) return out;
-  }
-  Tensor out = empty({a.size(0), b.size(1)}, {.dtype = a.dtype(), .device = a.device()});
-  kernels::bmm(matrix_ready(a).unsqueeze(0), matrix_ready(b).unsqueeze(0), out.unsqueeze(0));
-  return cast(out, dt);
+// out (R, C) in dtype dt = alpha · a (R, K) · b (K, C) through kernels::gemm: in a's dtype, or in f32 straight
+// from the accumulators where dt is f32 and a is bf16/f16; otherwise computed in a's dtype and cast.
+Tensor product_as(const Tensor& a, const Tensor& b, double alpha, DType dt) {
+  const Shape shape{a.size(0), b.size(1)};
+  const bool direct = dt == a.dtype() || (dt == DType::f32 && (a.dtype() == DType::bf16 || a.dtype() == DType::f16));
+  Tensor out = empty(shape, {.dtype = direct ? dt : a.dtype(), .device = a.device()});
+  kernels::gemm(matrix_ready(a), matrix_ready(b), alpha, Tensor(), out);
+  return direct ? out : cast(out, dt);
 }
 
 }  // namespace
@@ -70,32 +70,32 @@ Tensor sketched_linear(const Tensor& x_in, const Tensor& s1, const Tensor& s2, c
   const int64_t M = shape_numel(lead), Lk = L * k;
   const Device dev = x.device();
   const TensorOptions to{.dtype = t, .device = dev};
+  const double alpha = 1.0 / double(2 * L);
   Tensor x2, p, v, h, out;
   {
     NoGradGuard ng;
     x2 = matrix_ready(x.reshape({M, din}));
-    // P (in, 2Lk) row-major; the GEMM takes it as the column-major w (2Lk, in) of y = x · wᵀ.
-    p = cat({cast(s1, t).permute({1, 0, 2}).reshape({din, Lk}), cast(u2, t).permute({1, 0, 2}).reshape({din, Lk})}, 1);
-    v = mul(cat({cast(u1, t).reshape({Lk, dout}), cast(s2, t).reshape({Lk, dout})}, 0), 1.0 / double(2 * L));
+    p = empty({din, 2 * Lk}, to);
+    v = empty({2 * Lk, dout}, to);
+    kernels::sketch_pack(cast(s1, t).contiguous(), cast(u2, t).contiguous(), cast(u1, t).contiguous(),
+                         cast(s2, t).contiguous(), p, v);
     const Tensor b2 = bias.defined() ? cast(bias, t).contiguous() : Tensor();
     h = empty({M, 2 * Lk}, to);
     out = empty({M, dout}, to);
-    if (M > 0) {
-      kernels::linear(x2, p.t(), Tensor(), Epilogue::none, h, Tensor());
-      kernels::linear(h, v.t(), b2, bias.defined() ? Epilogue::bias : Epilogue::none, out, Tensor());
-    }
+    kernels::gemm(x2, p, 1.0, Tensor(), h);
+    kernels::gemm(h, v, alpha, b2, out);
   }
   if (any_requires_grad({x, s1, s2, bias})) {
     const bool rx = x.requires_grad(), r1 = s1.requires_grad(), r2 = s2.requires_grad(),
                rb = bias.defined() && bias.requires_grad();
     // h is this node's own buffer; x is kept only for dS1.
     record(op, {x, s1, s2, bias}, {out},
-           [sx = r1 ? SavedTensor(x2) : SavedTensor(), p, v, h, rx, r1, r2, rb, M, L, k, din, dout, Lk, xs = x.sizes(),
-            d1 = s1.dtype(), d2 = s2.dtype(), db_t = bias.defined() ? bias.dtype() : t, op](const Grads& g) {
+           [sx = r1 ? SavedTensor(x2) : SavedTensor(), p, v, h, rx, r1, r2, rb, M, L, k, din, dout, Lk, alpha,
+            xs = x.sizes(), d1 = s1.dtype(), d2 = s2.dtype(), db_t = bias.defined() ? bias.dtype() : t,
+            op](const Grads& g) {
              const DType gt = g[0].dtype();
              const Device dev = g[0].device();
              const TensorOptions to{.dtype = gt, .device = dev};
-             const Tensor dy = g[0].contiguous().reshape({M, dout});
              Grads grads(4);
              if (M == 0) {  // no rows: zero gradients for the trained tensors
                if (r1) grads[1] = zeros({L, din, k}, {.dtype = d1, .device = dev});
@@ -104,32 +104,33 @@ Tensor sketched_linear(const Tensor& x_in, const Tensor& s1, const Tensor& s2, c
                if (rx) grads[0] = zeros(xs, to);
                return grads;
              }
-             // dh = g · Vᵀ, and the bias gradient (an f32 bias of a bf16/f16 layer gets its f32 column sums).
-             Tensor dh = (rx || r1) ? empty({M, 2 * Lk}, to) : Tensor();
-             Tensor db;
-             if (rb || dh.defined()) {
-               if (rb && db_t == DType::f32 && gt != DType::f32) {
-                 db = empty({dout}, {.dtype = DType::f32, .device = dev});
-                 if (!kernels::linear_backward_f32_params(dy, Tensor(), v.t(), Tensor(), Epilogue::bias, dh, Tensor(), db)) {
-                   Tensor db16 = empty({dout}, to);
-                   kernels::linear_backward(dy, Tensor(), v.t(), Tensor(), Epilogue::bias, dh, Tensor(), db16);
-                   db = cast(db16, DType::f32);
-                 }
-               } else {
-                 db = rb ? empty({dout}, to) : Tensor();
-                 kernels::linear_backward(dy, Tensor(), v.t(), Tensor(), rb ? Epilogue::bias : Epilogue::none, dh,
-                                          Tensor(), db);
+             const Tensor dy = g[0].contiguous().reshape({M, dout});
+             if (rb) {  // db = Σ_rows g (f32 column sums for the f32 bias of a bf16/f16 layer)
+               Tensor db = empty({dout}, {.dtype = db_t, .device = dev});
+               if (db_t == gt) {
+                 kernels::linear_backward(dy, Tensor(), Tensor(), Tensor(), Epilogue::bias, Tensor(), Tensor(), db);
+               } else if (!kernels::linear_backward_f32_params(dy, Tensor(), Tensor(), Tensor(), Epilogue::bias, Tensor(),
+                                                               Tensor(), db)) {
+                 Tensor db16 = empty({dout}, to);
+                 kernels::linear_backward(dy, Tensor(), Tensor(), Tensor(), Epilogue::bias, Tensor(), Tensor(), db16);
+                 db = cast(db16, db_t);
                }
-               if (rb) grads[3] = cast(db, db_t);
+               grads[3] = db;
              }
-             if (r2)  // dS2 (Lk, out) = 1/(2L) · h[:, Lk:]ᵀ · g
-               grads[2] = mul(product_as(h.narrow(1, Lk, Lk).t(), dy, d2), 1.0 / double(2 * L)).reshape({L, k, dout});
-             if (r1)  // dS1 (in, Lk) = xᵀ · dh[:, :Lk], as (L, in, k)
-               grads[1] = product_as(sx.unpack(op).t(), dh.narrow(1, 0, Lk), d1).reshape({din, L, k}).permute({1, 0, 2}).contiguous();
-             if (rx) {  // dx = dh · Pᵀ
-               Tensor dx = empty({M, din}, to);
-               kernels::linear_backward(dh, Tensor(), p.t(), Tensor(), Epilogue::none, dx, Tensor(), Tensor());
-               grads[0] = dx.reshape(xs);
+             if (r2)  // dS2 (Lk, out) = α · h[:, Lk:]ᵀ · g
+               grads[2] = product_as(h.narrow(1, Lk, Lk).t(), dy, alpha, d2).reshape({L, k, dout});
+             if (rx || r1) {
+               Tensor dh = empty({M, 2 * Lk}, to);  // α · g · Vᵀ
+               kernels::gemm(dy, v.t(), alpha, Tensor(), dh);
+               if (r1) {  // dS1 (in, Lk) = xᵀ · dh[:, :Lk], as (L, in, k)
+                 Tensor d = product_as(sx.unpack(op).t(), dh.narrow(1, 0, Lk), 1.0, d1);
+                 grads[1] = L == 1 ? d.reshape({1, din, k}) : d.reshape({din, L, k}).permute({1, 0, 2}).contiguous();
+               }
+               if (rx) {  // dx = dh · Pᵀ
+                 Tensor dx = empty({M, din}, to);
+                 kernels::gemm(dh, p.t(), 1.0, Tensor(), dx);
+                 grads[0] = dx.reshape(xs);
+               }
              }
              return grads;
            });

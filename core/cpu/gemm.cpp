@@ -98,4 +98,24 @@ void kernels::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   }
 }
 
+void kernels::gemm(const Tensor& a, const Tensor& b, double alpha, const Tensor& bias, const Tensor& out) {
+  KILN_CHECK(is_floating(a.dtype()) && b.dtype() == a.dtype() &&
+                 (out.dtype() == a.dtype() || out.dtype() == DType::f32) && (!bias.defined() || bias.dtype() == out.dtype()),
+             "gemm: expected a, b of one floating dtype and out (and bias) of theirs or f32, got ", a.str(), ", ",
+             b.str(), " -> ", out.str());
+  // In the compute dtype (f64, else f32), rounded once into out.
+  const DType ct = out.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  auto widen = [&](const Tensor& t) {
+    if (t.dtype() == ct) return t;
+    Tensor w = empty(t.sizes(), {.dtype = ct});
+    copy(t, w);
+    return w;
+  };
+  Tensor acc = out.dtype() == ct ? out : empty(out.sizes(), {.dtype = ct});
+  bmm(widen(a).unsqueeze(0), widen(b).unsqueeze(0), acc.unsqueeze(0));
+  if (alpha != 1.0) unary(UnaryOp::mul_scalar, acc, acc, alpha, 0.0);
+  if (bias.defined()) binary(BinaryOp::add, acc, widen(bias).unsqueeze(0).expand(acc.sizes()), acc);
+  if (acc.raw_data() != out.raw_data()) copy(acc, out);
+}
+
 }  // namespace kiln::cpu

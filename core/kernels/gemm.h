@@ -9,3 +9,8 @@ KILN_KERNEL(bmm, void(const Tensor& a, const Tensor& b, const Tensor& out));
 // (bf16/f16: products accumulated and written in f32, no rounding).
 KILN_CUDA_KERNEL(matmul_accumulate_f32, bool(const Tensor& a, const Tensor& b, const Tensor& out,
                                              bool accumulate));
+// out (M, N) = alpha · a (M, K) · b (K, N), plus bias (N) on every row where defined. a and b share a
+// floating dtype and are row- or column-major; out is contiguous, of their dtype or f32 for bf16/f16 a and
+// b (accumulated in f32 and rounded once, after the scale and the bias); bias contiguous, of out's dtype.
+// On the GPU one cuBLASLt call (alpha and the BIAS epilogue).
+KILN_KERNEL(gemm, void(const Tensor& a, const Tensor& b, double alpha, const Tensor& bias, const Tensor& out));
