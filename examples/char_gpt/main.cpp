@@ -8,6 +8,7 @@
 //   char_gpt --device cuda --checkpoint ckpt.h5             # + checkpoints (ckpt.h5 latest, ckpt.best.h5 best)
 //   char_gpt --device cuda --checkpoint ckpt.h5 --resume    # continues where ckpt.h5 stopped
 //   char_gpt --iters 30 --eval-interval 10 --eval-iters 2 --n-layer 2 --n-embd 64 --n-head 4  # a CPU smoke test
+//   char_gpt --device cuda --sketch 1,64                    # the MLP layers sketched (nn::sketch, docs/sketched.md)
 //
 // Data: the text file from --data, else $KILN_SHAKESPEARE, else ../shared/data/tinyshakespeare.txt (or
 // .data/tinyshakespeare.txt when that is missing). The vocabulary is the sorted set of its characters;
@@ -59,6 +60,7 @@
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
+#include <kiln/nn/sketch.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
@@ -94,6 +96,7 @@ struct Args {
   uint64_t seed = 1337;
   int64_t sample = 500;
   int64_t profile = 0;
+  std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
 
@@ -103,9 +106,10 @@ void usage(std::ostream& os) {
         "                [--n-layer L] [--n-head H] [--n-embd E] [--dropout P] [--attn-dropout P] [--bias]\n"
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
-        "                [--seed S] [--sample N] [--profile N]\n"
+        "                [--seed S] [--sample N] [--profile N] [--sketch L,k]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
-        "  --profile N: after training, N more iterations timed phase by phase (stderr)\n";
+        "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
+        "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -135,6 +139,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--beta2") a.beta2 = r.f64();
     else if (flag == "--weight-decay") a.weight_decay = r.f64();
     else if (flag == "--grad-clip") a.grad_clip = r.f64();
+    else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
@@ -229,6 +234,18 @@ int run(const Args& args) {
   std::fprintf(stderr, "%s: %.2fM parameters (%s, amp %s%s)\n", model.repr().c_str(), double(model.num_params()) / 1e6,
                dev.str().c_str(), amp_on ? "bf16" : "none", args.grad_checkpoint ? ", gradient checkpointing" : "");
 
+  if (args.sketch.second > 0) {  // each block's MLP (fc, proj) as SKLinear initialised from its dense weights
+    const nn::SketchReport report = nn::sketch(
+        model, {.num_terms = args.sketch.first, .low_rank = args.sketch.second, .conv2d = false,
+                .filter = [](const std::string& name, const nn::Module&) { return name.find(".mlp.") != std::string::npos; },
+                .seed = args.seed});
+    std::ostringstream os;
+    os << report;
+    std::fprintf(stderr, "--sketch %lld,%lld: %s\n", (long long)args.sketch.first, (long long)args.sketch.second,
+                 os.str().c_str());
+    KILN_CHECK(report.num_sketched() > 0, "char_gpt: --sketch ", args.sketch.first, ",", args.sketch.second,
+               " sketched no layer (each would hold more numbers than its dense weight)");
+  }
   auto groups = model.parameter_groups();
   const std::pair<double, double> betas{args.beta1, args.beta2};
   optim::AdamW opt(groups.decay, {.lr = args.lr, .betas = betas, .weight_decay = args.weight_decay});

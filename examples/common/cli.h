@@ -34,6 +34,22 @@ class ArgReader {
   int64_t i64() { return number([](const std::string& s, size_t* used) { return int64_t(std::stoll(s, used)); }); }
   double f64() { return number([](const std::string& s, size_t* used) { return std::stod(s, used); }); }
 
+  // "A,B" as two integers (--sketch 1,64).
+  std::pair<int64_t, int64_t> i64_pair() {
+    const std::string v = value();
+    const size_t comma = v.find(',');
+    try {
+      size_t used_a = 0, used_b = 0;
+      if (comma != std::string::npos) {
+        const std::string a = v.substr(0, comma), b = v.substr(comma + 1);
+        const int64_t x = std::stoll(a, &used_a), y = std::stoll(b, &used_b);
+        if (used_a == a.size() && used_b == b.size()) return {x, y};
+      }
+    } catch (const std::exception&) {
+    }
+    KILN_FAIL(program_, ": ", flag_, " expects two integers as A,B, got '", v, "'");
+  }
+
   [[noreturn]] void unknown() const { KILN_FAIL(program_, ": unknown flag '", flag_, "' (--help lists them)"); }
 
  private:

@@ -6,6 +6,7 @@
 //   fashion_mnist --model mlp --epochs 10 --checkpoint fmnist.h5 --resume   # continues where it stopped
 //   fashion_mnist --model cnn --device cuda --amp bf16                      # 15 epochs on a GPU
 //   fashion_mnist --model mlp --device cuda --amp f16 --clip 1.0            # f16 with dynamic loss scaling
+//   fashion_mnist --model cnn --device cuda --amp bf16 --sketch 1,16         # sketched layers (nn::sketch)
 //
 // --amp bf16|f16 runs the forward pass and the loss under amp::Autocast: convolutions and matmuls in the
 // low-precision dtype, the loss in f32, parameters (master weights) and AdamW's state in f32. f16 also
@@ -17,7 +18,7 @@
 // averages the gradients (NCCL on GPUs, MPI on the CPU); rank 0 alone prints and writes checkpoints.
 //
 // Progress goes to stderr (a bar updated in place on a terminal); stdout gets one line per epoch and, last,
-//   RESULT test_accuracy=0.xxxx epochs=N seconds=S
+//   RESULT test_accuracy=0.xxxx epochs=N seconds=S world=W parameters=P
 #include <unistd.h>
 
 #include <chrono>
@@ -96,14 +97,16 @@ struct Args {
   std::string amp = "none";
   double clip = 0;  // max global gradient norm; 0: no clipping
   uint64_t seed = 0;
+  std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): Linear and Conv2d layers as SKLinear / SKConv2d
   bool help = false;
 };
 
 void usage(std::ostream& os) {
   os << "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR] [--weight-decay WD]\n"
         "                     [--data DIR] [--checkpoint FILE [--resume]] [--device cpu|cuda[:i]]\n"
-        "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S]\n"
-        "  --epochs defaults to 10 for the MLP and 15 for the CNN\n";
+        "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S] [--sketch L,k]\n"
+        "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
+        "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -123,6 +126,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--amp") a.amp = r.value();
     else if (flag == "--clip") a.clip = r.f64();
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
+    else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
@@ -216,6 +220,14 @@ int run(const Args& args) {
   std::unique_ptr<nn::Module> net;
   if (args.model == "mlp") net = std::make_unique<Mlp>();
   else net = std::make_unique<Cnn>();
+  if (args.sketch.second > 0) {  // the dense layers that it makes smaller, sketched from their initial weights
+    const nn::SketchReport report =
+        nn::sketch(*net, {.num_terms = args.sketch.first, .low_rank = args.sketch.second,
+                          .conv_num_terms = args.sketch.first, .conv_low_rank = args.sketch.second, .seed = args.seed});
+    if (main_rank) std::cerr << "--sketch " << args.sketch.first << "," << args.sketch.second << ": " << report << "\n";
+  }
+  int64_t num_params = 0;
+  for (const Tensor& p : net->parameters()) num_params += p.numel();
   net->to(dev);  // the parameters stay f32 under --amp: they are the master weights
   std::unique_ptr<distributed::DistributedDataParallel> ddp;  // rank 0's weights everywhere
   if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(*net, group);
@@ -322,8 +334,8 @@ int run(const Args& args) {
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (main_rank)
-    std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f world=%d\n", accuracy, (long long)args.epochs,
-                seconds, group ? group->size() : 1);
+    std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f world=%d parameters=%lld\n", accuracy,
+                (long long)args.epochs, seconds, group ? group->size() : 1, (long long)num_params);
   return 0;
 }
 
