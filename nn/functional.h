@@ -109,6 +109,22 @@ struct Conv1dOptions {
 // x (N, C_in, L), weight (C_out, C_in, K), bias (C_out) or undefined: conv2d on a unit height (one node).
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv1dOptions& opt = {});
 
+// Random-feature attention (Performer's FAVOR+, docs/sketched.md): attention through feature maps φ with
+// E[φ(q)ᵀφ(k)] = exp(qᵀk / √D) (softmax kernel) or a ReLU kernel, in time and memory linear in T.
+enum class RandomFeatureKernel { softmax, relu };
+// Ω (m, d): blocks of d orthogonal rows (Gram-Schmidt of Gaussian matrices), each row rescaled to the norm of
+// a d-dimensional Gaussian vector, drawn from gen (default: the default generator).
+Tensor orthogonal_random_projection(int64_t m, int64_t d, Generator* gen = nullptr, const TensorOptions& options = {});
+// φ(x) (..., T, m) for x (..., T, D) and projection (m, D); queries and keys differ only in the stabilizer
+// that cancels in the attention (nn/functional_performer.cpp).
+Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureKernel kernel, bool is_query);
+// out = φ(Q)(φ(K)ᵀV) / (φ(Q) Σ_j φ(k_j)) for q, k (..., T, D), v (..., T, Dv); causal (query t sees keys
+// j <= t) by prefix sums over chunks of `chunk` positions. Composed of differentiable ops (autograd's
+// gradients); under autocast its GEMMs run in the autocast dtype, the features and chunk sums in f32.
+Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection,
+                           bool causal = false, RandomFeatureKernel kernel = RandomFeatureKernel::softmax,
+                           int64_t chunk = 64);
+
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel_size{2, 2};
   std::array<int64_t, 2> stride{0, 0};  // 0 means "same as kernel_size"

@@ -31,6 +31,19 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, con
   register_module("in_proj", in_proj);
   register_module("out_proj", out_proj);
   reset_parameters();
+  KILN_CHECK(options.random_features >= 0, "MultiheadAttention: random_features must be non-negative, got ",
+             options.random_features);
+  if (options.random_features > 0)
+    projection = register_buffer("projection", functional::orthogonal_random_projection(
+                                                   options.random_features, head_dim(), nullptr,
+                                                   {.dtype = options.dtype, .device = options.device}));
+}
+
+void MultiheadAttention::redraw_projection(Generator* gen) {
+  KILN_CHECK(projection.defined(), repr(), ": redraw_projection needs random-feature attention (random_features > 0)");
+  NoGradGuard ng;
+  projection.copy_(functional::orthogonal_random_projection(projection.size(0), projection.size(1), gen,
+                                                            {.dtype = projection.dtype(), .device = projection.device()}));
 }
 
 void MultiheadAttention::reset_parameters() {
@@ -104,15 +117,24 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   const Tensor kpm = batched || !key_padding_mask.defined() || key_padding_mask.dim() != 1
                          ? key_padding_mask
                          : key_padding_mask.unsqueeze(0);
-  const Tensor mask = score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype(), q_in.device());
+  const bool performer = projection.defined();
+  KILN_CHECK(!performer || (!kpm.defined() && !attn_mask.defined()), repr(),
+             ": random-feature attention takes no key_padding_mask or attn_mask (only causal)");
+  const Tensor mask = performer ? Tensor() : score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype(), q_in.device());
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;
   if (query.is_same(key) && key.is_same(value)) {
     // one GEMM for the three projections, and one packed gradient for it in backward
     Tensor qkv = in_proj(q_in).view({B, Tq, 3, H, D});
-    attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, options_.causal, std::nullopt,
-                                                              options_.dropout, is_training());
+    if (performer) {
+      auto head = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
+      attn = functional::performer_attention(head(0), head(1), head(2), projection, options_.causal,
+                                             options_.feature_kernel);
+    } else {
+      attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, options_.causal, std::nullopt,
+                                                                options_.dropout, is_training());
+    }
   } else {
     KILN_CHECK(!in_proj.sketched(), repr(), ": attention over separate query, key and value tensors takes the dense "
                "in_proj in three blocks; this one is sketched (sketch it only for self-attention)");
@@ -121,10 +143,12 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     Tensor q = heads(functional::linear(q_in, block(in_proj.weight, 0), block(in_proj.bias, 0)), Tq);
     Tensor k = heads(functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1)), Tk);
     Tensor v = heads(functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2)), Tk);
-    attn = functional::scaled_dot_product_attention(q, k, v, mask, options_.causal, std::nullopt, options_.dropout,
-                                                    is_training());
+    attn = performer ? functional::performer_attention(q, k, v, projection, options_.causal, options_.feature_kernel)
+                     : functional::scaled_dot_product_attention(q, k, v, mask, options_.causal, std::nullopt,
+                                                                options_.dropout, is_training());
   }
-  // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view
+  // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view (a
+  // copy after performer_attention)
   Tensor merged = attn.transpose(1, 2).reshape({B, Tq, E});
   Tensor out = out_proj(merged);
   return batched ? out : out.squeeze(0);
@@ -132,7 +156,9 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
 
 void MultiheadAttention::pretty_print(std::ostream& os) const {
   os << "MultiheadAttention(embed_dim=" << embed_dim_ << ", num_heads=" << num_heads_ << ", dropout=" << options_.dropout
-     << ", causal=" << (options_.causal ? "true" : "false") << ")";
+     << ", causal=" << (options_.causal ? "true" : "false");
+  if (projection.defined()) os << ", random_features=" << projection.size(0);
+  os << ")";
 }
 
 }  // namespace kiln::nn

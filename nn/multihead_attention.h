@@ -18,8 +18,13 @@
 // Both reach the fused kernels as one additive bias (a key padding mask alone as B·Tk values). A query
 // whose keys are all masked gets a zero attention output (before out_proj's bias).
 // A (T, E) input is treated as a batch of one.
+// With random_features = m > 0 the heads use Performer's FAVOR+ random-feature attention instead
+// (functional::performer_attention, docs/sketched.md): time and memory linear in T, the projection Ω (m, D)
+// a persistent buffer `projection` (a checkpoint restores the same features; redraw_projection() draws
+// new ones). It takes no masks (but causal), and attention dropout does not apply to it.
 #include <cstdint>
 
+#include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/nn/module.h>
 
@@ -29,6 +34,8 @@ struct MultiheadAttentionOptions {
   double dropout = 0.0;  // on the attention weights, in training mode
   bool bias = true;      // biases of in_proj and out_proj
   bool causal = false;   // position t attends to keys 0..t only
+  int64_t random_features = 0;  // m > 0: Performer attention with m random features
+  functional::RandomFeatureKernel feature_kernel = functional::RandomFeatureKernel::softmax;
   DType dtype = DType::f32;
   Device device = Device::cpu();
 };
@@ -45,6 +52,8 @@ class MultiheadAttention : public Module {
 
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
+  // Draws a new random-feature projection (Performer attention only) from gen (default: the default generator).
+  void redraw_projection(Generator* gen = nullptr);
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
@@ -61,6 +70,7 @@ class MultiheadAttention : public Module {
  public:
   Linear in_proj;   // E -> 3E: query, key and value projections stacked
   Linear out_proj;  // E -> E
+  Tensor projection;  // (random_features, head_dim) for Performer attention, else undefined
 };
 
 }  // namespace kiln::nn

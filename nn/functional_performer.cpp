@@ -1,0 +1,145 @@
+// Random-feature attention (Performer's FAVOR+, Choromanski et al. 2021; ../shared/ALGORITHMS.md,
+// docs/sketched.md), composed of differentiable ops: every gradient is autograd's, and every op runs on
+// both devices.
+//
+// Features of x (..., T, D) through a projection Ω (m, D), with x' = x · D^(-1/4):
+//   softmax kernel  φ(x) = m^(-1/2) · (exp(Ω x' − ‖x'‖²/2 − c) + 1e-5),   E[φ(q)ᵀφ(k)] ∝ exp(qᵀk / √D)
+//   ReLU kernel     φ(x) = relu(m^(-1/2) · Ω x') + 1e-5
+// The stabilizer c is, for queries, each row's max over the m features and, for keys, the max over the
+// whole sequence and features of each head: a query's c scales its numerator and denominator alike, the
+// keys' c scales every key alike, so both cancel in the output (up to the 1e-5).
+//   non-causal  out = φ(Q) · (φ(K)ᵀ V) / (φ(Q) · Σ_j φ(k_j))
+//   causal      out_t = φ(q_t)ᵀ S_t / φ(q_t)ᵀ z_t,  S_t = Σ_{j<=t} φ(k_j) v_jᵀ,  z_t = Σ_{j<=t} φ(k_j)
+// The causal prefix sums run over chunks of C positions: the chunks' own sums φ(K_c)ᵀ[V_c | 1] (one
+// batched GEMM), their exclusive running sum over the chunks (the cumsum kernel, in f32), and within a
+// chunk the masked C x C products. A ones column appended to V carries the denominator through the same
+// GEMMs. Time and memory are linear in T: the largest tensors are the features (T x m per head) and the
+// chunk states ((T / C) x m x (D_v + 1) per head).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <kiln/core/op.h>
+#include <kiln/nn/functional.h>
+
+namespace kiln::nn::functional {
+
+namespace {
+
+constexpr double kFeatureEps = 1e-5;
+
+void check_projection(const Tensor& x, const Tensor& projection, const char* op) {
+  KILN_CHECK(x.defined() && projection.defined(), op, ": undefined input or projection");
+  KILN_CHECK(projection.dim() == 2 && x.dim() >= 2 && projection.size(1) == x.size(-1), op, ": projection ",
+             projection.str(), " must be (m, D) for inputs ", x.str(), " of head dim D");
+  KILN_CHECK(projection.device() == x.device() && is_floating(x.dtype()) && is_floating(projection.dtype()), op,
+             ": expected floating inputs on one device, got ", x.str(), " and projection ", projection.str());
+}
+
+}  // namespace
+
+Tensor orthogonal_random_projection(int64_t m, int64_t d, Generator* gen, const TensorOptions& options) {
+  KILN_CHECK(m > 0 && d > 0, "orthogonal_random_projection: m and d must be positive, got ", m, " and ", d);
+  // Blocks of d orthonormal rows (Gram-Schmidt, twice for accuracy, in f64 on the CPU: d is a head size)
+  // from Gaussian matrices, the last block cut to m mod d rows; then each row scaled to the norm of a
+  // d-dimensional Gaussian vector, so every row is marginally N(0, I) and rows of a block are orthogonal.
+  NoGradGuard ng;
+  const Tensor g = randn({m + d - 1 - (m - 1) % d, d}, {.dtype = DType::f64}, gen);  // whole blocks
+  std::vector<double> a = g.to_vector<double>();
+  const int64_t rows = g.size(0);
+  for (int64_t b = 0; b < rows; b += d)
+    for (int64_t i = b; i < b + d; ++i)
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int64_t j = b; j < i; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += a[size_t(i * d + c)] * a[size_t(j * d + c)];
+          for (int64_t c = 0; c < d; ++c) a[size_t(i * d + c)] -= dot * a[size_t(j * d + c)];
+        }
+        double n2 = 0;
+        for (int64_t c = 0; c < d; ++c) n2 += a[size_t(i * d + c)] * a[size_t(i * d + c)];
+        const double inv = 1.0 / std::sqrt(n2);
+        for (int64_t c = 0; c < d; ++c) a[size_t(i * d + c)] *= inv;
+      }
+  // row norms: ‖z‖ for z ~ N(0, I_d)
+  const std::vector<double> z = randn({m, d}, {.dtype = DType::f64}, gen).to_vector<double>();
+  for (int64_t i = 0; i < m; ++i) {
+    double n2 = 0;
+    for (int64_t c = 0; c < d; ++c) n2 += z[size_t(i * d + c)] * z[size_t(i * d + c)];
+    for (int64_t c = 0; c < d; ++c) a[size_t(i * d + c)] *= std::sqrt(n2);
+  }
+  a.resize(size_t(m * d));
+  return from_vector(a, {m, d}).to(options.device, options.dtype);
+}
+
+Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureKernel kernel, bool is_query) {
+  check_projection(x, projection, "random_features");
+  const int64_t m = projection.size(0), D = x.size(-1);
+  const Tensor xs = mul(x, std::pow(double(D), -0.25));
+  // Ω x' in the GEMM's dtype (the autocast dtype under autocast), the rest in f32 (f64 for f64).
+  const Tensor proj = matmul(xs, projection.t());
+  const DType wide = proj.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (kernel == RandomFeatureKernel::relu)
+    return add(kiln::relu(mul(cast(proj, wide), 1.0 / std::sqrt(double(m)))), kFeatureEps);
+  const Tensor p = cast(proj, wide);
+  const Tensor half_norm = mul(sum(mul(cast(xs, wide), cast(xs, wide)), {-1}, true), 0.5);
+  const Tensor stabilizer = is_query ? amax(p, {-1}, true) : amax(p, {-2, -1}, true);
+  return mul(add(kiln::exp(sub(sub(p, half_norm), stabilizer)), kFeatureEps), 1.0 / std::sqrt(double(m)));
+}
+
+Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection, bool causal,
+                           RandomFeatureKernel kernel, int64_t chunk) {
+  const char* op = "performer_attention";
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), op, ": q, k and v must be defined");
+  KILN_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), op, ": expected q, k, v of shape (..., T, D), got ",
+             q.str(), ", ", k.str(), ", ", v.str());
+  KILN_CHECK(k.size(-1) == q.size(-1) && k.size(-2) == v.size(-2), op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(),
+             " must share the head dim (q, k) and the key length (k, v)");
+  KILN_CHECK(std::equal(q.sizes().begin(), q.sizes().end() - 2, k.sizes().begin()) &&
+                 std::equal(q.sizes().begin(), q.sizes().end() - 2, v.sizes().begin()),
+             op, ": q ", q.str(), ", k ", k.str(), ", v ", v.str(), " must share their leading dims");
+  KILN_CHECK(!causal || q.size(-2) == k.size(-2), op, ": causal attention needs as many queries as keys, got ", q.str(),
+             " and ", k.str());
+  KILN_CHECK(chunk > 0, op, ": chunk must be positive, got ", chunk);
+  KILN_CHECK(q.device() == k.device() && q.device() == v.device(), op, ": q, k, v on different devices");
+  check_projection(q, projection, op);
+  const Tensor fq = random_features(q, projection, kernel, true), fk = random_features(k, projection, kernel, false);
+  // The GEMMs in the inputs' dtype (the autocast dtype under autocast); V gets a ones column: the
+  // denominator rides along as its last output column.
+  const DType t = amp::is_enabled(q.device().type) ? amp::dtype(q.device().type) : promote_types(q.dtype(), v.dtype());
+  const Tensor qf = cast(fq, t), kf = cast(fk, t);
+  Shape ones_shape = v.sizes();
+  ones_shape.back() = 1;
+  const Tensor v1 = cat({cast(v, t), ones(ones_shape, {.dtype = t, .device = v.device()})}, -1);  // (..., T, Dv+1)
+  const int64_t Dv = v.size(-1);
+  Tensor out1;  // (..., T, Dv + 1)
+  if (!causal) {
+    out1 = matmul(qf, matmul(kf.transpose(-2, -1), v1));
+  } else {
+    const int64_t T = q.size(-2), nc = (T + chunk - 1) / chunk, Tp = nc * chunk;
+    Shape lead(q.sizes().begin(), q.sizes().end() - 2);
+    const int64_t BH = shape_numel(lead);
+    // (BH, nc, C, ·), zero rows padding T to a whole chunk (a zero key feature adds nothing)
+    auto chunks = [&](const Tensor& x) {
+      Tensor x3 = x.reshape({BH, T, x.size(-1)});
+      if (Tp != T) x3 = cat({x3, zeros({BH, Tp - T, x.size(-1)}, {.dtype = x.dtype(), .device = x.device()})}, 1);
+      return x3.reshape({BH, nc, chunk, x.size(-1)});
+    };
+    const Tensor qc = chunks(qf), kc = chunks(kf), vc = chunks(v1);
+    // S_c = Σ_{chunks before c} φ(K)ᵀ [V | 1], in f32: the running sum over T / C chunks
+    const Tensor kv = matmul(kc.transpose(-2, -1), vc);  // (BH, nc, m, Dv+1)
+    const DType wide = t == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor kv32 = cast(kv, wide);
+    const Tensor before = cast(sub(cumsum(kv32, 1), kv32), t);
+    const Tensor inter = matmul(qc, before);                               // earlier chunks
+    const Tensor intra = matmul(tril(matmul(qc, kc.transpose(-2, -1))), vc);  // this chunk, keys j <= t
+    out1 = add(inter, intra).reshape({BH, Tp, Dv + 1});
+    if (Tp != T) out1 = out1.narrow(1, 0, T);
+    Shape s = lead;
+    s.push_back(T);
+    s.push_back(Dv + 1);
+    out1 = out1.reshape(s);
+  }
+  return div(out1.narrow(-1, 0, Dv), out1.narrow(-1, Dv, 1));
+}
+
+}  // namespace kiln::nn::functional
