@@ -14,3 +14,10 @@ python3 "$(dirname "$0")/../bench/attention_torch.py" > "$out/bench_attention_to
 python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_attention_kiln.txt" "$out/bench_attention_torch.txt" | tee "$out/bench_attention_table.txt"
 grep -h '^#' "$out/bench_attention_kiln.txt" | sed 's/^#/kiln /'
 grep -h '^#' "$out/bench_attention_torch.txt" | sed 's/^#/torch/'
+# Sketched layers: SKLinear and Kiln's dense linear beside PyTorch's batched-matmul form and F.linear.
+"$build/bench/kiln_sketched_bench" > "$out/bench_sketched_kiln.txt" 2>&1
+python3 "$(dirname "$0")/../bench/sketched_torch.py" > "$out/bench_sketched_torch.txt" 2>&1
+python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_sketched_kiln.txt" "$out/bench_sketched_torch.txt" | tee "$out/bench_sketched_table.txt"
+# Random-feature attention against flash attention (causal, long sequences; time and peak memory).
+"$build/bench/kiln_performer_bench" > "$out/bench_performer.txt" 2>&1
+grep -h '^#' "$out/bench_performer.txt"
