@@ -107,6 +107,7 @@ void DistributedDataParallel::broadcast_state() {
   for (const auto& [name, p] : module_.named_parameters()) send(name, p);
   if (options_.broadcast_buffers)
     for (const auto& [name, b] : module_.named_buffers()) send(name, b);
+  module_.state_loaded();
 }
 
 void DistributedDataParallel::build_buckets(const nn::NamedTensors& params,

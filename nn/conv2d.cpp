@@ -61,11 +61,7 @@ SKConv2d& Conv2d::sketch(const SKConv2dOptions& options) {
   SKConv2dOptions o = options;
   o.bias = bias.defined();
   sketch_ = std::make_unique<SKConv2d>(*this, o);
-  remove_parameter("weight");
-  if (bias.defined()) remove_parameter("bias");
-  weight = Tensor();
-  bias = Tensor();
-  register_module("sketch", *sketch_);
+  replace_parameters_with("sketch", *sketch_, {&weight, &bias});
   return *sketch_;
 }
 

@@ -44,11 +44,7 @@ SKLinear& Linear::sketch(const SKLinearOptions& options) {
   SKLinearOptions o = options;
   o.bias = bias.defined();
   sketch_ = std::make_unique<SKLinear>(*this, o);
-  remove_parameter("weight");
-  if (bias.defined()) remove_parameter("bias");
-  weight = Tensor();
-  bias = Tensor();
-  register_module("sketch", *sketch_);
+  replace_parameters_with("sketch", *sketch_, {&weight, &bias});
   return *sketch_;
 }
 

@@ -101,10 +101,15 @@ Tensor Module::register_parameter(const std::string& name, Tensor tensor, bool r
   return tensor;
 }
 
-void Module::remove_parameter(const std::string& name) {
-  auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.first == name; });
-  KILN_CHECK(it != parameters_.end(), this->name(), ": remove_parameter: no parameter '", name, "'");
-  parameters_.erase(it);
+void Module::replace_parameters_with(const std::string& name, Module& replacement, const std::vector<Tensor*>& dropped) {
+  for (Tensor* t : dropped) {
+    if (!t->defined()) continue;
+    auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.second.is_same(*t); });
+    KILN_CHECK(it != parameters_.end(), this->name(), ": replace_parameters_with: ", t->str(), " is not a parameter of it");
+    parameters_.erase(it);
+    *t = Tensor();
+  }
+  add_child(name, replacement);
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
@@ -330,8 +335,12 @@ LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) 
     NoGradGuard no_grad;
     for (auto& [dst, src] : copies) dst.copy_(src);
   }
-  for (Module* m : modules()) m->on_state_loaded();
+  state_loaded();
   return result;
+}
+
+void Module::state_loaded() {
+  for (Module* m : modules()) m->on_state_loaded();
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -142,6 +142,9 @@ class Module {
   // Copies `dict` into the module. Names must match (when strict), and shapes and dtypes always. Every
   // problem is validated first and reported in one kiln::Error; on error nothing has been copied.
   LoadStateDictResult load_state_dict(const StateDict& dict, bool strict = true);
+  // Runs on_state_loaded() on this module and every descendant. load_state_dict does; so must anything else
+  // that writes the state_dict's tensors in place (optim::load_checkpoint, DistributedDataParallel's broadcast).
+  void state_loaded();
 
   // ---- hooks ----
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
@@ -161,11 +164,12 @@ class Module {
   std::string repr() const;  // pretty_print as a string, for error messages
 
  protected:
-  // Removes a parameter registered here (a layer replacing its weight by another form: Linear::sketch);
-  // the handle stays valid for whoever holds it. Throws kiln::Error when there is none of that name.
-  void remove_parameter(const std::string& name);
-  // Called on each module of the tree, after load_state_dict has copied the state in, so that state
-  // derived from loaded tensors follows them (SKLinear regenerates its sketches from a loaded seed).
+  // Hands this module's work to `replacement` (Linear::sketch, Conv2d::sketch): the parameters among
+  // `dropped` (members holding registered parameters; undefined ones are skipped) are removed and their
+  // members cleared, and `replacement` becomes the child `name`.
+  void replace_parameters_with(const std::string& name, Module& replacement, const std::vector<Tensor*>& dropped);
+  // Called on each module of the tree after its state was loaded (state_loaded()), so that state derived
+  // from loaded tensors follows them (SKLinear regenerates its sketches from a loaded seed).
   virtual void on_state_loaded() {}
 
  private:

@@ -1,7 +1,6 @@
 #include <kiln/nn/sk_conv2d.h>
 
 #include <cmath>
-#include <vector>
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
@@ -9,6 +8,7 @@
 #include <kiln/nn/conv2d.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
+#include <kiln/nn/sketch_parts.h>
 
 namespace kiln::nn {
 
@@ -44,12 +44,7 @@ void SKConv2d::init(const SKConv2dOptions& options, const Tensor& dense_w, const
              ", num_terms=", L, ", low_rank=", k, ") saves nothing: its kernel S1 and sketch U1 hold 2·L·k·(C_in·kH·kW + "
              "C_out) = ", sketched, " numbers, the dense kernel C_out·C_in·kH·kW = ", dense,
              "; lower num_terms·low_rank or set allow_no_savings");
-  if (options.seed) {
-    seed_ = *options.seed;
-  } else {
-    Generator& g = default_generator();
-    seed_ = (uint64_t(g.next_u32()) << 32) | g.next_u32();
-  }
+  seed_ = sketch_parts::choose_seed(options.seed);
   NoGradGuard ng;
   const DType wide = dtype == DType::f64 ? DType::f64 : DType::f32;
   u1 = empty({2 * L, k, cout}, {.dtype = dtype, .device = device});
@@ -65,20 +60,10 @@ void SKConv2d::init(const SKConv2dOptions& options, const Tensor& dense_w, const
   // S1 (2L·k, taps) = U1 (2L·k, C_out) · W
   const Tensor s = matmul(cast(u1, wide).reshape({2 * L * k, cout}), w);
   s1 = register_parameter("s1", cast(s, dtype).reshape({2 * L * k, cin, kernel_size_[0], kernel_size_[1]}).contiguous());
-  if (options.bias) {
-    if (dense_b.defined()) {
-      bias = register_parameter("bias", cast(dense_b, dtype).clone());
-    } else if (dense_w.defined()) {
-      bias = register_parameter("bias", zeros({cout}, {.dtype = dtype, .device = device}));
-    } else {
-      bias = register_parameter("bias", empty({cout}, {.dtype = dtype, .device = device}));
-      const double bound = 1.0 / std::sqrt(double(taps));
-      init::uniform_(bias, -bound, bound);
-    }
-  }
+  if (options.bias) bias = register_parameter("bias", sketch_parts::bias(dense_w, dense_b, cout, taps, dtype, device));
   register_buffer("u1", u1, options.store_sketches);
   if (!options.store_sketches)
-    sketch_seed_ = register_buffer("sketch_seed", from_vector(std::vector<int64_t>{int64_t(seed_)}, {}).to(device));
+    sketch_seed_ = register_buffer("sketch_seed", sketch_parts::seed_buffer(seed_, device));
 }
 
 void SKConv2d::draw_sketch() {
@@ -88,7 +73,7 @@ void SKConv2d::draw_sketch() {
 
 void SKConv2d::on_state_loaded() {
   if (!sketch_seed_.defined()) return;
-  const uint64_t loaded = uint64_t(sketch_seed_.to(Device::cpu()).item<int64_t>());
+  const uint64_t loaded = sketch_parts::seed_of(sketch_seed_);
   if (loaded == seed_) return;
   seed_ = loaded;
   draw_sketch();

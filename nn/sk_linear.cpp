@@ -1,13 +1,13 @@
 #include <kiln/nn/sk_linear.h>
 
 #include <cmath>
-#include <vector>
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
+#include <kiln/nn/sketch_parts.h>
 #include <kiln/nn/linear.h>
 
 namespace kiln::nn {
@@ -37,12 +37,7 @@ void SKLinear::init(const SKLinearOptions& options, const Tensor& dense_w, const
              sketched, " numbers, the dense weight in·out = ", dense, "; lower num_terms·low_rank below ",
              dense / (2 * (in + out)) + (dense % (2 * (in + out)) ? 1 : 0),
              " or set allow_no_savings");
-  if (options.seed) {
-    seed_ = *options.seed;
-  } else {
-    Generator& g = default_generator();
-    seed_ = (uint64_t(g.next_u32()) << 32) | g.next_u32();
-  }
+  seed_ = sketch_parts::choose_seed(options.seed);
   NoGradGuard ng;
   const TensorOptions f32{.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = device};
   u1 = empty({L, k, out}, {.dtype = dtype, .device = device});
@@ -61,21 +56,11 @@ void SKLinear::init(const SKLinearOptions& options, const Tensor& dense_w, const
   const Tensor a1 = cast(u1, f32.dtype), a2 = cast(u2, f32.dtype);
   s1 = register_parameter("s1", cast(matmul(w.unsqueeze(0).expand({L, in, out}), a1.transpose(1, 2)), dtype).contiguous());
   s2 = register_parameter("s2", cast(matmul(a2.transpose(1, 2), w.unsqueeze(0).expand({L, in, out})), dtype).contiguous());
-  if (options.bias) {
-    if (dense_b.defined()) {
-      bias = register_parameter("bias", cast(dense_b, dtype).clone());
-    } else if (dense_w.defined()) {
-      bias = register_parameter("bias", zeros({out}, {.dtype = dtype, .device = device}));
-    } else {
-      bias = register_parameter("bias", empty({out}, {.dtype = dtype, .device = device}));
-      const double bound = 1.0 / std::sqrt(double(in));
-      init::uniform_(bias, -bound, bound);
-    }
-  }
+  if (options.bias) bias = register_parameter("bias", sketch_parts::bias(dense_w, dense_b, out, in, dtype, device));
   register_buffer("u1", u1, options.store_sketches);
   register_buffer("u2", u2, options.store_sketches);
   if (!options.store_sketches)
-    sketch_seed_ = register_buffer("sketch_seed", from_vector(std::vector<int64_t>{int64_t(seed_)}, {}).to(device));
+    sketch_seed_ = register_buffer("sketch_seed", sketch_parts::seed_buffer(seed_, device));
 }
 
 void SKLinear::draw_sketches() {
@@ -87,7 +72,7 @@ void SKLinear::draw_sketches() {
 
 void SKLinear::on_state_loaded() {
   if (!sketch_seed_.defined()) return;  // stored sketches were loaded with the rest
-  const uint64_t loaded = uint64_t(sketch_seed_.to(Device::cpu()).item<int64_t>());
+  const uint64_t loaded = sketch_parts::seed_of(sketch_seed_);
   if (loaded == seed_) return;
   seed_ = loaded;
   draw_sketches();

@@ -218,6 +218,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, const
 
   // 3. Apply. Every check has passed, so these only copy.
   archive::restore_tensors(ar, "model", targets);
+  model.state_loaded();  // state derived from the loaded tensors (sketches regenerated from their seed)
   for (const auto& [name, component] : components) component->load_state(states.at(name), "load_checkpoint " + name);
   default_generator().set_state(rng);
   return info;

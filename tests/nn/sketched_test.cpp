@@ -36,6 +36,25 @@ Tensor sketched_reference(const Tensor& x, const Tensor& s1, const Tensor& s2, c
   return b.defined() ? add(y, b) : y;
 }
 
+// Every element of the mean over S seeds (running sums sum1, sum2 of the outputs and their squares) within
+// 5 standard errors of `exact` (the central limit theorem, sd estimated from the same samples: a chance
+// failure about 1e-4 for 30 elements), and that bound small beside the outputs, so a mis-scaled layer (the
+// reference's 2x) fails.
+void expect_unbiased(const Tensor& sum1, const Tensor& sum2, const Tensor& exact, int S) {
+  std::vector<double> m1 = testing::values(div(sum1, double(S))), m2 = testing::values(div(sum2, double(S)));
+  std::vector<double> e = testing::values(exact);
+  double rms = 0, worst = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    const double sd = std::sqrt(std::max(m2[i] - m1[i] * m1[i], 0.0) * S / (S - 1));
+    const double bound = 5 * sd / std::sqrt(double(S));
+    EXPECT_LE(std::abs(m1[i] - e[i]), bound) << "element " << i << ": mean " << m1[i] << ", exact " << e[i];
+    rms += e[i] * e[i];
+    worst = std::max(worst, bound);
+  }
+  rms = std::sqrt(rms / double(e.size()));
+  EXPECT_LT(worst, 0.5 * rms) << "the bound " << worst << " is too loose to tell a 2x error in outputs of rms " << rms;
+}
+
 struct SketchCase {
   int64_t L, in, k, out;
 };
@@ -111,10 +130,7 @@ TEST(SKLinear, SketchesAreScaledSignsFromTheSeed) {
 }
 
 TEST(SKLinear, FromLinearIsUnbiasedOverSeeds) {
-  // y_s = SKLinear_s(x) from one dense layer; E_s[y_s] = x·Wᵀ + b. With S seeds the mean's error per
-  // element is about sd_s / sqrt(S) (central limit theorem; sd_s the sample standard deviation over the
-  // seeds): every element must lie within 5 of those (a chance failure about 1e-4 for 30 elements),
-  // and that bound must be small beside the output, so a mis-scaled layer (the reference's 2x) fails.
+  // y_s = SKLinear_s(x) from one dense layer; E_s[y_s] = x·Wᵀ + b.
   manual_seed(13);
   Linear dense(16, 10, {.dtype = DType::f64});
   Tensor x = randn({3, 16}, f64);
@@ -128,18 +144,7 @@ TEST(SKLinear, FromLinearIsUnbiasedOverSeeds) {
     sum1 = add(sum1, y);
     sum2 = add(sum2, mul(y, y));
   }
-  std::vector<double> m1 = testing::values(div(sum1, double(S))), m2 = testing::values(div(sum2, double(S)));
-  std::vector<double> e = testing::values(exact);
-  double rms = 0, worst = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double sd = std::sqrt(std::max(m2[i] - m1[i] * m1[i], 0.0) * S / (S - 1));
-    const double bound = 5 * sd / std::sqrt(double(S));
-    EXPECT_LE(std::abs(m1[i] - e[i]), bound) << "element " << i << ": mean " << m1[i] << ", exact " << e[i];
-    rms += e[i] * e[i];
-    worst = std::max(worst, bound);
-  }
-  rms = std::sqrt(rms / double(e.size()));
-  EXPECT_LT(worst, 0.5 * rms) << "the bound " << worst << " is too loose to tell a 2x error in outputs of rms " << rms;
+  expect_unbiased(sum1, sum2, exact, S);
 }
 
 TEST(SKLinear, RefusesSizesThatSaveNothingSayingThem) {
@@ -245,17 +250,7 @@ TEST(SKConv2d, FromConv2dIsUnbiasedOverSeeds) {
     sum1 = add(sum1, y);
     sum2 = add(sum2, mul(y, y));
   }
-  std::vector<double> m1 = testing::values(div(sum1, double(S))), m2 = testing::values(div(sum2, double(S)));
-  std::vector<double> e = testing::values(exact);
-  double rms = 0, worst = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double sd = std::sqrt(std::max(m2[i] - m1[i] * m1[i], 0.0) * S / (S - 1));
-    const double bound = 5 * sd / std::sqrt(double(S));
-    EXPECT_LE(std::abs(m1[i] - e[i]), bound) << "element " << i;
-    rms += e[i] * e[i];
-    worst = std::max(worst, bound);
-  }
-  EXPECT_LT(worst, 0.5 * std::sqrt(rms / double(e.size())));
+  expect_unbiased(sum1, sum2, exact, S);
 }
 
 TEST(SKConv2d, RefusesSizesThatSaveNothing) {
