@@ -20,6 +20,7 @@
 #include <cmath>
 #include <vector>
 
+#include <kiln/core/kernels/random_features.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
@@ -35,6 +36,31 @@ void check_projection(const Tensor& x, const Tensor& projection, const char* op)
              projection.str(), " must be (m, D) for inputs ", x.str(), " of head dim D");
   KILN_CHECK(projection.device() == x.device() && is_floating(x.dtype()) && is_floating(projection.dtype()), op,
              ": expected floating inputs on one device, got ", x.str(), " and projection ", projection.str());
+}
+
+// exp(p − r) + offset, r (..., T, 1) one value per row, as one node (kernels::exp_features): out in p's dtype,
+// computed in f32 (f64 for f64); backward dp = dout · (out − offset), dr = −Σ_row dp.
+Tensor exp_features(const Tensor& p_in, const Tensor& r_in, double offset) {
+  const DType ct = p_in.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor p = p_in.contiguous(), r = cast(r_in, ct).contiguous();
+  const int64_t m = p.size(-1), M = m > 0 ? p.numel() / m : 0;
+  KILN_CHECK(r.numel() == M, "exp_features: one row value per row of ", p.str(), ", got ", r.str());
+  Tensor out = empty(p.sizes(), {.dtype = p.dtype(), .device = p.device()});
+  {
+    NoGradGuard ng;
+    kernels::exp_features(p.reshape({M, m}), r.reshape({M}), offset, out.reshape({M, m}));
+  }
+  if (any_requires_grad({p, r}))
+    record("exp_features", {p, r}, {out},
+           [so = SavedTensor(out), offset, M, m, rshape = r.sizes(), ct](const Grads& g) {
+             const Tensor y = so.unpack("exp_features");
+             const TensorOptions o{.dtype = y.dtype(), .device = y.device()};
+             Tensor dp = empty(y.sizes(), o), dr = empty({M}, {.dtype = ct, .device = y.device()});
+             kernels::exp_features_backward(cast(g[0], y.dtype()).contiguous().reshape({M, m}), y.reshape({M, m}), offset,
+                                            dp.reshape({M, m}), dr);
+             return Grads{dp, dr.reshape(rshape)};
+           });
+  return out;
 }
 
 }  // namespace
@@ -81,13 +107,12 @@ Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureK
   const DType wide = proj.dtype() == DType::f64 ? DType::f64 : DType::f32;
   if (kernel == RandomFeatureKernel::relu)
     return add(kiln::relu(mul(cast(proj, wide), 1.0 / std::sqrt(double(m)))), kFeatureEps);
-  const Tensor p = cast(proj, wide);
   const Tensor half_norm = mul(sum(mul(cast(xs, wide), cast(xs, wide)), {-1}, true), 0.5);
-  const Tensor stabilizer = is_query ? amax(p, {-1}, true) : amax(p, {-2, -1}, true);
-  // m^(-1/2) · (exp(p − h − c) + ε) = exp(p − (h + c + ln √m)) + ε/√m: the per-row terms fold into one small
-  // tensor, so the (T, m) features take three passes (subtract, exp, add).
-  const double log_sqrt_m = 0.5 * std::log(double(m));
-  return add(kiln::exp(sub(p, add(add(half_norm, stabilizer), log_sqrt_m))), kFeatureEps / std::sqrt(double(m)));
+  const Tensor stabilizer = is_query ? amax(proj, {-1}, true) : amax(proj, {-2, -1}, true);
+  // m^(-1/2) · (exp(p − h − c) + ε) = exp(p − r) + ε/√m with r = h + c + ln √m one value per row: the (T, m)
+  // features are one pass over the projection, forward and backward (kernels::exp_features).
+  const Tensor r = add(add(half_norm, cast(stabilizer, wide)), 0.5 * std::log(double(m)));
+  return exp_features(proj, r, kFeatureEps / std::sqrt(double(m)));
 }
 
 Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection, bool causal,

@@ -1,0 +1,12 @@
+#pragma once
+// Kernel family: the positive random features of Performer attention (nn/functional_performer.cpp).
+#include <kiln/core/kernel.h>
+
+// out (M, m) = exp(p − r) + offset, with r (M) one value per row: the softmax-kernel features once a row's
+// terms (‖x'‖²/2, the stabilizer, ln √m) are folded into r. p and out contiguous, of one floating dtype; r
+// contiguous in the compute dtype (f32; f64 for f64). Computed in the compute dtype and rounded once.
+KILN_KERNEL(exp_features, void(const Tensor& p, const Tensor& r, double offset, const Tensor& out));
+// Its gradient from dout (M, m): dp = dout · (out − offset) (that is dout · exp(p − r)) in out's dtype, and
+// dr (M) = −Σ_row dp in the compute dtype, summed before rounding.
+KILN_KERNEL(exp_features_backward,
+            void(const Tensor& dout, const Tensor& out, double offset, const Tensor& dp, const Tensor& dr));
