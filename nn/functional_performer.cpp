@@ -107,8 +107,22 @@ Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureK
   const DType wide = proj.dtype() == DType::f64 ? DType::f64 : DType::f32;
   if (kernel == RandomFeatureKernel::relu)
     return add(kiln::relu(mul(cast(proj, wide), 1.0 / std::sqrt(double(m)))), kFeatureEps);
-  const Tensor half_norm = mul(sum(mul(cast(xs, wide), cast(xs, wide)), {-1}, true), 0.5);
-  const Tensor stabilizer = is_query ? amax(proj, {-1}, true) : amax(proj, {-2, -1}, true);
+  const Tensor xw = cast(xs, wide);
+  const Tensor half_norm = mul(sum(mul(xw, xw), {-1}, true), 0.5);
+  // The stabilizer c: a query row's max over its m features, the max over a key head's whole (T, m). Taken
+  // by gather at the argmax, so that its exact gradient (nonzero only through the 1e-5) goes to the one
+  // element it came from; amax's backward would build full-size masks for it.
+  const int64_t T = proj.size(-2);
+  const Tensor rows = is_query ? proj.reshape({-1, m}) : proj.reshape({-1, T * m});
+  Tensor index;
+  {
+    NoGradGuard ng;
+    index = argmax(rows, 1, true);
+  }
+  Shape c_shape = proj.sizes();
+  c_shape.back() = 1;
+  if (!is_query) c_shape[c_shape.size() - 2] = 1;
+  const Tensor stabilizer = gather(rows, 1, index).reshape(c_shape);
   // m^(-1/2) · (exp(p − h − c) + ε) = exp(p − r) + ε/√m with r = h + c + ln √m one value per row: the (T, m)
   // features are one pass over the projection, forward and backward (kernels::exp_features).
   const Tensor r = add(add(half_norm, cast(stabilizer, wide)), 0.5 * std::log(double(m)));
@@ -160,7 +174,14 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
     const Tensor kv32 = cast(kv, wide);
     const Tensor before = cast(sub(cumsum(kv32, 1), kv32), t);
     const Tensor inter = matmul(qc, before);                               // earlier chunks
-    const Tensor intra = matmul(tril(matmul(qc, kc.transpose(-2, -1))), vc);  // this chunk, keys j <= t
+    // this chunk, keys j <= t: the C x C products times a constant lower-triangular mask (a broadcast
+    // multiply, forward and backward, where tril would select through a bool mask each way)
+    Tensor causal_mask;
+    {
+      NoGradGuard ng;
+      causal_mask = tril(ones({chunk, chunk}, {.dtype = t, .device = q.device()}));
+    }
+    const Tensor intra = matmul(mul(matmul(qc, kc.transpose(-2, -1)), causal_mask), vc);
     out1 = add(inter, intra).reshape({BH, Tp, Dv + 1});
     if (Tp != T) out1 = out1.narrow(1, 0, T);
     Shape s = lead;
