@@ -123,7 +123,7 @@ Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureK
 // gradients); under autocast its GEMMs run in the autocast dtype, the features and chunk sums in f32.
 Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection,
                            bool causal = false, RandomFeatureKernel kernel = RandomFeatureKernel::softmax,
-                           int64_t chunk = 128);
+                           int64_t chunk = 256);
 
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel_size{2, 2};

@@ -10,12 +10,12 @@
 // keys' c scales every key alike, so both cancel in the output (up to the 1e-5).
 //   non-causal  out = φ(Q) · (φ(K)ᵀ V) / (φ(Q) · Σ_j φ(k_j))
 //   causal      out_t = φ(q_t)ᵀ S_t / φ(q_t)ᵀ z_t,  S_t = Σ_{j<=t} φ(k_j) v_jᵀ,  z_t = Σ_{j<=t} φ(k_j)
-// The causal prefix sums run over chunks of C positions: the chunks' own sums φ(K_c)ᵀ[V_c | 1] (one batched
-// GEMM), their exclusive running sum over the chunks (the cumsum kernel, in f32), and within a chunk the
-// masked C x C products. A ones column appended to V carries the denominator through the same GEMMs. Time
-// and memory are linear in T: the largest tensors are the features (T x m per head) and the chunk states
-// ((T / C) x m x (D_v + 1) per head). C defaults to 128: at T = 8192 (m = 256, D = 64) it measured 10% faster
-// than 64 with 15% less memory, the states shrinking as C grows while the C x C products grow.
+// The causal prefix sums run over chunks of C positions: the chunks' own sums φ(K_c)ᵀV_c and Σ φ(k) (one
+// batched GEMM, one sum), their exclusive running sums over the chunks (the cumsum kernel, in f32), and
+// within a chunk the masked C x C products. Time and memory are linear in T: the largest tensors are the
+// features (T x m per head) and the chunk states ((T / C) x m x D_v per head). C defaults to 256: on an H100
+// at m = 256, D = 64 it measured faster than 128 and 64 at T = 8192 and 32768, with less memory, the states
+// shrinking as C grows while the C x C products grow.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -146,17 +146,13 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   KILN_CHECK(q.device() == k.device() && q.device() == v.device(), op, ": q, k, v on different devices");
   check_projection(q, projection, op);
   const Tensor fq = random_features(q, projection, kernel, true), fk = random_features(k, projection, kernel, false);
-  // The GEMMs in the inputs' dtype (the autocast dtype under autocast); V gets a ones column: the
-  // denominator rides along as its last output column.
+  // The GEMMs in the inputs' dtype (the autocast dtype under autocast).
   const DType t = amp::is_enabled(q.device().type) ? amp::dtype(q.device().type) : promote_types(q.dtype(), v.dtype());
-  const Tensor qf = cast(fq, t), kf = cast(fk, t);
-  Shape ones_shape = v.sizes();
-  ones_shape.back() = 1;
-  const Tensor v1 = cat({cast(v, t), ones(ones_shape, {.dtype = t, .device = v.device()})}, -1);  // (..., T, Dv+1)
-  const int64_t Dv = v.size(-1);
-  Tensor out1;  // (..., T, Dv + 1)
+  const Tensor qf = cast(fq, t), kf = cast(fk, t), vt = cast(v, t);
+  Tensor num, den;  // (..., T, Dv) and (..., T, 1): numerator and denominator, each contiguous
   if (!causal) {
-    out1 = matmul(qf, matmul(kf.transpose(-2, -1), v1));
+    num = matmul(qf, matmul(kf.transpose(-2, -1), vt));
+    den = matmul(qf, sum(kf, {-2}, true).transpose(-2, -1));
   } else {
     const int64_t T = q.size(-2), nc = (T + chunk - 1) / chunk, Tp = nc * chunk;
     Shape lead(q.sizes().begin(), q.sizes().end() - 2);
@@ -167,13 +163,16 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       if (Tp != T) x3 = cat({x3, zeros({BH, Tp - T, x.size(-1)}, {.dtype = x.dtype(), .device = x.device()})}, 1);
       return x3.reshape({BH, nc, chunk, x.size(-1)});
     };
-    const Tensor qc = chunks(qf), kc = chunks(kf), vc = chunks(v1);
-    // S_c = Σ_{chunks before c} φ(K)ᵀ [V | 1], in f32: the running sum over T / C chunks
-    const Tensor kv = matmul(kc.transpose(-2, -1), vc);  // (BH, nc, m, Dv+1)
+    const Tensor qc = chunks(qf), kc = chunks(kf), vc = chunks(vt);
+    // Each chunk's φ(K)ᵀV (m, Dv) and Σ φ(k) (1, m); their sums over the chunks before, in f32 (the running
+    // sums over T / C chunks), then back in the GEMMs' dtype.
     const DType wide = t == DType::f64 ? DType::f64 : DType::f32;
-    const Tensor kv32 = cast(kv, wide);
-    const Tensor before = cast(sub(cumsum(kv32, 1), kv32), t);
-    const Tensor inter = matmul(qc, before);                               // earlier chunks
+    auto before = [&](const Tensor& per_chunk) {
+      const Tensor x = cast(per_chunk, wide);
+      return cast(sub(cumsum(x, 1), x), t);
+    };
+    const Tensor kv_before = before(matmul(kc.transpose(-2, -1), vc));  // (BH, nc, m, Dv)
+    const Tensor z_before = before(sum(kc, {-2}, true));                 // (BH, nc, 1, m)
     // this chunk, keys j <= t: the C x C products times a constant lower-triangular mask (a broadcast
     // multiply, forward and backward, where tril would select through a bool mask each way)
     Tensor causal_mask;
@@ -181,17 +180,21 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       NoGradGuard ng;
       causal_mask = tril(ones({chunk, chunk}, {.dtype = t, .device = q.device()}));
     }
-    const Tensor intra = matmul(mul(matmul(qc, kc.transpose(-2, -1)), causal_mask), vc);
-    out1 = add(inter, intra).reshape({BH, Tp, Dv + 1});
-    if (Tp != T) out1 = out1.narrow(1, 0, T);
-    Shape s = lead;
-    s.push_back(T);
-    s.push_back(Dv + 1);
-    out1 = out1.reshape(s);
+    const Tensor a = mul(matmul(qc, kc.transpose(-2, -1)), causal_mask);  // (BH, nc, C, C)
+    num = add(matmul(qc, kv_before), matmul(a, vc));
+    den = add(matmul(qc, z_before.transpose(-2, -1)), sum(a, {-1}, true));
+    auto unchunk = [&](const Tensor& x) {
+      Tensor y = x.reshape({BH, Tp, x.size(-1)});
+      if (Tp != T) y = y.narrow(1, 0, T);
+      Shape s = lead;
+      s.push_back(T);
+      s.push_back(x.size(-1));
+      return y.reshape(s);
+    };
+    num = unchunk(num);
+    den = unchunk(den);
   }
-  // numerator and denominator as contiguous tensors first: a division reading the (Dv + 1)-strided halves
-  // directly takes the generic strided kernel, several times slower than these two copies
-  return div(out1.narrow(-1, 0, Dv).contiguous(), out1.narrow(-1, Dv, 1).contiguous());
+  return div(num, den);
 }
 
 }  // namespace kiln::nn::functional
