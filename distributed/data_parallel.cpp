@@ -7,6 +7,7 @@
 #include <kiln/autograd/node.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/stream.h>
 #include <kiln/optim/flat_parameters.h>
 
 namespace kiln::distributed {
@@ -18,9 +19,16 @@ struct DistributedDataParallel::Bucket {
   std::vector<bool> ready;    // this backward pass
   size_t pending = 0;         // parameters not ready yet
   std::shared_ptr<Work> work;  // the all-reduce in flight
+  std::shared_ptr<cuda::Event> ready_event, done_event;  // record_timeline's, of the last pass
 };
 
 namespace {
+
+std::shared_ptr<cuda::Event> record_timing_event() {
+  auto e = std::make_shared<cuda::Event>(/*enable_timing=*/true);
+  e->record();
+  return e;
+}
 
 // "name [shape] dtype" per parameter, one a line: what every rank's model must agree on.
 std::string describe_parameters(const nn::NamedTensors& params) {
@@ -196,6 +204,7 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
       Bucket& bk = *buckets_[b];
       if (!in_backward_) {  // the first gradient of this backward pass
         in_backward_ = true;
+        if (timeline_) first_ready_ = record_timing_event();
         autograd::queue_callback([this] { finish_backward(); });
       }
       if (bk.ready[k]) return;
@@ -211,7 +220,9 @@ void DistributedDataParallel::launch_ready_buckets() {
   // in index order, so that every rank issues the same all-reduces in the same order
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& b = *buckets_[next_launch_++];
+    if (timeline_) b.ready_event = record_timing_event();
     b.work = group_->all_reduce_async(b.grad, ReduceOp::avg);
+    if (timeline_) b.done_event = b.work->completion_event();
   }
 }
 
@@ -225,6 +236,7 @@ void DistributedDataParallel::finish_backward() {
     for (size_t i = next_launch_; i < buckets_.size(); ++i) buckets_[i]->pending = 0;
     launch_ready_buckets();
   }
+  if (timeline_) backward_end_ = record_timing_event();
   // wait for every launched all-reduce, then make the buckets ready for the next pass
   for (auto& b : buckets_) {
     if (b->work) b->work->wait();
@@ -241,6 +253,49 @@ void DistributedDataParallel::finish_backward() {
               names, "), so their buckets were not all-reduced and the ranks' gradients now differ; construct it "
               "with find_unused_parameters = true if some parameters sit out some steps");
   }
+}
+
+void DistributedDataParallel::record_timeline(bool on) {
+  KILN_CHECK(!on || group_->device().is_cuda(), "DistributedDataParallel::record_timeline: the timeline is read off "
+             "CUDA events, but this is the ", group_->backend(), " group on ", group_->device().str());
+  timeline_ = on;
+}
+
+DataParallelTimeline DistributedDataParallel::last_timeline() const {
+  KILN_CHECK(first_ready_ && backward_end_, "DistributedDataParallel::last_timeline: no backward pass ran with "
+             "record_timeline(true)");
+  backward_end_->synchronize();
+  DataParallelTimeline t;
+  t.backward_end_ms = first_ready_->elapsed_ms(*backward_end_);
+  for (const auto& b : buckets_) {
+    KILN_CHECK(b->ready_event && b->done_event, "DistributedDataParallel::last_timeline: a bucket was not all-reduced "
+               "in the recorded pass, or its backend gives no completion event");
+    b->done_event->synchronize();
+    t.buckets.push_back({.bytes = b->grad.numel() * int64_t(element_size(b->grad.dtype())),
+                         .parameters = b->params.size(),
+                         .ready_ms = first_ready_->elapsed_ms(*b->ready_event),
+                         .done_ms = first_ready_->elapsed_ms(*b->done_event)});
+  }
+  return t;
+}
+
+std::string DataParallelTimeline::to_string() const {
+  std::ostringstream os;
+  char line[160];
+  int overlapped = 0;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const Bucket& b = buckets[i];
+    const bool during = b.done_ms <= backward_end_ms;
+    overlapped += during;
+    std::snprintf(line, sizeof(line), "bucket %2zu: %7.2f MiB, %3zu parameters, ready %8.3f ms, all-reduce done %8.3f ms%s\n",
+                  i, double(b.bytes) / double(1 << 20), b.parameters, b.ready_ms, b.done_ms,
+                  during ? " (during backward)" : "");
+    os << line;
+  }
+  std::snprintf(line, sizeof(line), "backward ended at %.3f ms; %d of %zu all-reduces finished before it\n",
+                backward_end_ms, overlapped, buckets.size());
+  os << line;
+  return os.str();
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {

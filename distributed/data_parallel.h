@@ -41,6 +41,21 @@ class FlatParameters;
 
 namespace kiln::distributed {
 
+// Where one backward pass's all-reduces ran on the device (DistributedDataParallel::record_timeline):
+// milliseconds from the moment the first gradient of the pass was ready, read off CUDA events on the
+// compute stream (a bucket ready, backward's end) and on the communication stream (an all-reduce done).
+struct DataParallelTimeline {
+  struct Bucket {
+    int64_t bytes = 0;
+    size_t parameters = 0;
+    double ready_ms = 0;  // its last gradient accumulated: the all-reduce is queued behind this point
+    double done_ms = 0;   // the all-reduce finished
+  };
+  double backward_end_ms = 0;  // the compute stream reached the end of backward
+  std::vector<Bucket> buckets;  // in launch order
+  std::string to_string() const;  // one line a bucket, saying which all-reduces ended before backward did
+};
+
 struct DistributedDataParallelOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;  // a small first bucket starts communicating early
@@ -79,6 +94,11 @@ class DistributedDataParallel : public nn::Module {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
+  // While on (CUDA groups only), each backward pass records timing events; last_timeline() reads the
+  // last pass's (it synchronizes the device).
+  void record_timeline(bool on);
+  DataParallelTimeline last_timeline() const;
+
   // The buckets' parameter names, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
 
@@ -103,6 +123,8 @@ class DistributedDataParallel : public nn::Module {
   size_t next_launch_ = 0;                        // the next bucket to all-reduce, in index order
   bool in_backward_ = false;                      // finish_backward is queued
   bool sync_ = true;
+  bool timeline_ = false;
+  std::shared_ptr<cuda::Event> first_ready_, backward_end_;  // the timeline's events of the last pass
 };
 
 }  // namespace kiln::distributed

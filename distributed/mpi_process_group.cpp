@@ -213,7 +213,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, co
   const int bytes = mpi_count(what, input.numel() * int64_t(element_size(input.dtype())));
   MPI_Request request;
   // in place (input is this rank's slice of output): MPI_IN_PLACE, as MPI takes no overlapping buffers
-  const bool in_place = gathers_in_place(output, input);
+  const bool in_place = is_rank_slice(input, output);
   const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : input.raw_data(), in_place ? 0 : bytes, MPI_BYTE,
                                 output.raw_data(), bytes, MPI_BYTE, comm_->comm, &request);
   KILN_CHECK(rc == MPI_SUCCESS, what, " failed: ", mpi_error(rc));
@@ -225,7 +225,9 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& output
   NoGradGuard no_grad;
   const bool stage = staged(output.dtype());
   Tensor in = stage ? cast(input, DType::f32).contiguous() : input;
-  Tensor out = stage ? empty(output.sizes(), {.dtype = DType::f32}) : output;
+  // MPI forbids overlapping send and receive buffers: an in-place call receives into a buffer of its own
+  const bool separate = stage || output.shares_storage(input);
+  Tensor out = separate ? empty(output.sizes(), {.dtype = stage ? DType::f32 : output.dtype()}) : output;
   MPI_Request request;
   const int rc = MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), mpi_count(what, output.numel()),
                                            arithmetic_type(output.dtype()), mpi_op(op), comm_->comm, &request);

@@ -103,6 +103,7 @@ class NcclWork : public Work {
     else cuda::Stream::current(device_).wait(*done_);
   }
   bool is_completed() override { return done_->query(); }
+  std::shared_ptr<cuda::Event> completion_event() const override { return done_; }
 
  private:
   std::shared_ptr<cuda::Event> done_;
@@ -198,7 +199,7 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
   s.stream.wait(cuda::Stream::current(s.device));
   launch(static_cast<cudaStream_t>(s.stream.handle()));
   for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
-  auto done = std::make_shared<cuda::Event>();
+  auto done = std::make_shared<cuda::Event>(/*enable_timing=*/true);  // Work::completion_event's timeline
   done->record(s.stream);
   {
     std::lock_guard<std::mutex> lock(s.mutex);

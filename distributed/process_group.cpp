@@ -67,16 +67,15 @@ std::string ProcessGroup::check_all_gather(const Tensor& output, const Tensor& i
   check_tensor(what, input, device());
   KILN_CHECK(output.dtype() == input.dtype() && output.numel() == int64_t(size_) * input.numel(), what, ": output ",
              output.str(), " must hold ", size_, " x input ", input.str(), " of its dtype");
-  KILN_CHECK(!input.shares_storage(output) || gathers_in_place(output, input), what, ": input ", input.str(),
+  KILN_CHECK(!input.shares_storage(output) || is_rank_slice(input, output), what, ": input ", input.str(),
              " shares memory with output ", output.str(), " but is not this rank's slice of it");
   return what;
 }
 
-bool ProcessGroup::gathers_in_place(const Tensor& output, const Tensor& input) const {
-  const auto* out = static_cast<const char*>(output.raw_data());
-  const auto* in = static_cast<const char*>(input.raw_data());
-  return input.shares_storage(output) &&
-         in == out + int64_t(rank_) * input.numel() * int64_t(element_size(input.dtype()));
+bool ProcessGroup::is_rank_slice(const Tensor& part, const Tensor& whole) const {
+  const auto* w = static_cast<const char*>(whole.raw_data());
+  const auto* p = static_cast<const char*>(part.raw_data());
+  return part.shares_storage(whole) && p == w + int64_t(rank_) * part.numel() * int64_t(element_size(part.dtype()));
 }
 
 std::string ProcessGroup::check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const {
@@ -85,6 +84,8 @@ std::string ProcessGroup::check_reduce_scatter(const Tensor& output, const Tenso
   check_tensor(what, input, device());
   KILN_CHECK(output.dtype() == input.dtype() && input.numel() == int64_t(size_) * output.numel(), what, ": input ",
              input.str(), " must hold ", size_, " x output ", output.str(), " of its dtype");
+  KILN_CHECK(!output.shares_storage(input) || is_rank_slice(output, input), what, ": output ", output.str(),
+             " shares memory with input ", input.str(), " but is not this rank's slice of it");
   check_op(what, output, op);
   return what;
 }

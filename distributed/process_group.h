@@ -21,6 +21,10 @@
 
 #include <kiln/core/tensor.h>
 
+namespace kiln::cuda {
+class Event;
+}
+
 namespace kiln::distributed {
 
 enum class ReduceOp { sum, avg, max };
@@ -33,6 +37,9 @@ class Work {
   // Blocks until the collective is done and its result is in place; raises kiln::Error on a timeout.
   virtual void wait() = 0;
   virtual bool is_completed() = 0;  // without blocking
+  // A timing event recorded on the communication stream just after the collective (CUDA backends), so
+  // that its end can be placed on the device's timeline; null where the collective runs on the host.
+  virtual std::shared_ptr<cuda::Event> completion_event() const { return nullptr; }
 };
 
 struct ProcessGroupOptions {
@@ -63,7 +70,8 @@ class ProcessGroup {
   // this rank's slice of output itself (in place: no copy).
 
   virtual std::shared_ptr<Work> all_gather_async(const Tensor& output, const Tensor& input) = 0;
-  // output (n elements) <- op over the ranks of their input's elements [rank·n, (rank+1)·n).
+  // output (n elements) <- op over the ranks of their input's elements [rank·n, (rank+1)·n). output may be
+  // this rank's slice of input itself (in place: ZeRO's gradient shard needs no buffer of its own).
   virtual std::shared_ptr<Work> reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> barrier_async() = 0;
 
@@ -86,9 +94,9 @@ class ProcessGroup {
   std::string check_all_gather(const Tensor& output, const Tensor& input) const;
   std::string check_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) const;
   std::string describe(const std::string& op) const;
-  // Whether all_gather's input is this rank's slice of its output (checked by check_all_gather otherwise
-  // not to overlap it).
-  bool gathers_in_place(const Tensor& output, const Tensor& input) const;
+  // Whether `part` is this rank's slice of `whole` (all_gather's input of its output, reduce_scatter's
+  // output of its input): the one overlap the checks allow.
+  bool is_rank_slice(const Tensor& part, const Tensor& whole) const;
 
  private:
   int rank_, size_, local_rank_;

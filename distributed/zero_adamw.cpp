@@ -41,7 +41,7 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
   NoGradGuard no_grad;
   data_ = zeros({shard_ * ranks}, o);
   grad_ = zeros({shard_ * ranks}, o);
-  shard_grad_ = zeros({shard_}, o);
+  shard_grad_ = grad_.narrow(0, group_->rank() * shard_, shard_);  // reduce-scattered in place
   // every rank starts from rank 0's parameters, laid end to end in the flat buffer
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i].first;
@@ -83,7 +83,7 @@ void ZeroAdamW::zero_grad() {
 
 void ZeroAdamW::step() {
   NoGradGuard no_grad;
-  group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);
+  group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);  // in place: this rank's slice of grad_
   if (optimizer_) {
     // the groups' hyper-parameters, as a schedule left them, to the inner groups
     for (size_t k = 0; k < inner_group_of_.size(); ++k)

@@ -71,7 +71,7 @@ class ZeroAdamW : public optim::Optimizer {
   std::shared_ptr<ProcessGroup> group_;
   int64_t total_ = 0, shard_ = 0;
   std::vector<int64_t> offsets_;          // each parameter's start in the flat buffers
-  Tensor data_, grad_, shard_grad_;       // (ranks·S), (ranks·S), (S)
+  Tensor data_, grad_, shard_grad_;       // (ranks·S), (ranks·S), and this rank's (S) slice of grad_
   std::vector<Piece> pieces_;             // the inner optimizer's parameters, in its order
   std::vector<size_t> inner_group_of_;    // global group of each inner group
   std::unique_ptr<optim::AdamW> optimizer_;

@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# Data-parallel GPT-2 124M on this machine's GPUs (the issue's bar: nvidia-h200-x2, NCCL_NVLS_ENABLE=0):
-# Kiln's gpt2_bench on 1 GPU and on N GPUs (scripts/kilnrun), PyTorch DDP eager and compiled on N GPUs
-# (torchrun, bench/gpt2_torch.py) in the same call, and the scaling efficiencies. Needs a build with
-# benchmarks and examples in $1 (default build-gpu). Usage: bash scripts/ddp_bench.sh [build-dir] [N]
+# Data-parallel GPT-2 124M on this machine's GPUs (the issue's bar: 2 GPUs, NCCL_NVLS_ENABLE=0): Kiln's
+# gpt2_bench on 1 GPU, on N GPUs with DDP (scripts/kilnrun) and with ZeRO-1 (--zero), then PyTorch DDP
+# compiled and eager on N GPUs and on 1 (torchrun, bench/gpt2_torch.py) in the same call; prints tokens/s,
+# peak memory per GPU, the scaling efficiencies, and the DDP timeline of one step (all-reduces against
+# backward). Needs a build with examples in $1 (default build-gpu). Raw outputs go to $OUT (or .).
+# Usage: bash scripts/ddp_bench.sh [build-dir] [N]   (STEPS=k timed steps, default 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 n=${2:-2}
-export NCCL_NVLS_ENABLE=0
-steps=${STEPS:-20}
-result() { grep -o "tokens_per_second=[0-9]*" | tail -1 | cut -d= -f2; }
-k1=$("$build/examples/gpt2_bench" --steps "$steps" 2>/dev/null | result)
-kn=$(scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" 2>/dev/null | result)
-t1e=$(python3 bench/gpt2_torch.py --modes eager --steps "$steps" 2>/dev/null | result)
-t1c=$(python3 bench/gpt2_torch.py --modes compile --steps "$steps" 2>/dev/null | result)
-tne=$(torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps" 2>/dev/null | result)
-tnc=$(torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps" 2>/dev/null | result)
-python3 - "$n" "$k1" "$kn" "$t1e" "$tne" "$t1c" "$tnc" <<'PY'
+out=${OUT:-.}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+steps=${STEPS:-30}
+field() { grep -o "$1=[0-9.]*" | tail -1 | cut -d= -f2; }
+# run NAME TIMEOUT COMMAND...: its output to $out/ddp_NAME.log
+run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$out/ddp_$name.log" 2>&1; }
+run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps"
+run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline
+run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
+run torch_n_compile 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps"
+run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
+run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$steps"
+grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
+tps() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field tokens_per_second; }
+mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
+python3 - "$n" "$(tps kiln_1)" "$(tps kiln_n)" "$(tps kiln_zero)" "$(tps torch_1 'RESULT eager')" \
+  "$(tps torch_n_eager)" "$(tps torch_1 'RESULT compile')" "$(tps torch_n_compile)" \
+  "$(mem kiln_1)" "$(mem kiln_n)" "$(mem kiln_zero)" "$(mem torch_n_eager)" "$(mem torch_n_compile)" <<'PY'
 import sys
 n = int(sys.argv[1])
-k1, kn, t1e, tne, t1c, tnc = (float(x or 0) for x in sys.argv[2:])
-def eff(one, many): return f"{100 * many / (n * one):.1f}%" if one else "-"
-print(f"{'':24}{'1 GPU':>12}{f'{n} GPUs':>12}{'scaling':>10}")
-for name, one, many in [("kiln", k1, kn), ("torch DDP eager", t1e, tne), ("torch DDP compile", t1c, tnc)]:
-    print(f"{name:24}{one:12.0f}{many:12.0f}{eff(one, many):>10}")
-if tnc: print(f"kiln {n} GPUs / torch compiled DDP: {kn / tnc:.3f}x")
+k1, kn, kz, t1e, tne, t1c, tnc, m1, mn, mz, mte, mtc = (float(x or 0) for x in sys.argv[2:])
+def eff(one, many): return f"{100 * many / (n * one):.1f}%" if one and many else "-"
+print(f"{'tokens/s (GPT-2 124M, B16 T1024 bf16 a GPU)':46}{'1 GPU':>10}{f'{n} GPUs':>10}{'scaling':>9}{'peak GiB/GPU':>14}")
+for name, one, many, mem in [("kiln DDP", k1, kn, mn), ("kiln ZeRO-1", k1, kz, mz),
+                             ("torch DDP eager", t1e, tne, mte), ("torch DDP compiled", t1c, tnc, mtc)]:
+    print(f"{name:46}{one:10.0f}{many:10.0f}{eff(one, many):>9}{mem:14.2f}")
+if tnc: print(f"kiln DDP {n} GPUs / torch compiled DDP {n} GPUs: {kn / tnc:.3f}x")
+print(f"ZeRO-1 saves {mn - mz:.2f} GiB a GPU against DDP (kiln 1 GPU: {m1:.2f} GiB)")
 PY
+sed -n '/DDP timeline/,/backward ended/p' "$out/ddp_kiln_n.log"

@@ -13,6 +13,8 @@
 // gpt2_bench), each rank drives the GPU of
 // its local rank, trains on its own batches of B x T tokens, and DistributedDataParallel averages the
 // gradients over NCCL during backward; tokens/s counts every rank's tokens, and rank 0 alone prints.
+// --zero trains the ranks with distributed::ZeroAdamW (ZeRO-1: AdamW's moments sharded across the ranks)
+// instead of DDP + AdamW; peak_gib then shows the state it saves.
 //
 // MFU is nanoGPT's estimate_mfu: FLOPs per token = 6N + 12 L H Q T (N = parameters without the position
 // embeddings, the tied token embedding counted once; L layers, H heads, Q head dim, T context: the
@@ -34,6 +36,7 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
+#include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
 
@@ -49,6 +52,8 @@ struct Args {
   int64_t warmup = 3, steps = 10;
   int64_t profile = 0;
   bool grad_checkpoint = false;
+  bool zero = false;
+  bool timeline = false;
   std::string device = "cuda";
   std::string amp = "bf16";
   uint64_t seed = 0;
@@ -58,9 +63,12 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
-        "                  [--seed S] [--profile N]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
-        "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n";
+        "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
+        "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
+        "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
+        "              timeline against backward (rank 0 prints it)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -78,6 +86,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--steps") a.steps = r.i64();
     else if (flag == "--profile") a.profile = r.i64();
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
+    else if (flag == "--zero") a.zero = true;
+    else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--device") a.device = r.value();
     else if (flag == "--amp") a.amp = r.value();
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
@@ -110,11 +120,28 @@ int run(const Args& args) {
   manual_seed(args.seed);
   nn::GPT model({.vocab_size = args.vocab_size, .block_size = T, .n_layer = args.n_layer, .n_head = args.n_head,
                  .n_embd = args.n_embd, .dropout = 0.0, .bias = true, .checkpoint = args.grad_checkpoint, .device = dev});
-  std::unique_ptr<distributed::DistributedDataParallel> ddp;  // rank 0's weights everywhere, gradients averaged
-  if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
   auto groups = model.parameter_groups();
-  optim::AdamW opt(groups.decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.1});
-  opt.add_param_group(groups.no_decay, {.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.0});
+  const optim::AdamWOptions decay{.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.1};
+  const optim::AdamWOptions no_decay{.lr = 6e-4, .betas = {0.9, 0.95}, .weight_decay = 0.0};
+  // DDP + AdamW (rank 0's weights everywhere, gradients averaged during backward), or ZeRO-1 alone
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  std::unique_ptr<optim::Optimizer> opt;
+  distributed::ZeroAdamW* zero = nullptr;
+  if (group && args.zero) {
+    auto z = std::make_unique<distributed::ZeroAdamW>(
+        std::vector<distributed::ZeroParamGroup>{{groups.decay, decay}, {groups.no_decay, no_decay}}, group);
+    zero = z.get();
+    opt = std::move(z);
+  } else {
+    if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
+    auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);
+    adamw->add_param_group(groups.no_decay, no_decay);
+    opt = std::move(adamw);
+  }
+  auto zero_grad = [&] {
+    if (zero) zero->zero_grad();
+    else opt->zero_grad();
+  };
 
   // A few batches of random tokens made up front and cycled (the input pipeline is not what is measured).
   Generator gen(args.seed + 1 + uint64_t(rank));  // each rank its own data
@@ -133,10 +160,10 @@ int run(const Args& args) {
       loss = model.loss(x, y);
     });
     timer.time("backward", [&] {
-      opt.zero_grad();
+      zero_grad();
       loss.backward();
     });
-    timer.time("optimizer", [&] { opt.step(); });
+    timer.time("optimizer", [&] { opt->step(); });
   };
   PhaseTimer untimed(dev, /*enabled=*/false);
   auto step = [&](int64_t i) { timed_step(i, untimed); };
@@ -157,6 +184,16 @@ int run(const Args& args) {
     std::fputs(timer.report(args.profile).c_str(), stderr);
   }
 
+  std::string timeline;
+  if (args.timeline && ddp) {  // one more step, its all-reduces timed against backward on the device
+    const Tensor final_loss = loss;
+    ddp->record_timeline(true);
+    step(0);
+    timeline = ddp->last_timeline().to_string();
+    ddp->record_timeline(false);
+    loss = final_loss;
+  }
+
   const double N = double(model.num_params(/*non_embedding=*/true));
   const double L = double(args.n_layer), H = double(args.n_head), Q = double(args.n_embd / args.n_head);
   const double flops_per_token = 6.0 * N + 12.0 * L * H * Q * double(T);
@@ -170,8 +207,9 @@ int run(const Args& args) {
                (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
                N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
-  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d\n", tps, mfu, peak_gib,
-              1e3 * seconds / double(args.steps), world);
+  if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s\n", tps, mfu, peak_gib,
+              1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "");
   return 0;
 }
 

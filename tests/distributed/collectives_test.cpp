@@ -105,6 +105,29 @@ TEST(Collectives, AllGatherInPlace) {
   }
 }
 
+// In place: the output is this rank's slice of the input (ZeroAdamW's gradient shard); any other overlap
+// is an error.
+TEST(Collectives, ReduceScatterInPlace) {
+  const auto& pg = world();
+  const int n = pg->size();
+  const int64_t len = 19;
+  for (DType t : kDtypes) {
+    Tensor in = values_of(pg->rank(), n * len, t);
+    pg->reduce_scatter(in.narrow(0, pg->rank() * len, len), in, ReduceOp::sum);
+    const std::vector<double> got = host(in.narrow(0, pg->rank() * len, len));
+    for (int64_t i = 0; i < len; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += value(r, pg->rank() * len + i);
+      ASSERT_EQ(got[size_t(i)], sum) << dtype_name(t) << " element " << i;
+    }
+  }
+  if (n > 1) {
+    Tensor in = zeros({n * len});
+    const int64_t other = (pg->rank() + 1) % n;
+    EXPECT_THROW(pg->reduce_scatter(in.narrow(0, other * len, len), in), Error);
+  }
+}
+
 TEST(Collectives, ReduceScatterGivesEachRankItsSlice) {
   const auto& pg = world();
   const int n = pg->size();

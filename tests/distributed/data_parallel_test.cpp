@@ -186,6 +186,19 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
   EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());
 }
 
+TEST(DistributedDataParallel, TimelineNeedsACudaGroup) {
+  const auto& pg = world();
+  Net model;
+  DistributedDataParallel ddp(model, pg);
+  try {
+    ddp.record_timeline(true);
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA events"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ddp.last_timeline(), Error);
+}
+
 // Gradient checkpointing: the hooks of parameters inside a recomputed block fire in the nested backward,
 // and the end-of-backward wait is deferred to the outermost pass; the result equals DDP without it.
 TEST(DistributedDataParallel, WorksWithGradientCheckpointing) {

@@ -2,6 +2,9 @@
 //   timeout  rank 1 reaches the barrier 20 s late; rank 0's barrier (timeout 1 s) must raise a kiln::Error
 //            naming the collective, the group size and the timeout, and the job must end non-zero
 //   kill     rank 1 kills itself (SIGKILL) before an all_reduce; rank 0 (timeout 5 s) must not hang
+//   nccl-kill  the same on the NCCL group (GPU machine, one GPU a rank, started by kilnrun or torchrun-style
+//            variables): rank 0's watchdog must see its all_reduce outlive the 5 s timeout, print the error,
+//            abort the communicator and exit 1 (nccl_run.sh)
 // Exit status: 1 when rank 0 caught the expected error (the job is then aborted by the MPI group).
 #include <signal.h>
 #include <unistd.h>
@@ -18,9 +21,11 @@
 using namespace kiln;
 
 int main(int argc, char** argv) {
-  const bool kill_mode = argc > 1 && std::strcmp(argv[1], "kill") == 0;
-  auto pg = distributed::init_process_group({.group = {.timeout = std::chrono::milliseconds(kill_mode ? 5000 : 1000)}});
-  Tensor x = ones({1024});
+  const bool nccl = argc > 1 && std::strcmp(argv[1], "nccl-kill") == 0;
+  const bool kill_mode = nccl || (argc > 1 && std::strcmp(argv[1], "kill") == 0);
+  auto pg = distributed::init_process_group(
+      {.backend = nccl ? "nccl" : "mpi", .group = {.timeout = std::chrono::milliseconds(kill_mode ? 5000 : 1000)}});
+  Tensor x = ones({1024}, {.device = pg->device()});
   pg->all_reduce(x);  // every rank is up
   try {
     if (pg->rank() == 1) {
@@ -29,6 +34,7 @@ int main(int argc, char** argv) {
     }
     if (kill_mode) {
       for (int step = 0; step < 100; ++step) pg->all_reduce(x);
+      (void)x.cpu();  // NCCL's collectives are stream-ordered: wait for them here (the watchdog ends the rank)
     } else {
       pg->barrier();
     }

@@ -1,6 +1,7 @@
 // The NCCL group on 2 GPUs (ctest label gpu; started with mpiexec -n 2, one GPU a rank): every collective in
 // every dtype against an expectation each rank computes itself, collectives ordered against the compute
-// stream, and DistributedDataParallel on the GPU against one process on the whole batch. Skips (exit 0 on
+// stream, DistributedDataParallel on the GPU against one process on the whole batch, ZeroAdamW against DDP,
+// and DDP's timeline. Skips (exit 0 on
 // every rank) where there are fewer GPUs than ranks; `mpiexec -n 1` runs it on one GPU, and so does
 // `scripts/kilnrun --nproc-per-node 1` (the environment-variable rendezvous).
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/distributed/nccl_process_group.h>
+#include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/activation.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
@@ -124,6 +126,79 @@ TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
     auto a = pa[i].second.cpu().contiguous().to_vector<float>(), b = pb[i].second.cpu().contiguous().to_vector<float>();
     for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 2e-5) << pa[i].first << " element " << k;
   }
+}
+
+// In place on NCCL: the output is this rank's slice of the input (recvbuff = sendbuff + rank·count).
+TEST(Nccl, ReduceScatterInPlace) {
+  auto pg = group();
+  const int n = pg->size();
+  const int64_t len = 1000;
+  for (DType t : kDtypes) {
+    Tensor in = values_of(pg->rank(), n * len, t);
+    pg->reduce_scatter(in.narrow(0, pg->rank() * len, len), in, ReduceOp::sum);
+    const std::vector<double> got = host(in.narrow(0, pg->rank() * len, len));
+    for (int64_t i = 0; i < len; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += value(r, pg->rank() * len + i);
+      ASSERT_EQ(got[size_t(i)], sum) << dtype_name(t) << " element " << i;
+    }
+  }
+}
+
+// ZeRO-1 on NCCL: the same parameters as DDP + AdamW after a few steps (reduce-scatter, shard step, all-gather).
+TEST(Nccl, ZeroAdamWMatchesDistributedDataParallelWithAdamW) {
+  auto pg = group();
+  manual_seed(21 + uint64_t(pg->rank()));
+  testing::Mlp a(7, 9, 4, gpu()), b(7, 9, 4, gpu());
+  DistributedDataParallel ddp(a, pg);
+  b.load_state_dict(a.state_dict());
+  optim::AdamW adamw({a.fc1.weight, a.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1});
+  adamw.add_param_group({a.fc1.bias, a.fc2.bias}, optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.0});
+  ZeroAdamW zero({{{b.fc1.weight, b.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1}},
+                  {{b.fc1.bias, b.fc2.bias}, {.lr = 0.02, .weight_decay = 0.0}}},
+                 pg);
+  Generator gen(5 + uint64_t(pg->rank()));
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({5, 7}, {}, &gen).to(gpu()), y = randn({5, 4}, {}, &gen).to(gpu());
+    adamw.zero_grad();
+    nn::functional::mse_loss(ddp(x), y).backward();
+    adamw.step();
+    zero.zero_grad();
+    nn::functional::mse_loss(b(x), y).backward();
+    zero.step();
+  }
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto u = pa[i].second.cpu().contiguous().to_vector<float>(), v = pb[i].second.cpu().contiguous().to_vector<float>();
+    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-5) << pa[i].first << " element " << k;
+  }
+}
+
+// The timeline of one backward pass: every bucket's all-reduce is placed after its gradients were ready and
+// the pass's end is after the first gradient; with tiny buckets some all-reduces end before backward does.
+TEST(Nccl, DistributedDataParallelTimelinePlacesEachAllReduceAfterItsBucketIsReady) {
+  auto pg = group();
+  manual_seed(31);
+  Net model;
+  model.to(gpu());
+  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4});
+  EXPECT_THROW(ddp.last_timeline(), Error);  // nothing recorded yet
+  Tensor x = randn({8, 5}).to(gpu()), y = randn({8, 3}).to(gpu());
+  ddp.record_timeline(true);
+  nn::functional::mse_loss(ddp(x), y).backward();
+  const DataParallelTimeline t = ddp.last_timeline();
+  ASSERT_EQ(t.buckets.size(), ddp.bucket_parameter_names().size());
+  EXPECT_GT(t.backward_end_ms, 0.0);
+  int64_t bytes = 0;
+  for (const auto& b : t.buckets) {
+    EXPECT_GE(b.ready_ms, 0.0);
+    EXPECT_GE(b.done_ms, b.ready_ms);
+    bytes += b.bytes;
+  }
+  int64_t expected = 0;
+  for (const Tensor& p : model.parameters()) expected += p.numel() * 4;
+  EXPECT_EQ(bytes, expected);
+  if (pg->rank() == 0) std::printf("%s", t.to_string().c_str());
 }
 
 }  // namespace
