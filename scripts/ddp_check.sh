@@ -19,14 +19,15 @@ step() {  # step NAME LOGFILE COMMAND...
 nvidia-smi -L > "$out/gpu.txt" 2>&1; nvidia-smi topo -m >> "$out/gpu.txt" 2>&1
 step configure configure.log cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_BENCH=ON -DKILN_BUILD_EXAMPLES=ON
-step build build.log cmake --build build-gpu -j32 --target kiln_nccl_tests kiln_distributed_failure \
-  kiln_allreduce_bench gpt2_bench
-step "NCCL tests and kill test" ctest.log bash -c "cd build-gpu && ctest -R 'distributed_(nccl|failure_nccl)' --output-on-failure --timeout 200"
+step "build (benchmarks)" build.log cmake --build build-gpu -j32 --target gpt2_bench kiln_allreduce_bench
+step "build (tests)" build_tests.log cmake --build build-gpu -j32 --target kiln_nccl_tests kiln_distributed_failure
+step "NCCL tests and kill test" ctest.log bash -c "cd build-gpu && ctest -R 'distributed_(nccl|failure_nccl)' --output-on-failure --timeout 120"
 step "all-reduce 256 MiB bf16" allreduce.log timeout 120 scripts/kilnrun --nproc-per-node 2 build-gpu/bench/kiln_allreduce_bench
 step "ddp bench" ddp_bench.log env OUT="$out" bash scripts/ddp_bench.sh build-gpu 2
 echo "==== ddp_check summary"
 cat "$out/gpu.txt"
 grep -E "tests passed|tests failed|Passed|Failed" "$out/ctest.log" | tail -4
+grep -E "MPI" "$out/configure.log"
 grep -E "BENCH|GB/s" "$out/allreduce.log"
 cat "$out/ddp_bench.log"
 printf '%s\n' "${summary[@]}"

@@ -21,8 +21,9 @@ out=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port t
 status=$?
 elapsed=$(( $(date +%s) - start ))
 wait $other
+other_status=$?
 echo "$out"
-echo "rank 0: exit status $status after $elapsed s (rank 1 exited $?)"
+echo "rank 0: exit status $status after $elapsed s (rank 1 exited $other_status)"
 [ $status -ne 124 ] || fail "rank 0 hung (killed by timeout after 120 s)"
 [ $status -eq 1 ] || fail "rank 0 exited $status, not 1"
 echo "$out" | grep -q "all_reduce (sum) on the nccl group of 2 ranks (rank 0) did not finish within 5000 ms" ||
