@@ -1,6 +1,6 @@
 // The backward pass. Counts, for every node reachable from the roots, how many edges lead into it;
-// runs a node once all its gradients have arrived (latest-recorded first among the ready ones, so the
-// order is deterministic), summing gradients that arrive along several edges.
+// runs a node once all its gradients have arrived (accumulators first, then the latest-recorded among the
+// ready ones: Node::sequence_nr), summing gradients that arrive along several edges.
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>

@@ -28,6 +28,13 @@ struct OutputInfo {
 
 struct Node {
   explicit Node(std::string name);
+  // The sequence number orders the ready nodes of a backward pass: the latest-created runs first, and
+  // accumulators (kAccumulatorSequenceNr) before any other, as PyTorch's engine does, so that a leaf's
+  // gradient and its post-accumulate hooks come as soon as they are complete: DistributedDataParallel's
+  // buckets then all-reduce during backward. (An accumulator lives as long as its leaf, so by its creation
+  // order alone it would wait for every newer node: until the end of backward.)
+  static constexpr uint64_t kAccumulatorSequenceNr = UINT64_MAX;
+  Node(std::string name, uint64_t sequence_nr) : name_(std::move(name)), sequence_nr_(sequence_nr) {}
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -78,7 +85,8 @@ struct FunctionNode final : Node {
 // the lock). Concurrent backward calls into one leaf serialize on a lock, so no gradient is lost
 // (PyTorch's AccumulateGrad does the same).
 struct AccumulateGrad final : Node {
-  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : Node("AccumulateGrad"), leaf_(leaf) {}
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
+      : Node("AccumulateGrad", kAccumulatorSequenceNr), leaf_(leaf) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)

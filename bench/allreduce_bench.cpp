@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <kiln/core/ops.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/distributed/process_group.h>
 
@@ -41,6 +42,7 @@ double median_ms(const std::function<void()>& fn, int warmup, int iters) {
 
 int main() {
   auto pg = distributed::init_process_group({.backend = "nccl"});
+  cuda::set_device(pg->device().index);  // the raw communicator below and the timing events use this GPU
   const int n = pg->size();
   const int64_t bytes = int64_t(256) << 20, count = bytes / 2;
   Tensor buf = ones({count}, {.dtype = DType::bf16, .device = pg->device()});
@@ -57,8 +59,8 @@ int main() {
   pg->broadcast(id_tensor, 0);
   std::memcpy(&id, id_tensor.cpu().raw_data(), sizeof(id));
   ncclComm_t comm;
-  if (ncclCommInitRank(&comm, n, id, pg->rank()) != ncclSuccess) {
-    std::printf("BENCH_ERROR allreduce: ncclCommInitRank failed\n");
+  if (const ncclResult_t rc = ncclCommInitRank(&comm, n, id, pg->rank()); rc != ncclSuccess) {
+    std::printf("BENCH_ERROR allreduce: ncclCommInitRank failed: %s\n", ncclGetErrorString(rc));
     return 1;
   }
   const auto stream = static_cast<cudaStream_t>(cuda::Stream::current().handle());

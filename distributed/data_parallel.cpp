@@ -24,9 +24,11 @@ struct DistributedDataParallel::Bucket {
 
 namespace {
 
-std::shared_ptr<cuda::Event> record_timing_event() {
+// A timing event at the current point of `device`'s current stream (the compute stream whose work the
+// collectives are ordered after), whichever device is current on this thread.
+std::shared_ptr<cuda::Event> record_timing_event(const Device& device) {
   auto e = std::make_shared<cuda::Event>(/*enable_timing=*/true);
-  e->record();
+  e->record(cuda::Stream::current(device.index));
   return e;
 }
 
@@ -204,7 +206,7 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
       Bucket& bk = *buckets_[b];
       if (!in_backward_) {  // the first gradient of this backward pass
         in_backward_ = true;
-        if (timeline_) first_ready_ = record_timing_event();
+        if (timeline_) first_ready_ = record_timing_event(group_->device());
         autograd::queue_callback([this] { finish_backward(); });
       }
       if (bk.ready[k]) return;
@@ -220,7 +222,7 @@ void DistributedDataParallel::launch_ready_buckets() {
   // in index order, so that every rank issues the same all-reduces in the same order
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& b = *buckets_[next_launch_++];
-    if (timeline_) b.ready_event = record_timing_event();
+    if (timeline_) b.ready_event = record_timing_event(group_->device());
     b.work = group_->all_reduce_async(b.grad, ReduceOp::avg);
     if (timeline_) b.done_event = b.work->completion_event();
   }
@@ -236,7 +238,7 @@ void DistributedDataParallel::finish_backward() {
     for (size_t i = next_launch_; i < buckets_.size(); ++i) buckets_[i]->pending = 0;
     launch_ready_buckets();
   }
-  if (timeline_) backward_end_ = record_timing_event();
+  if (timeline_) backward_end_ = record_timing_event(group_->device());
   // wait for every launched all-reduce, then make the buckets ready for the next pass
   for (auto& b : buckets_) {
     if (b->work) b->work->wait();

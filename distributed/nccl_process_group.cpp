@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -71,7 +72,9 @@ struct NcclProcessGroup::State {
     while (!stopping) {
       wake.wait_for(lock, std::chrono::milliseconds(100));
       cuda::DeviceGuard guard(device);
-      while (!in_flight.empty() && in_flight.front().done->query()) in_flight.pop_front();
+      // an entry whose event is not recorded yet is a launch still inside NCCL (connecting to its peers)
+      while (!in_flight.empty() && in_flight.front().done->recorded() && in_flight.front().done->query())
+        in_flight.pop_front();
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm, &async);
       const bool late = !in_flight.empty() && std::chrono::steady_clock::now() > in_flight.front().deadline;
@@ -83,10 +86,19 @@ struct NcclProcessGroup::State {
                                 .c_str()
                           : (std::string("failed: ") + ncclGetErrorString(async)).c_str());
         std::fflush(stderr);
-        ncclCommAbort(comm);
-        std::_Exit(1);
+        abort_and_exit();
       }
     }
+  }
+
+  // ncclCommAbort ends the communicator's kernels and host calls; should it itself not return within a
+  // few seconds (a peer gone mid-handshake), the process ends anyway: never a hang.
+  [[noreturn]] void abort_and_exit() {
+    std::thread([c = comm] { ncclCommAbort(c); std::_Exit(1); }).detach();
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::fprintf(stderr, "kiln::Error: ncclCommAbort did not return within 10 s; exiting without it\n");
+    std::fflush(stderr);
+    std::_Exit(1);
   }
 };
 
@@ -197,13 +209,24 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
                               std::initializer_list<Tensor> tensors, Launch launch, bool host_blocking = false) {
   cuda::DeviceGuard guard(s.device);
   s.stream.wait(cuda::Stream::current(s.device));
-  launch(static_cast<cudaStream_t>(s.stream.handle()));
-  for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
+  // watched from before the launch: a launch that blocks in NCCL (connecting to a dead peer) times out too
   auto done = std::make_shared<cuda::Event>(/*enable_timing=*/true);  // Work::completion_event's timeline
-  done->record(s.stream);
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.in_flight.push_back({done, std::chrono::steady_clock::now() + s.timeout, what});
+  }
+  try {
+    launch(static_cast<cudaStream_t>(s.stream.handle()));
+  } catch (...) {  // the launch failed with an error: nothing to watch
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.in_flight.erase(std::find_if(s.in_flight.begin(), s.in_flight.end(),
+                                   [&](const NcclProcessGroup::State::InFlight& f) { return f.done == done; }));
+    throw;
+  }
+  for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);  // the watchdog reads the event under the lock
+    done->record(s.stream);
   }
   return std::make_shared<NcclWork>(done, s.device, host_blocking);
 }

@@ -55,6 +55,24 @@ TEST(TensorHooks, AHookMayRemoveItselfWhileRunning) {
   EXPECT_EQ(calls, 1);
 }
 
+// A leaf's gradient is accumulated as soon as it is complete, before the rest of backward goes on, also
+// when its accumulator is older than every node of the pass (a parameter used in earlier steps): what lets
+// DistributedDataParallel all-reduce the late layers' gradients while the early layers' backward runs.
+TEST(PostAccumulateGradHook, FiresAsSoonAsTheGradientIsComplete) {
+  Tensor x = tensor({1, 2}, {2}, {.requires_grad = true});
+  Tensor w1 = tensor({3, 4}, {2}, {.requires_grad = true}), w2 = tensor({5, 6}, {2}, {.requires_grad = true});
+  sum(mul(mul(x, w1), w2)).backward();  // an earlier step: the accumulators now exist
+  std::vector<std::string> order;
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w2 accumulated"); });
+  Tensor h1 = mul(x, w1);  // newer nodes than w2's accumulator
+  h1.register_hook([&](const Tensor&) {
+    order.push_back("backward of x * w1");
+    return Tensor();
+  });
+  sum(mul(h1, w2)).backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"w2 accumulated", "backward of x * w1"}));
+}
+
 TEST(PostAccumulateGradHook, FiresOnceWithTheWholeGradient) {
   // x reaches the loss along three paths; the hook must see their sum, once.
   Tensor x = tensor({1, 2}, {2}, {.requires_grad = true});

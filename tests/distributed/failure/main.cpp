@@ -16,6 +16,7 @@
 
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/distributed/process_group.h>
 
 using namespace kiln;
@@ -25,8 +26,10 @@ int main(int argc, char** argv) {
   const bool kill_mode = nccl || (argc > 1 && std::strcmp(argv[1], "kill") == 0);
   auto pg = distributed::init_process_group(
       {.backend = nccl ? "nccl" : "mpi", .group = {.timeout = std::chrono::milliseconds(kill_mode ? 5000 : 1000)}});
+  if (nccl) cuda::set_device(pg->device().index);
   Tensor x = ones({1024}, {.device = pg->device()});
-  pg->all_reduce(x);  // every rank is up
+  pg->all_reduce(x);  // every rank is up (and NCCL has connected its peers: the kill then hangs rank 0's
+  (void)x.cpu();      // later all-reduces on the device, not the connection on the host)
   try {
     if (pg->rank() == 1) {
       if (kill_mode) raise(SIGKILL);

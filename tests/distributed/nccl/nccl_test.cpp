@@ -202,6 +202,23 @@ TEST(Nccl, DistributedDataParallelTimelinePlacesEachAllReduceAfterItsBucketIsRea
 }
 
 }  // namespace
+
+// Prints a failed assertion of a rank other than 0 (whose full output would repeat rank 0's).
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::printf("[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_, t ? t->test_suite_name() : "?", t ? t->name() : "?",
+                r.file_name() ? r.file_name() : "?", r.line_number(), r.summary());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+};
+
 }  // namespace kiln::distributed
 
 int main(int argc, char** argv) {
@@ -216,9 +233,11 @@ int main(int argc, char** argv) {
   }
   kiln::distributed::group() = kiln::distributed::init_process_group({.backend = "nccl"});
   auto& pg = *kiln::distributed::group();
-  if (pg.rank() != 0) {
+  kiln::cuda::set_device(pg.device().index);  // as a trainer does (torch.cuda.set_device(local_rank))
+  if (pg.rank() != 0) {  // rank 0 prints the run; the others print only their failures
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new kiln::distributed::FailurePrinter(pg.rank()));
   }
   const int rc = RUN_ALL_TESTS();
   pg.barrier();
