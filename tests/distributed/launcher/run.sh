@@ -14,6 +14,13 @@ for r in 0 1 2; do
   echo "$out" | grep -q "^\[rank $r\] rank $r of 3 (local $r) received 'payload of rank 0'" || fail "rank $r"
 done
 
+# 1b. ranks that succeed one after another: kilnrun waits for each and exits 0
+out=$("$kilnrun" --nproc-per-node 3 bash -c 'sleep "0.$(( 3 * RANK ))"; echo done' 2>&1); status=$?
+echo "$out"
+[ $status -eq 0 ] || fail "ranks that all succeeded gave kilnrun status $status"
+[ "$(echo "$out" | grep -c 'done$')" -eq 3 ] || fail "not every rank finished"
+! echo "$out" | grep -q "no such job" || fail "kilnrun waited for a rank it had already reaped"
+
 # 2. a rank that fails ends the others at once, and kilnrun exits with its status
 start=$(date +%s)
 out=$("$kilnrun" --nproc-per-node 2 bash -c '[ "$RANK" = 1 ] && exit 7; sleep 60' 2>&1); status=$?
