@@ -3,16 +3,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <mutex>
+#include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,6 +21,7 @@
 #include <kiln/cuda/stream.h>
 #include <kiln/distributed/mpi_process_group.h>
 #include <kiln/distributed/rendezvous.h>
+#include <kiln/distributed/watchdog.h>
 
 namespace kiln::distributed {
 
@@ -54,53 +52,28 @@ struct NcclProcessGroup::State {
   ncclComm_t comm = nullptr;
   int device = 0;
   cuda::Stream stream;
-  std::chrono::milliseconds timeout{0};
-
-  struct InFlight {
-    std::shared_ptr<cuda::Event> done;
-    std::chrono::steady_clock::time_point deadline;
-    std::string what;
-  };
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<InFlight> in_flight;
-  bool stopping = false;
-  std::thread watchdog;
-
-  void watch() {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (!stopping) {
-      wake.wait_for(lock, std::chrono::milliseconds(100));
-      cuda::DeviceGuard guard(device);
-      // an entry whose event is not recorded yet is a launch still inside NCCL (connecting to its peers)
-      while (!in_flight.empty() && in_flight.front().done->recorded() && in_flight.front().done->query())
-        in_flight.pop_front();
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
-      const bool late = !in_flight.empty() && std::chrono::steady_clock::now() > in_flight.front().deadline;
-      if (late || async != ncclSuccess) {
-        const std::string what = in_flight.empty() ? "a collective" : in_flight.front().what;
-        std::fprintf(stderr, "kiln::Error: %s %s; aborting the NCCL communicator and exiting\n", what.c_str(),
-                     late ? ("did not finish within " + std::to_string(timeout.count()) +
-                             " ms: a peer died, or did not call it")
-                                .c_str()
-                          : (std::string("failed: ") + ncclGetErrorString(async)).c_str());
-        std::fflush(stderr);
-        abort_and_exit();
-      }
-    }
-  }
-
-  // ncclCommAbort ends the communicator's kernels and host calls; should it itself not return within a
-  // few seconds (a peer gone mid-handshake), the process ends anyway: never a hang.
-  [[noreturn]] void abort_and_exit() {
-    std::thread([c = comm] { ncclCommAbort(c); std::_Exit(1); }).detach();
-    std::this_thread::sleep_for(std::chrono::seconds(10));
-    std::fprintf(stderr, "kiln::Error: ncclCommAbort did not return within 10 s; exiting without it\n");
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
+  std::unique_ptr<CollectiveWatchdog> watchdog;
 };
+
+namespace {
+
+// The watchdog's failure: the error on stderr, then ncclCommAbort (which ends the communicator's kernels
+// and host calls) and exit status 1. Should the abort itself not return within a few seconds (a peer gone
+// mid-handshake), the process ends without it: never a hang.
+[[noreturn]] void abort_and_exit(ncclComm_t comm, const std::string& message) {
+  std::fprintf(stderr, "kiln::Error: %s; aborting the NCCL communicator and exiting\n", message.c_str());
+  std::fflush(stderr);
+  std::thread([comm] {
+    ncclCommAbort(comm);
+    std::_Exit(1);
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  std::fprintf(stderr, "kiln::Error: ncclCommAbort did not return within 10 s; exiting without it\n");
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+}  // namespace
 
 namespace {
 
@@ -168,7 +141,6 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shar
   KILN_CHECK(cuda::is_available() && local_rank() < cuda::device_count(), what, ": local rank ", local_rank(),
              " needs a CUDA device of its own, but this machine has ", cuda::is_available() ? cuda::device_count() : 0);
   state_->device = local_rank();
-  state_->timeout = options.timeout;
   cuda::DeviceGuard guard(state_->device);
   // rank 0's unique id to every rank
   ncclUniqueId id;
@@ -181,16 +153,19 @@ NcclProcessGroup::NcclProcessGroup(const ProcessGroupOptions& options, std::shar
   std::memcpy(&id, bytes.data(), sizeof(id));
   KILN_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()), what);
   state_->stream = cuda::Stream::create(state_->device, /*priority=*/-1);  // communication ahead of compute
-  state_->watchdog = std::thread([s = state_.get()] { s->watch(); });
+  state_->watchdog = std::make_unique<CollectiveWatchdog>(CollectiveWatchdog::Options{
+      .timeout = options.timeout,
+      .poll_error =
+          [comm = state_->comm] {
+            ncclResult_t async = ncclSuccess;
+            ncclCommGetAsyncError(comm, &async);
+            return async == ncclSuccess || async == ncclInProgress ? std::string() : std::string(ncclGetErrorString(async));
+          },
+      .on_failure = [comm = state_->comm](const std::string& message) { abort_and_exit(comm, message); }});
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->stopping = true;
-  }
-  state_->wake.notify_all();
-  if (state_->watchdog.joinable()) state_->watchdog.join();
+  state_->watchdog.reset();  // before the communicator it watches
   if (state_->comm) {
     cuda::DeviceGuard guard(state_->device);
     state_->stream.synchronize();
@@ -209,25 +184,20 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
                               std::initializer_list<Tensor> tensors, Launch launch, bool host_blocking = false) {
   cuda::DeviceGuard guard(s.device);
   s.stream.wait(cuda::Stream::current(s.device));
-  // watched from before the launch: a launch that blocks in NCCL (connecting to a dead peer) times out too
   auto done = std::make_shared<cuda::Event>(/*enable_timing=*/true);  // Work::completion_event's timeline
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.in_flight.push_back({done, std::chrono::steady_clock::now() + s.timeout, what});
-  }
+  const uint64_t ticket = s.watchdog->begin(what);  // timed from before NCCL is entered
   try {
     launch(static_cast<cudaStream_t>(s.stream.handle()));
-  } catch (...) {  // the launch failed with an error: nothing to watch
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.in_flight.erase(std::find_if(s.in_flight.begin(), s.in_flight.end(),
-                                   [&](const NcclProcessGroup::State::InFlight& f) { return f.done == done; }));
+    for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
+    done->record(s.stream);
+  } catch (...) {  // the launch raised an error: nothing in flight to watch
+    s.watchdog->cancel(ticket);
     throw;
   }
-  for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);  // the watchdog reads the event under the lock
-    done->record(s.stream);
-  }
+  s.watchdog->launched(ticket, [done, device = s.device] {
+    cuda::DeviceGuard guard(device);
+    return done->query();
+  });
   return std::make_shared<NcclWork>(done, s.device, host_blocking);
 }
 

@@ -1,0 +1,99 @@
+#include <kiln/distributed/watchdog.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include <kiln/core/error.h>
+
+namespace kiln::distributed {
+
+CollectiveWatchdog::CollectiveWatchdog(Options options) : options_(std::move(options)) {
+  KILN_CHECK(options_.timeout.count() > 0 && options_.tick.count() > 0,
+             "CollectiveWatchdog: the timeout and the tick must be positive");
+  KILN_CHECK(options_.on_failure != nullptr, "CollectiveWatchdog: no on_failure");
+  poller_ = std::thread([this] { poll(); });
+  monitor_ = std::thread([this] { monitor(); });
+}
+
+CollectiveWatchdog::~CollectiveWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  poller_.join();
+  monitor_.join();
+}
+
+uint64_t CollectiveWatchdog::begin(std::string what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back({next_ticket_, std::move(what), std::chrono::steady_clock::now() + options_.timeout, nullptr});
+  return next_ticket_++;
+}
+
+void CollectiveWatchdog::launched(uint64_t ticket, std::function<bool()> is_done) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Entry& e : entries_)
+    if (e.ticket == ticket) e.is_done = std::move(is_done);
+}
+
+void CollectiveWatchdog::cancel(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.ticket == ticket; }),
+                 entries_.end());
+}
+
+size_t CollectiveWatchdog::in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+// Retires the oldest collectives as they finish and asks for asynchronous errors. Every query runs with
+// the lock released: it may block.
+void CollectiveWatchdog::poll() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, options_.tick);
+    while (!stopping_ && error_.empty() && !entries_.empty() && entries_.front().is_done) {
+      const uint64_t ticket = entries_.front().ticket;
+      const std::function<bool()> is_done = entries_.front().is_done;
+      lock.unlock();
+      bool done = false;
+      std::string error;
+      try {
+        done = is_done();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      lock.lock();
+      if (!error.empty()) error_ = entries_.empty() ? error : entries_.front().what + " failed: " + error;
+      if (!done) break;
+      if (!entries_.empty() && entries_.front().ticket == ticket) entries_.pop_front();
+    }
+    if (stopping_ || !error_.empty() || !options_.poll_error) continue;
+    lock.unlock();
+    const std::string async = options_.poll_error();
+    lock.lock();
+    if (!async.empty() && error_.empty())
+      error_ = (entries_.empty() ? std::string("a collective") : entries_.front().what) + " failed: " + async;
+  }
+}
+
+// Looks at host memory only: the poller's error, or the oldest collective's deadline.
+void CollectiveWatchdog::monitor() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, options_.tick);
+    std::string message = error_;
+    if (message.empty() && !entries_.empty() && std::chrono::steady_clock::now() > entries_.front().deadline)
+      message = entries_.front().what + " did not finish within " + std::to_string(options_.timeout.count()) +
+                " ms: a peer died, or did not call it";
+    if (message.empty()) continue;
+    lock.unlock();
+    options_.on_failure(message);
+    return;
+  }
+}
+
+}  // namespace kiln::distributed
