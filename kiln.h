@@ -12,6 +12,7 @@
 #include <kiln/core/data/data.h>
 #include <kiln/core/data/pad_sequence.h>
 #include <kiln/core/data/window_sampler.h>
+#include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/parallel.h>
 #include <kiln/core/phase_timer.h>

@@ -1,0 +1,158 @@
+// Matrix functions (core/linalg.h): the symmetric eigendecomposition through the linalg kernels, and the
+// inverse p-th roots composed from it or from batched GEMMs (the coupled Newton iteration).
+#include <kiln/core/linalg.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/error.h>
+#include <kiln/core/kernels/linalg.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::linalg {
+
+namespace {
+
+void check_matrices(const char* op, const Tensor& a) {
+  KILN_CHECK(a.defined(), op, ": the input is an undefined tensor");
+  KILN_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2), op, ": expected square matrices (..., n, n), got ", a.str());
+  KILN_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::f64, op, ": expected f32 or f64 matrices, got ", a.str());
+  KILN_CHECK(!(autograd::is_grad_enabled() && a.requires_grad()), op, ": has no backward, but ", a.str(),
+             " requires grad; call it under NoGradGuard or on a detached tensor");
+  KILN_CHECK(a.numel() == 0 || all_true(isfinite(a)), op, ": the input ", a.str(), " has non-finite elements");
+}
+
+Shape batch_shape(const Tensor& a) { return Shape(a.sizes().begin(), a.sizes().end() - 2); }
+
+int64_t count(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape with(Shape s, std::initializer_list<int64_t> tail) {
+  s.insert(s.end(), tail);
+  return s;
+}
+
+// The eigen method on (batch, n, n): the matrices' (a + ε·I)^(−1/p), eigenvalues below ε lifted per matrix.
+Tensor eigen_root(const char* op, const Tensor& a3, double p, double epsilon) {
+  const int64_t n = a3.size(-1);
+  const Tensor ridged = add(a3, mul(eye(n, {.dtype = a3.dtype(), .device = a3.device()}), epsilon));
+  EighEx e = eigh_ex(ridged);
+  const int32_t* info = static_cast<const int32_t*>(e.info.raw_data());
+  for (int64_t b = 0; b < e.info.numel(); ++b)
+    KILN_CHECK(info[b] == 0, op, ": the symmetric eigensolver did not converge on matrix ", b, " of ", a3.str(),
+               " (info ", info[b], ")");
+  // λ ← λ + (ε − λ_min) where λ_min < ε, per matrix; then V diag(λ^(−1/p)) Vᵀ
+  const Tensor lowest = amin(e.eigenvalues, {-1}, /*keepdim=*/true);
+  const Tensor lift = clamp(sub(full({1}, epsilon, {.dtype = a3.dtype(), .device = a3.device()}), lowest), 0.0, INFINITY);
+  const Tensor scale = pow(add(e.eigenvalues, lift), -1.0 / p);
+  return matmul(mul(e.eigenvectors, scale.unsqueeze(-2)), e.eigenvectors.transpose(-2, -1));
+}
+
+Tensor matrix_power(const Tensor& t, int64_t p) {  // p >= 1, by squaring
+  Tensor result, base = t;
+  for (; p > 0; p >>= 1) {
+    if (p & 1) result = result.defined() ? matmul(result, base) : base;
+    if (p > 1) base = matmul(base, base);
+  }
+  return result;
+}
+
+}  // namespace
+
+Tensor eye(int64_t n, const TensorOptions& options) {
+  KILN_CHECK(n >= 0, "linalg::eye: n must be non-negative, got ", n);
+  const Tensor i = arange(n, {.dtype = DType::i64, .device = options.device});
+  return cast(eq(i.view({n, 1}), i.view({1, n})), options.dtype);
+}
+
+EighEx eigh_ex(const Tensor& a) {
+  check_matrices("linalg::eigh", a);
+  const NoGradGuard no_grad;
+  const int64_t n = a.size(-1);
+  const Shape batch = batch_shape(a);
+  const int64_t b = count(batch);
+  const TensorOptions o{.dtype = a.dtype(), .device = a.device()};
+  Tensor w = empty({b, n}, o), v = empty({b, n, n}, o);
+  Tensor info = zeros({b}, {.dtype = DType::i32, .device = a.device()});
+  if (b > 0 && n > 0) kernels::eigh(a.contiguous().reshape({b, n, n}), w, v, info);
+  // the kernel writes eigenvectors as rows: their transpose is the columns' view
+  return {w.reshape(with(batch, {n})), v.reshape(with(batch, {n, n})).transpose(-2, -1), info.cpu().reshape(batch)};
+}
+
+Eigh eigh(const Tensor& a) {
+  EighEx e = eigh_ex(a);
+  const int32_t* info = static_cast<const int32_t*>(e.info.contiguous().raw_data());
+  for (int64_t i = 0; i < e.info.numel(); ++i)
+    KILN_CHECK(info[i] == 0, "linalg::eigh: the solver did not converge on matrix ", i, " of ", a.str(), " (info ",
+               info[i], ")");
+  return {e.eigenvalues, e.eigenvectors};
+}
+
+InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions& options) {
+  const char* op = "linalg::inverse_root";
+  check_matrices(op, a);
+  KILN_CHECK(p > 0 && std::isfinite(p), op, ": the root p must be positive, got ", p);
+  KILN_CHECK(options.epsilon >= 0, op, ": epsilon must be non-negative, got ", options.epsilon);
+  const NoGradGuard no_grad;
+  const int64_t n = a.size(-1);
+  const Shape batch = batch_shape(a);
+  const int64_t b = count(batch);
+  InverseRoot out;
+  if (b == 0 || n == 0) {
+    out.root = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+    return out;
+  }
+  const Tensor a3 = a.contiguous().reshape({b, n, n});
+  if (options.method == RootMethod::eigen) {
+    out.root = eigen_root(op, a3, p, options.epsilon).reshape(a.sizes());
+    return out;
+  }
+
+  KILN_CHECK(p == std::round(p) && p >= 1, op, ": the newton method needs an integer root, got p = ", p);
+  KILN_CHECK(options.max_iterations >= 0, op, ": max_iterations must be non-negative, got ", options.max_iterations);
+  const double tolerance = options.tolerance > 0 ? options.tolerance : (a.dtype() == DType::f64 ? 1e-10 : 1e-4);
+  const int64_t q = int64_t(p);
+  const Tensor identity = eye(n, {.dtype = a.dtype(), .device = a.device()});
+  const Tensor ridged = add(a3, mul(identity, options.epsilon));
+  // c = (p+1) / (2‖a + ε·I‖_F) puts M₀'s eigenvalues in (0, (p+1)/2]: the iteration converges
+  const Tensor c = div(full({1}, (p + 1) / 2, {.dtype = a.dtype(), .device = a.device()}),
+                       sqrt(sum(mul(ridged, ridged), {-2, -1}, /*keepdim=*/true)));
+  Tensor x = mul(pow(c, 1.0 / p), identity);
+  Tensor m = mul(c, ridged);
+  Tensor residual = amax(abs(sub(m, identity)), {-2, -1});
+  int64_t it = 0;
+  while (it < options.max_iterations && !all_true(le(residual, full({1}, tolerance, {.dtype = a.dtype(), .device = a.device()})))) {
+    const Tensor t = div(sub(mul(identity, p + 1), m), p);  // ((p+1)·I − M) / p
+    x = matmul(x, t);
+    m = matmul(matrix_power(t, q), m);
+    residual = amax(abs(sub(m, identity)), {-2, -1});
+    ++it;
+  }
+  out.iterations = it;
+  out.residual = cast(residual, DType::f64).cpu().reshape(batch);
+  // the matrices the iteration did not bring within the tolerance (or that it made non-finite)
+  const std::vector<double> r = out.residual.contiguous().to_vector<double>();
+  std::vector<int64_t> failed;
+  for (int64_t i = 0; i < b; ++i)
+    if (!(r[size_t(i)] <= tolerance)) failed.push_back(i);
+  if (!failed.empty()) {
+    KILN_CHECK(options.fallback, op, ": the newton iteration left ", failed.size(), " of ", b,
+               " matrices above the tolerance ", tolerance, " after ", it, " iterations (matrix ", failed[0],
+               ": residual ", r[size_t(failed[0])], "); fallback = true computes them by the eigen method");
+    for (int64_t i : failed) x.narrow(0, i, 1).copy_(eigen_root(op, a3.narrow(0, i, 1), p, options.epsilon));
+    out.fallbacks = int64_t(failed.size());
+  }
+  out.root = x.reshape(a.sizes());
+  return out;
+}
+
+Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options) {
+  return inverse_root_ex(a, p, options).root;
+}
+
+}  // namespace kiln::linalg

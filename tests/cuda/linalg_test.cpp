@@ -1,0 +1,92 @@
+// Matrix functions on the GPU (cuSOLVER's batched eigensolver, the Newton iteration on batched GEMMs)
+// against the CPU: eigenvalues equal, eigenvectors reconstruct the input and are orthonormal, inverse roots
+// equal the CPU's by both methods, in f32 and f64, for sizes 1..1024 (each size its own batched call, as
+// Shampoo's blocks of mixed sizes are), including ill-conditioned and singular matrices.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <kiln/core/linalg.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+
+#include "compare_util.h"
+#include "cuda_test_util.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+double max_abs(const Tensor& t) { return amax(abs(cast(t, DType::f64))).cpu().item<double>(); }
+
+Tensor spd(int64_t batch, int64_t n, DType t) {
+  const Tensor g = randn({batch, n, n}, {.dtype = DType::f64});
+  const Tensor a = add(div(matmul(g, g.transpose(-2, -1)), double(n)), mul(linalg::eye(n, {.dtype = DType::f64}), 0.1));
+  return cast(a, t);
+}
+
+TEST(CudaLinalg, EighMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(41);
+  for (DType t : {DType::f64, DType::f32})
+    for (int64_t n : {1, 2, 31, 33, 256, 1024}) {
+      const int64_t batch = n >= 256 ? 2 : 5;
+      const Tensor g = cast(randn({batch, n, n}, {.dtype = DType::f64}), t);
+      const Tensor a = mul(add(g, g.transpose(-2, -1)), 0.5);
+      const auto cpu = linalg::eigh(a);
+      const auto gpu_result = linalg::eigh(a.to(gpu()));
+      ASSERT_TRUE(gpu_result.eigenvalues.device().is_cuda());
+      const double scale = max_abs(cpu.eigenvalues), tol = t == DType::f64 ? 1e-12 : 2e-5;
+      const double value_err = max_abs(sub(gpu_result.eigenvalues.cpu(), cpu.eigenvalues)) / scale;
+      const Tensor v = gpu_result.eigenvectors, w = gpu_result.eigenvalues;
+      const double rebuild_err =
+          max_abs(sub(matmul(mul(v, w.unsqueeze(-2)), v.transpose(-2, -1)), a.to(gpu()))) / scale;
+      const double ortho_err =
+          max_abs(sub(matmul(v.transpose(-2, -1), v), linalg::eye(n, {.dtype = t, .device = gpu()})));
+      std::printf("eigh %s n=%lld: eigenvalues %.2e, rebuilt %.2e, orthonormal %.2e\n", dtype_name(t),
+                  (long long)n, value_err, rebuild_err, ortho_err);
+      EXPECT_LT(value_err, tol * std::sqrt(double(n))) << dtype_name(t) << " n " << n;
+      EXPECT_LT(rebuild_err, 10 * tol * std::sqrt(double(n))) << dtype_name(t) << " n " << n;
+      EXPECT_LT(ortho_err, 10 * tol * std::sqrt(double(n))) << dtype_name(t) << " n " << n;
+    }
+}
+
+TEST(CudaLinalg, InverseRootsMatchTheCpuByBothMethods) {
+  KILN_REQUIRE_GPU();
+  manual_seed(42);
+  for (DType t : {DType::f64, DType::f32})
+    for (int64_t n : {1, 17, 128, 768, 1024}) {
+      const Tensor a = spd(n >= 768 ? 2 : 4, n, t);
+      const Tensor want = linalg::inverse_root(cast(a, DType::f64), 4, {.epsilon = 1e-12});
+      for (auto method : {linalg::RootMethod::eigen, linalg::RootMethod::newton}) {
+        const auto r = linalg::inverse_root_ex(a.to(gpu()), 4, {.epsilon = 1e-12, .method = method});
+        ASSERT_TRUE(r.root.device().is_cuda());
+        const double err = max_abs(sub(cast(r.root.cpu(), DType::f64), want)) / max_abs(want);
+        std::printf("inverse_root %s n=%lld %s: relative error %.2e (%lld iterations, %lld fallbacks)\n",
+                    dtype_name(t), (long long)n, method == linalg::RootMethod::eigen ? "eigen" : "newton", err,
+                    (long long)r.iterations, (long long)r.fallbacks);
+        EXPECT_LT(err, t == DType::f64 ? 1e-9 : 1e-3) << dtype_name(t) << " n " << n;
+      }
+    }
+}
+
+TEST(CudaLinalg, IllConditionedAndSingularRootsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(43);
+  const int64_t n = 64;
+  std::vector<double> values(n);
+  for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::pow(10.0, -8.0 * double(i) / double(n - 1));
+  const Tensor g = randn({n, n}, {.dtype = DType::f64});
+  const Tensor q = linalg::eigh(mul(add(g, g.transpose(0, 1)), 0.5)).eigenvectors;
+  const Tensor ill = matmul(mul(q, from_vector(values, {1, n})), q.transpose(0, 1));
+  const Tensor b = randn({n, n / 2}, {.dtype = DType::f64});
+  const Tensor singular = matmul(b, b.transpose(0, 1));
+  for (const Tensor& a : {ill, singular}) {
+    const Tensor want = linalg::inverse_root(a, 4, {.epsilon = 1e-10});
+    const Tensor got = linalg::inverse_root(a.to(gpu()), 4, {.epsilon = 1e-10});
+    EXPECT_LT(max_abs(sub(got.cpu(), want)) / max_abs(want), 1e-7);
+  }
+}
+
+}  // namespace
