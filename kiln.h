@@ -29,3 +29,4 @@
 #include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
 #include <kiln/optim/sgd.h>
+#include <kiln/optim/shampoo.h>

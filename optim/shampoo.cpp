@@ -1,0 +1,335 @@
+#include <kiln/optim/shampoo.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+#include <kiln/optim/shampoo_blocks.h>
+
+namespace kiln::optim {
+
+namespace {
+
+void check_group(const ParamGroup& g) {
+  const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("epsilon");
+  KILN_CHECK(std::isfinite(lr) && lr >= 0.0, "Shampoo: invalid learning rate (lr) ", lr, ": it must be finite and >= 0");
+  KILN_CHECK(b1 >= 0.0 && b1 < 1.0, "Shampoo: beta1 must be in [0, 1), got ", b1);
+  KILN_CHECK(b2 > 0.0 && b2 <= 1.0, "Shampoo: beta2 must be in (0, 1] (1: a plain sum), got ", b2);
+  KILN_CHECK(eps >= 0.0, "Shampoo: epsilon must be non-negative, got ", eps);
+  KILN_CHECK(g.get("weight_decay") >= 0.0, "Shampoo: invalid weight_decay ", g.get("weight_decay"));
+  KILN_CHECK(g.get("momentum") >= 0.0, "Shampoo: invalid momentum ", g.get("momentum"));
+  KILN_CHECK(g.get("nesterov") == 0.0 || g.get("momentum") > 0.0, "Shampoo: nesterov needs momentum > 0");
+  KILN_CHECK(g.get("max_preconditioner_dim") >= 1, "Shampoo: max_preconditioner_dim must be at least 1, got ",
+             g.get("max_preconditioner_dim"));
+  KILN_CHECK(g.get("precondition_frequency") >= 1, "Shampoo: precondition_frequency must be at least 1, got ",
+             g.get("precondition_frequency"));
+  KILN_CHECK(g.get("start_preconditioning_step") >= 1, "Shampoo: start_preconditioning_step must be at least 1, got ",
+             g.get("start_preconditioning_step"));
+  const double grafting = g.get("grafting");
+  KILN_CHECK(grafting == 0 || grafting == 1 || grafting == 2 || grafting == 3, "Shampoo: unknown grafting ", grafting);
+  KILN_CHECK(g.get("grafting_beta2") > 0.0 && g.get("grafting_beta2") <= 1.0,
+             "Shampoo: grafting_beta2 must be in (0, 1], got ", g.get("grafting_beta2"));
+  KILN_CHECK(g.get("grafting_epsilon") > 0.0, "Shampoo: grafting_epsilon must be positive, got ",
+             g.get("grafting_epsilon"));
+}
+
+// x with dim i first: the permutation and its inverse
+std::vector<int64_t> front(int64_t i, int64_t k) {
+  std::vector<int64_t> perm{i};
+  for (int64_t d = 0; d < k; ++d)
+    if (d != i) perm.push_back(d);
+  return perm;
+}
+std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t j = 0; j < perm.size(); ++j) inv[size_t(perm[j])] = int64_t(j);
+  return inv;
+}
+
+// G unfolded along dim i: (d_i, numel / d_i)
+Tensor unfold(const Tensor& g, int64_t i) {
+  return g.permute(front(i, g.dim())).contiguous().reshape({g.size(i), -1});
+}
+
+// x ×_i r: r (d_i, d_i) applied along dim i of x
+Tensor mode_product(const Tensor& r, const Tensor& x, int64_t i) {
+  const std::vector<int64_t> perm = front(i, x.dim());
+  const Tensor moved = x.permute(perm).contiguous();
+  const Tensor y = matmul(r, moved.reshape({x.size(i), -1})).reshape(moved.sizes());
+  return y.permute(inverse(perm)).contiguous();
+}
+
+Tensor frobenius(const Tensor& x) { return sqrt(sum(mul(x, x))); }
+
+std::string factor_name(size_t b, int64_t i) { return "factor." + std::to_string(b) + "." + std::to_string(i); }
+std::string root_name(size_t b, int64_t i) { return "root." + std::to_string(b) + "." + std::to_string(i); }
+
+// Parameters with at least two dims of size > 1 are preconditioned (even where merging leaves one dim:
+// a small matrix becomes one block of order 1); 1-D ones (biases, norms' weights) only if precondition_1d.
+bool preconditioned(const Shape& param_shape, const ParamGroup& g) {
+  int64_t dims = 0;
+  for (int64_t d : param_shape) dims += d > 1;
+  return dims >= 2 || (dims == 1 && g.get("precondition_1d") != 0.0);
+}
+
+}  // namespace
+
+Options ShampooOptions::to_options() const {
+  return {{"lr", lr},
+          {"beta1", betas.first},
+          {"beta2", betas.second},
+          {"epsilon", epsilon},
+          {"weight_decay", weight_decay},
+          {"momentum", momentum},
+          {"nesterov", nesterov ? 1.0 : 0.0},
+          {"max_preconditioner_dim", double(max_preconditioner_dim)},
+          {"precondition_frequency", double(precondition_frequency)},
+          {"start_preconditioning_step",
+           double(start_preconditioning_step < 0 ? precondition_frequency : start_preconditioning_step)},
+          {"grafting", double(int(grafting))},
+          {"grafting_beta2", grafting_beta2},
+          {"grafting_epsilon", grafting_epsilon},
+          {"precondition_1d", precondition_1d ? 1.0 : 0.0}};
+}
+
+Shampoo::Shampoo(std::vector<Tensor> params, const ShampooOptions& options)
+    : Optimizer("Shampoo", options.to_options()) {
+  Optimizer::add_param_group(ParamGroup{std::move(params), {}});
+  check_group(param_groups().back());
+}
+
+void Shampoo::add_param_group(std::vector<Tensor> params, const ShampooOptions& options) {
+  ParamGroup g{std::move(params), options.to_options()};
+  check_group(g);
+  Optimizer::add_param_group(std::move(g));
+}
+
+std::vector<std::string> Shampoo::state_tensor_names() const {
+  return {"exp_avg", "grafting_state", "momentum_buffer"};
+}
+
+std::string Shampoo::check_param_state(const Tensor& param, const std::string& name, const Tensor& t) const {
+  if (name.rfind("factor.", 0) != 0 && name.rfind("root.", 0) != 0 && name != "root_failures")
+    return Optimizer::check_param_state(param, name, t);
+  const ParamGroup* group = nullptr;
+  for (const ParamGroup& g : param_groups())
+    for (const Tensor& p : g.params)
+      if (p.is_same(param)) group = &g;
+  if (!group) return "'" + name + "' belongs to no parameter of this optimizer";
+  const ShampooBlocks blocks = ShampooBlocks::plan(param.shape(), int64_t(group->get("max_preconditioner_dim")));
+  if (!preconditioned(param.shape(), *group)) return "'" + name + "' for a parameter Shampoo does not precondition";
+  const int64_t k = int64_t(blocks.merged.size());
+  Shape want;
+  if (name == "root_failures") {
+    want = {int64_t(blocks.size()) * k};
+  } else {
+    size_t b = 0;
+    int64_t i = 0;
+    const size_t dot = name.find('.'), dot2 = name.find('.', dot + 1);
+    try {
+      b = std::stoul(name.substr(dot + 1, dot2 - dot - 1));
+      i = std::stol(name.substr(dot2 + 1));
+    } catch (...) {
+      return "unknown tensor '" + name + "' for Shampoo";
+    }
+    if (b >= blocks.size() || i < 0 || i >= k)
+      return "'" + name + "' names a block or dim the parameter " + shape_str(param.shape()) + " does not have";
+    want = {blocks.shapes[b][size_t(i)], blocks.shapes[b][size_t(i)]};
+  }
+  std::string problem;
+  if (t.shape() != want) problem = "'" + name + "' has shape " + shape_str(t.shape()) + ", expected " + shape_str(want);
+  if (t.dtype() != state_dtype(param.dtype()))
+    problem += std::string(problem.empty() ? "" : "; ") + "'" + name + "' has dtype " + dtype_name(t.dtype()) +
+               ", expected " + dtype_name(state_dtype(param.dtype()));
+  return problem;
+}
+
+// One factor whose root is due this step.
+struct Shampoo::Factor {
+  int64_t param;          // global index
+  Tensor factor, root;    // the state tensors (the root is written in place)
+  Tensor failures;        // the parameter's root_failures, and this factor's place in it
+  int64_t position;
+  double scale;           // the bias correction 1 / (1 − β2ᵗ), or 1
+  double epsilon;
+  double exponent;        // the root p: 2 · the block's order
+};
+
+void Shampoo::update_roots(std::vector<Factor>& factors) {
+  // one batched job per (size, dtype, device, exponent, ε)
+  std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
+  for (Factor& f : factors) {
+    KILN_CHECK(all_true(isfinite(f.factor)), "Shampoo: factor ", shape_str(f.factor.shape()), " of parameter ",
+               f.param, " ", shape_str(param(f.param).shape()), " has non-finite elements (a non-finite gradient "
+               "reached it)");
+    jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
+  }
+  for (auto& [key, group] : jobs) {
+    const double p = std::get<3>(key), eps = std::get<4>(key);
+    std::vector<Tensor> matrices;
+    for (Factor* f : group) matrices.push_back(mul(f->factor, f->scale));
+    bool done = false;
+    try {
+      const Tensor roots = linalg::inverse_root(stack(matrices), p, {.epsilon = eps, .method = root_method});
+      if (all_true(isfinite(roots))) {
+        for (size_t j = 0; j < group.size(); ++j) group[j]->root.copy_(roots.select(0, int64_t(j)));
+        done = true;
+      }
+    } catch (const Error&) {
+      // redone one by one below
+    }
+    for (size_t j = 0; j < group.size(); ++j) {
+      Factor& f = *group[j];
+      Tensor count = f.failures.narrow(0, f.position, 1);
+      if (done) {
+        count.zero_();
+        continue;
+      }
+      ++f64_retries_;
+      bool ok = false;
+      try {
+        const Tensor r = linalg::inverse_root(cast(matrices[j], DType::f64), p, {.epsilon = eps});
+        if (all_true(isfinite(r))) {
+          f.root.copy_(r);
+          ok = true;
+        }
+      } catch (const Error&) {
+      }
+      if (ok) {
+        count.zero_();
+        continue;
+      }
+      ++kept_roots_;  // the previous root stays
+      count.add_(1.0);
+      const double in_a_row = count.cpu().item<double>();
+      KILN_CHECK(in_a_row < max_root_failures, "Shampoo: the inverse root of factor ", shape_str(f.factor.shape()),
+                 " of parameter ", f.param, " ", shape_str(param(f.param).shape()), " failed ", in_a_row,
+                 " times in a row, in its dtype and in f64 (max_root_failures = ", max_root_failures, ")");
+    }
+  }
+  root_updates_ += int64_t(factors.size());
+}
+
+void Shampoo::step() {
+  NoGradGuard no_grad;
+  for (const auto& g : param_groups()) check_group(g);
+  // Pass 1: statistics, and the factors whose roots are due; pass 2 (after the batched roots): directions.
+  struct Pending {
+    ParamGroup* group;
+    Tensor param, filtered, grafted;  // Ḡ and the grafted method's direction, in the state dtype
+    ShampooBlocks blocks;
+    bool preconditioned;
+    int64_t index;
+  };
+  std::vector<Pending> pending;
+  std::vector<Factor> due;
+  for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
+    const Tensor grad = p.grad();
+    if (!grad.defined()) return;
+    const DType sdt = state_dtype(p.dtype());
+    const Tensor g32 = cast(grad, sdt).contiguous();
+    const double b1 = g.get("beta1"), b2 = g.get("beta2");
+    const auto grafting = Grafting(int(g.get("grafting")));
+    ParamState& st = state(index);
+    const int64_t t = ++st.step;
+    auto state_tensor = [&](const std::string& name, const Shape& shape, bool identity = false) -> Tensor& {
+      Tensor& s = st.tensors[name];
+      if (!s.defined())
+        s = identity ? linalg::eye(shape[0], {.dtype = sdt, .device = p.device()})
+                     : zeros(shape, {.dtype = sdt, .device = p.device()});
+      return s;
+    };
+
+    // Ḡ: the filtered gradient, bias-corrected
+    Tensor filtered = g32;
+    if (b1 > 0.0) {
+      Tensor& m = state_tensor("exp_avg", p.shape());
+      m.mul_(b1).add_(g32, 1.0 - b1);
+      filtered = div(m, 1.0 - std::pow(b1, double(t)));
+    }
+    // the grafted method's direction
+    Tensor grafted = filtered;
+    const double geps = g.get("grafting_epsilon");
+    if (grafting == Grafting::adam) {
+      const double bg = g.get("grafting_beta2");
+      Tensor& v = state_tensor("grafting_state", p.shape());
+      v.mul_(bg).add_(mul(g32, g32), 1.0 - bg);
+      grafted = div(filtered, add(sqrt(div(v, 1.0 - std::pow(bg, double(t)))), geps));
+    } else if (grafting == Grafting::adagrad) {
+      Tensor& v = state_tensor("grafting_state", p.shape());
+      v.add_(mul(g32, g32));
+      grafted = div(filtered, add(sqrt(v), geps));
+    }
+
+    ShampooBlocks blocks = ShampooBlocks::plan(p.shape(), int64_t(g.get("max_preconditioner_dim")));
+    const bool pre = preconditioned(p.shape(), g);
+    if (pre) {
+      const int64_t k = int64_t(blocks.merged.size());
+      const int64_t start = int64_t(g.get("start_preconditioning_step"));
+      const int64_t every = int64_t(g.get("precondition_frequency"));
+      const bool roots_due = t >= start && (t - start) % every == 0;
+      Tensor& failures = state_tensor("root_failures", {int64_t(blocks.size()) * k});
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const Tensor gb = blocks.block(g32, b);
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t d = blocks.shapes[b][size_t(i)];
+          Tensor& f = state_tensor(factor_name(b, i), {d, d});
+          const Tensor gi = unfold(gb, i);
+          const Tensor outer = matmul(gi, gi.transpose(0, 1));
+          if (b2 == 1.0) f.add_(outer);
+          else f.mul_(b2).add_(outer, 1.0 - b2);
+          Tensor& r = state_tensor(root_name(b, i), {d, d}, /*identity=*/true);
+          if (roots_due)
+            due.push_back({index, f, r, failures, int64_t(b) * k + i,
+                           b2 < 1.0 ? 1.0 / (1.0 - std::pow(b2, double(t))) : 1.0, g.get("epsilon"), 2.0 * double(k)});
+        }
+      }
+    }
+    pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index});
+  });
+
+  if (!due.empty()) update_roots(due);
+
+  for (Pending& w : pending) {
+    ParamGroup& g = *w.group;
+    Tensor& p = w.param;
+    ParamState& st = state(w.index);
+    const DType sdt = state_dtype(p.dtype());
+    const auto grafting = Grafting(int(g.get("grafting")));
+    const bool started = st.step >= int64_t(g.get("start_preconditioning_step"));
+    Tensor direction;
+    if (w.preconditioned && started) {
+      const int64_t k = int64_t(w.blocks.merged.size());
+      direction = empty(w.blocks.merged, {.dtype = sdt, .device = p.device()});
+      for (size_t b = 0; b < w.blocks.size(); ++b) {
+        Tensor pb = w.blocks.block(w.filtered, b).contiguous();
+        for (int64_t i = 0; i < k; ++i) pb = mode_product(st.tensors.at(root_name(b, i)), pb, i);
+        if (grafting != Grafting::none)  // the grafted method's step size, block by block
+          pb = mul(pb, div(frobenius(w.blocks.block(w.grafted, b)), add(frobenius(pb), 1e-16)));
+        w.blocks.block(direction, b).copy_(pb);
+      }
+      direction = direction.reshape(p.shape());
+    } else {
+      direction = w.grafted;
+    }
+    const double momentum = g.get("momentum");
+    if (momentum > 0.0) {
+      Tensor& buf = st.tensors["momentum_buffer"];
+      if (!buf.defined()) buf = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
+      buf.mul_(momentum).add_(direction);
+      direction = g.get("nesterov") != 0.0 ? add(direction, mul(buf, momentum)) : buf;
+    }
+    const double lr = g.get("lr"), wd = g.get("weight_decay");
+    const bool master = sdt != p.dtype();
+    Tensor weights = master ? cast(p, sdt) : p;
+    if (wd != 0.0) weights.mul_(1.0 - lr * wd);
+    weights.add_(direction, -lr);
+    if (master) p.copy_(weights);
+  }
+}
+
+}  // namespace kiln::optim

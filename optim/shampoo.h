@@ -1,0 +1,83 @@
+#pragma once
+// Shampoo (Gupta et al. 2018), as the Distributed Shampoo implementation that won AlgoPerf runs it
+// (../shared/ALGORITHMS.md). Each parameter is cut into blocks (optim/shampoo_blocks.h); a block G of order k
+// (its number of merged dims, 1..) keeps one factor per dim. At step t = 1, 2, ... with gradient g:
+//   factors    F_i ← β2·F_i + (1 − β2)·G_(i)·G_(i)ᵀ       (G_(i): G unfolded along dim i; β2 = 1: a plain sum)
+//   filtered   Ḡ = m / (1 − β1ᵗ),  m ← β1·m + (1 − β1)·g   (β1 = 0: Ḡ = g)
+//   roots      every precondition_frequency steps from start_preconditioning_step: for every factor of
+//              every block of every parameter, as one batched job per matrix size (core/linalg.h),
+//              R_i = (F_i / (1 − β2ᵗ) + ε·I)^(−1/(2k)), eigenvalues below ε lifted (ALGORITHMS.md's rule)
+//   direction  P = Ḡ ×_1 R_1 ×_2 R_2 ... ×_k R_k           (for a matrix: R_1 · Ḡ · R_2)
+//   grafting   per block, P ← ‖D‖ / (‖P‖ + 1e-16) · P with D the grafted method's direction:
+//              adam Ḡ / (sqrt(v / (1 − β_gᵗ)) + ε_g), v ← β_g·v + (1 − β_g)·g²; adagrad Ḡ / (sqrt(Σ g²) + ε_g);
+//              sgd Ḡ; none: no rescaling. Before the first roots, P = D (Ḡ for none).
+//   momentum   b ← μ·b + P; P ← P + μ·b (nesterov) or b
+//   update     p ← p − lr·weight_decay·p − lr·P            (decoupled weight decay)
+// 1-D parameters (biases, norms' weights) take the grafted direction alone unless precondition_1d; every
+// other parameter is preconditioned, a small one whose dims all merge as one block of order 1 (one factor,
+// root −1/2: full-matrix AdaGrad on its elements).
+// Statistics and directions are f32 for f32/bf16/f16 parameters (f64 for f64 ones).
+//
+// Root failures: roots are computed in the state dtype; a batch that fails (the eigensolver does not
+// converge, or a root is not finite) is redone matrix by matrix in f64; a matrix that still fails keeps its
+// previous root, and max_root_failures such failures in a row of one matrix are a kiln::Error naming its
+// parameter. A non-finite factor is an error at once.
+//
+// State per parameter: step, exp_avg (m; β1 > 0), grafting_state (v; adam and adagrad), momentum_buffer
+// (μ > 0), and per block b and dim i "factor.b.i" and "root.b.i" (square, the block's size along i), and
+// "root_failures" (one count per factor, f32). A checkpoint holds all of it, and a resumed run continues
+// bit for bit.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kiln/core/linalg.h>
+#include <kiln/optim/optimizer.h>
+
+namespace kiln::optim {
+
+enum class Grafting { none = 0, sgd = 1, adagrad = 2, adam = 3 };
+
+struct ShampooOptions {
+  double lr = 1e-3;
+  std::pair<double, double> betas{0.9, 0.999};  // β1: the gradient's filter; β2: the factors' average
+  double epsilon = 1e-12;                       // the roots' ridge and eigenvalue floor
+  double weight_decay = 0.0;                    // decoupled
+  double momentum = 0.0;
+  bool nesterov = false;
+  int64_t max_preconditioner_dim = 1024;
+  int64_t precondition_frequency = 10;
+  int64_t start_preconditioning_step = -1;  // -1: precondition_frequency
+  Grafting grafting = Grafting::adam;
+  double grafting_beta2 = 0.999;  // adam grafting's second-moment average
+  double grafting_epsilon = 1e-8;
+  bool precondition_1d = false;   // 1-D parameters: one factor (order 1, root −1/2) instead of grafting alone
+  Options to_options() const;
+};
+
+class Shampoo : public Optimizer {
+ public:
+  explicit Shampoo(std::vector<Tensor> params, const ShampooOptions& options = {});
+  void add_param_group(std::vector<Tensor> params, const ShampooOptions& options);
+  using Optimizer::add_param_group;
+  void step() override;
+
+  linalg::RootMethod root_method = linalg::RootMethod::eigen;  // how the batched roots are computed
+  int max_root_failures = 3;
+  // Root computations so far, and matrices that fell back to f64 or kept their previous root (for logs).
+  int64_t root_updates() const { return root_updates_; }
+  int64_t f64_retries() const { return f64_retries_; }
+  int64_t kept_roots() const { return kept_roots_; }
+
+ protected:
+  std::vector<std::string> state_tensor_names() const override;
+  std::string check_param_state(const Tensor& param, const std::string& name, const Tensor& t) const override;
+
+ private:
+  struct Factor;  // one factor matrix of one block of one parameter, for the batched root job
+  void update_roots(std::vector<Factor>& factors);
+  int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0;
+};
+
+}  // namespace kiln::optim

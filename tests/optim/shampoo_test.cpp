@@ -1,0 +1,240 @@
+// Shampoo (optim/shampoo.h) against a direct reference written here (dense eigendecompositions, one block at a
+// time, loops over the blocks by hand): a matrix without grafting, a blocked matrix with Adam grafting,
+// filtering, decay and momentum, an order-3 tensor, and 1-D parameters (which take Adam's direction); the
+// blocking plan; bit-exact resume from a state_dict; bf16 parameters with f32 statistics; bad options and
+// non-finite factors as errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/linalg.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/optim/adamw.h>
+#include <kiln/optim/shampoo.h>
+#include <kiln/optim/shampoo_blocks.h>
+
+#include "../core/core_test_util.h"
+
+namespace kiln::optim {
+namespace {
+
+const TensorOptions kF64{.dtype = DType::f64};
+
+double max_abs(const Tensor& t) { return amax(abs(cast(t, DType::f64))).item<double>(); }
+
+// (a + ε·I)^(−1/p) written directly: eigh, the floor rule, V diag(λ^(−1/p)) Vᵀ
+Tensor reference_root(const Tensor& a, double p, double eps) {
+  const int64_t n = a.size(0);
+  const auto [w, v] = linalg::eigh(add(a, mul(linalg::eye(n, kF64), eps)));
+  std::vector<double> values = w.to_vector<double>();
+  const double lowest = values[0];
+  for (double& x : values) x = std::pow(lowest < eps ? x + eps - lowest : x, -1.0 / p);
+  return matmul(mul(v, from_vector(values, {1, n})), v.transpose(0, 1));
+}
+
+Tensor unfold(const Tensor& g, int64_t i) {
+  std::vector<int64_t> perm{i};
+  for (int64_t d = 0; d < g.dim(); ++d)
+    if (d != i) perm.push_back(d);
+  return g.permute(perm).contiguous().reshape({g.size(i), -1});
+}
+
+TEST(ShampooBlocks, SqueezesMergesAndSplits) {
+  auto p = ShampooBlocks::plan({768, 3072}, 1024);
+  EXPECT_EQ(p.merged, (Shape{768, 3072}));
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p.shapes[2], (Shape{768, 1024}));
+  EXPECT_EQ(p.starts[2], (std::vector<int64_t>{0, 2048}));
+  p = ShampooBlocks::plan({64, 3, 3, 3}, 1024);
+  EXPECT_EQ(p.merged, (Shape{576, 3}));
+  EXPECT_EQ(p.size(), 1u);
+  p = ShampooBlocks::plan({50304, 768}, 1024);
+  ASSERT_EQ(p.size(), 50u);
+  EXPECT_EQ(p.shapes.back(), (Shape{128, 768}));
+  p = ShampooBlocks::plan({1, 5, 1}, 1024);
+  EXPECT_EQ(p.merged, (Shape{5}));
+  p = ShampooBlocks::plan({}, 1024);
+  EXPECT_EQ(p.merged, (Shape{1}));
+  p = ShampooBlocks::plan({5, 3}, 1024);  // a small matrix: one dim, one factor of 15
+  EXPECT_EQ(p.merged, (Shape{15}));
+  p = ShampooBlocks::plan({256, 256, 3, 3}, 1024);
+  EXPECT_EQ(p.merged, (Shape{256, 768, 3}));
+  // a block is a view of the parameter's elements
+  const Tensor t = arange(0.0, 24.0, 1.0, kF64).reshape({6, 4});
+  p = ShampooBlocks::plan({6, 4}, 3);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p.block(t, 3).contiguous().to_vector<double>(), (std::vector<double>{15, 19, 23}));
+}
+
+// Plain Shampoo on one matrix: β1 = 0, sums of GGᵀ and GᵀG, roots every step, no grafting.
+TEST(Shampoo, MatrixWithoutGraftingMatchesTheDirectReference) {
+  Generator gen(1);
+  Tensor w = randn({5, 3}, kF64, &gen).requires_grad_();
+  Tensor ref = w.detach().clone();
+  // max dim 5 keeps the dims apart (5 · 3 > 5): one block, two factors
+  Shampoo opt({w}, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 5,
+                    .precondition_frequency = 1, .grafting = Grafting::none});
+  Tensor L = zeros({5, 5}, kF64), R = zeros({3, 3}, kF64);
+  for (int step = 0; step < 5; ++step) {
+    const Tensor g = randn({5, 3}, kF64, &gen);
+    w.set_grad(g.clone());
+    opt.step();
+    L = add(L, matmul(g, g.transpose(0, 1)));
+    R = add(R, matmul(g.transpose(0, 1), g));
+    ref = sub(ref, mul(matmul(matmul(reference_root(L, 4, 1e-6), g), reference_root(R, 4, 1e-6)), 0.1));
+  }
+  EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
+  EXPECT_EQ(opt.root_updates(), 10);
+}
+
+// Blocks of a (6, 4) matrix at max dim 3 (2 x 2 blocks of 3 x 3 and 3 x 1), β1 and β2 averages with bias
+// correction, Adam grafting per block, roots every 2 steps from step 2, decoupled decay and momentum.
+TEST(Shampoo, BlockedAdamGraftedMatchesTheDirectReference) {
+  Generator gen(2);
+  const double lr = 0.05, b1 = 0.9, b2 = 0.95, eps = 1e-8, bg = 0.99, geps = 1e-8, wd = 0.1, mu = 0.5;
+  Tensor w = randn({6, 4}, kF64, &gen).requires_grad_();
+  Tensor ref = w.detach().clone();
+  Shampoo opt({w}, {.lr = lr, .betas = {b1, b2}, .epsilon = eps, .weight_decay = wd, .momentum = mu,
+                    .max_preconditioner_dim = 3, .precondition_frequency = 2, .grafting = Grafting::adam,
+                    .grafting_beta2 = bg, .grafting_epsilon = geps});
+  const ShampooBlocks blocks = ShampooBlocks::plan({6, 4}, 3);
+  std::vector<Tensor> L(4), R(4), rootL(4), rootR(4);
+  for (int b = 0; b < 4; ++b) {
+    const int64_t m = blocks.shapes[size_t(b)][0], n = blocks.shapes[size_t(b)][1];
+    L[size_t(b)] = zeros({m, m}, kF64), R[size_t(b)] = zeros({n, n}, kF64);
+    rootL[size_t(b)] = linalg::eye(m, kF64), rootR[size_t(b)] = linalg::eye(n, kF64);
+  }
+  Tensor m1 = zeros({6, 4}, kF64), v = zeros({6, 4}, kF64), buf = zeros({6, 4}, kF64);
+  for (int t = 1; t <= 6; ++t) {
+    const Tensor g = randn({6, 4}, kF64, &gen);
+    w.set_grad(g.clone());
+    opt.step();
+    m1 = add(mul(m1, b1), mul(g, 1 - b1));
+    const Tensor gbar = div(m1, 1 - std::pow(b1, t));
+    v = add(mul(v, bg), mul(mul(g, g), 1 - bg));
+    const Tensor adam = div(gbar, add(sqrt(div(v, 1 - std::pow(bg, t))), geps));
+    Tensor dir = adam.clone();
+    for (size_t b = 0; b < 4; ++b) {
+      const Tensor gb = blocks.block(g, b).contiguous();
+      L[b] = add(mul(L[b], b2), mul(matmul(gb, gb.transpose(0, 1)), 1 - b2));
+      R[b] = add(mul(R[b], b2), mul(matmul(gb.transpose(0, 1), gb), 1 - b2));
+      if (t % 2 == 0) {
+        const double bc = 1 / (1 - std::pow(b2, t));
+        rootL[b] = reference_root(mul(L[b], bc), 4, eps);
+        rootR[b] = reference_root(mul(R[b], bc), 4, eps);
+      }
+      if (t >= 2) {
+        const Tensor pb = matmul(matmul(rootL[b], blocks.block(gbar, b).contiguous()), rootR[b]);
+        const Tensor ab = blocks.block(adam, b).contiguous();
+        const double scale = std::sqrt(sum(mul(ab, ab)).item<double>()) / (std::sqrt(sum(mul(pb, pb)).item<double>()) + 1e-16);
+        blocks.block(dir, b).copy_(mul(pb, scale));
+      }
+    }
+    buf = add(mul(buf, mu), dir);
+    ref = sub(mul(ref, 1 - lr * wd), mul(buf, lr));
+  }
+  EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
+}
+
+// An order-3 tensor (no dims merge at max dim 6): three factors, roots −1/6, applied along each dim.
+TEST(Shampoo, OrderThreeTensorMatchesTheDirectReference) {
+  Generator gen(3);
+  Tensor w = randn({4, 5, 6}, kF64, &gen).requires_grad_();
+  Tensor ref = w.detach().clone();
+  Shampoo opt({w}, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 6,
+                    .precondition_frequency = 1, .grafting = Grafting::none});
+  std::vector<Tensor> F{zeros({4, 4}, kF64), zeros({5, 5}, kF64), zeros({6, 6}, kF64)};
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = randn({4, 5, 6}, kF64, &gen);
+    w.set_grad(g.clone());
+    opt.step();
+    for (int64_t i = 0; i < 3; ++i) {
+      const Tensor gi = unfold(g, i);
+      F[size_t(i)] = add(F[size_t(i)], matmul(gi, gi.transpose(0, 1)));
+    }
+    // P[a,b,c] = Σ R0[a,a'] R1[b,b'] R2[c,c'] G[a',b',c'], written as three contractions
+    const Tensor r0 = reference_root(F[0], 6, 1e-6), r1 = reference_root(F[1], 6, 1e-6), r2 = reference_root(F[2], 6, 1e-6);
+    Tensor p = matmul(r0, g.reshape({4, 30})).reshape({4, 5, 6});                         // along dim 0
+    p = matmul(r1, p.permute({1, 0, 2}).contiguous().reshape({5, 24})).reshape({5, 4, 6}).permute({1, 0, 2});
+    p = matmul(p.contiguous().reshape({20, 6}), r2.transpose(0, 1)).reshape({4, 5, 6});  // along dim 2
+    ref = sub(ref, mul(p, 0.1));
+  }
+  EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
+}
+
+// A 1-D parameter with Adam grafting and no momentum or decay steps exactly as Adam does.
+TEST(Shampoo, OneDimensionalParametersTakeTheGraftedDirection) {
+  Generator gen(4);
+  Tensor a = randn({7}, kF64, &gen).requires_grad_();
+  Tensor b = a.detach().clone().requires_grad_();
+  Shampoo shampoo({a}, {.lr = 0.01, .betas = {0.9, 0.999}, .grafting_beta2 = 0.999, .grafting_epsilon = 1e-8});
+  AdamW adam({b}, {.lr = 0.01, .betas = {0.9, 0.999}, .eps = 1e-8, .weight_decay = 0.0});
+  for (int step = 0; step < 4; ++step) {
+    const Tensor g = randn({7}, kF64, &gen);
+    a.set_grad(g.clone());
+    b.set_grad(g.clone());
+    shampoo.step();
+    adam.step();
+  }
+  EXPECT_LT(max_abs(sub(a.detach(), b.detach())), 1e-12);
+  EXPECT_EQ(shampoo.state(0).tensors.count("factor.0.0"), 0u);
+}
+
+TEST(Shampoo, ResumesBitForBitFromItsStateDict) {
+  Generator gen(5);
+  const ShampooOptions o{.lr = 0.02, .momentum = 0.9, .max_preconditioner_dim = 4, .precondition_frequency = 2};
+  Tensor w1 = randn({6, 5}, {}, &gen).requires_grad_(), b1 = randn({5}, {}, &gen).requires_grad_();
+  Shampoo a({w1, b1}, o);
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 8; ++i) grads.push_back(randn({6, 5}, {}, &gen)), grads.push_back(randn({5}, {}, &gen));
+  auto step = [&](Shampoo& opt, Tensor& w, Tensor& b, int i) {
+    w.set_grad(grads[size_t(2 * i)].clone());
+    b.set_grad(grads[size_t(2 * i + 1)].clone());
+    opt.step();
+  };
+  for (int i = 0; i < 3; ++i) step(a, w1, b1, i);
+  Tensor w2 = w1.detach().clone().requires_grad_(), b2 = b1.detach().clone().requires_grad_();
+  Shampoo b({w2, b2}, o);
+  b.load_state_dict(a.state_dict());
+  EXPECT_TRUE(b.state(0).tensors.count("factor.1.0"));
+  for (int i = 3; i < 8; ++i) step(a, w1, b1, i), step(b, w2, b2, i);
+  EXPECT_EQ(w1.detach().to_vector<float>(), w2.detach().to_vector<float>());
+  EXPECT_EQ(b1.detach().to_vector<float>(), b2.detach().to_vector<float>());
+  // a state whose factor has the wrong size is refused, naming it
+  OptimizerStateDict bad = a.state_dict();
+  bad.state[0].tensors["factor.0.0"] = zeros({3, 3});
+  Shampoo c({w2, b2}, o);
+  EXPECT_KILN_ERROR(c.load_state_dict(bad), "factor.0.0", "[3, 3]", "[4, 4]");
+}
+
+TEST(Shampoo, Bf16ParametersKeepF32Statistics) {
+  Generator gen(6);
+  Tensor w = cast(randn({4, 3}, {}, &gen), DType::bf16).requires_grad_();
+  Shampoo opt({w}, {.lr = 0.01, .max_preconditioner_dim = 4, .precondition_frequency = 1});
+  for (int i = 0; i < 2; ++i) {
+    w.set_grad(cast(randn({4, 3}, {}, &gen), DType::bf16));
+    opt.step();
+  }
+  EXPECT_EQ(w.dtype(), DType::bf16);
+  EXPECT_EQ(opt.state(0).tensors.at("factor.0.0").dtype(), DType::f32);
+  EXPECT_EQ(opt.state(0).tensors.at("root.0.1").dtype(), DType::f32);
+  EXPECT_TRUE(all_true(isfinite(w)));
+}
+
+TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
+  Tensor w = ones({3, 3}).requires_grad_();
+  EXPECT_KILN_ERROR(Shampoo({w}, {.betas = {1.0, 0.9}}), "Shampoo", "beta1");
+  EXPECT_KILN_ERROR(Shampoo({w}, {.betas = {0.9, 0.0}}), "Shampoo", "beta2");
+  EXPECT_KILN_ERROR(Shampoo({w}, {.precondition_frequency = 0}), "Shampoo", "precondition_frequency");
+  EXPECT_KILN_ERROR(Shampoo({w}, {.max_preconditioner_dim = 0}), "Shampoo", "max_preconditioner_dim");
+  EXPECT_KILN_ERROR(Shampoo({w}, {.nesterov = true}), "Shampoo", "nesterov");
+  Shampoo opt({w}, {.max_preconditioner_dim = 3, .precondition_frequency = 1});
+  w.set_grad(full({3, 3}, NAN));
+  EXPECT_KILN_ERROR(opt.step(), "Shampoo", "factor", "parameter 0", "[3, 3]", "non-finite");
+}
+
+}  // namespace
+}  // namespace kiln::optim
