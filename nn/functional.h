@@ -103,6 +103,11 @@ struct Conv2dOptions {
 // x (N, C_in, H, W), weight (C_out, C_in, kH, kW), bias (C_out) or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& opt = {});
 
+// torch.nn.functional.unfold (im2col): x (N, C, H, W) -> (N, C·kH·kW, L), column l holding the window at
+// output position l (row-major over the output's oh x ow), rows ordered (c, kh, kw) as conv2d's weight is
+// laid out; its backward adds the columns back (fold). K-FAC reads a convolution's patches through it.
+Tensor unfold(const Tensor& x, std::array<int64_t, 2> kernel_size, const Conv2dOptions& opt = {});
+
 struct Conv1dOptions {
   int64_t stride = 1, padding = 0, dilation = 1;
 };

@@ -183,6 +183,24 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   return out;
 }
 
+Tensor unfold(const Tensor& x, std::array<int64_t, 2> kernel_size, const Conv2dOptions& opt) {
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "unfold: expected a floating-point (N, C, H, W) input, got ",
+             x.defined() ? x.str() : std::string("an undefined tensor"));
+  const Window2d g = window(x, kernel_size[0], kernel_size[1], opt.stride, opt.padding, opt.dilation, "unfold");
+  Tensor cols = empty({g.n, g.c * g.kh * g.kw, g.oh * g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  {
+    NoGradGuard ng;
+    kernels::im2col(x.contiguous(), g, cols);
+  }
+  if (any_requires_grad({x}))
+    record("unfold", {x}, {cols}, [g, dtype = x.dtype(), device = x.device()](const Grads& gr) {
+      Tensor dx = zeros({g.n, g.c, g.h, g.w}, {.dtype = dtype, .device = device});
+      kernels::col2im(gr[0].contiguous(), g, dx);
+      return Grads{dx};
+    });
+  return cols;
+}
+
 namespace {
 std::array<int64_t, 2> pool_stride(const Pool2dOptions& opt) {
   return {opt.stride[0] ? opt.stride[0] : opt.kernel_size[0], opt.stride[1] ? opt.stride[1] : opt.kernel_size[1]};

@@ -313,6 +313,18 @@ TEST(FunctionalForward, Conv2dMatchesDirectConvolution) {
 
 // ---------------------------------------------------------------- pooling
 
+// unfold's columns times the flattened kernel are the convolution (the identity K-FAC's Conv2d factors use).
+TEST(FunctionalForward, UnfoldTimesTheKernelIsTheConvolution) {
+  manual_seed(17);
+  const Tensor x = randn({2, 3, 7, 6}, {.dtype = DType::f64}), w = randn({4, 3, 3, 2}, {.dtype = DType::f64});
+  const F::Conv2dOptions o{.stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}};
+  const Tensor conv = F::conv2d(x, w, Tensor(), o);
+  const Tensor cols = F::unfold(x, {3, 2}, o);
+  ASSERT_EQ(cols.sizes(), (Shape{2, 3 * 3 * 2, conv.size(2) * conv.size(3)}));
+  const Tensor via_unfold = matmul(w.reshape({4, -1}), cols).reshape(conv.sizes());
+  EXPECT_LT(amax(abs(sub(via_unfold, conv))).item<double>(), 1e-12);
+}
+
 TEST(FunctionalForward, PoolingMatchesNaive) {
   struct Case {
     int64_t H, W;

@@ -161,6 +161,9 @@ inline std::vector<OpCase> cases() {
       {"scatter_add", {{3, 4}, {3, 2}}, [](const Inputs& x) {
          return scatter_add(x[0], 1, idx({0, 3, 3, 3, 1, 2}, {3, 2}), x[1]);
        }},
+      {"unfold", {{2, 2, 5, 6}}, [](const Inputs& x) {
+         return F::unfold(x[0], {3, 2}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}});
+       }},
       {"conv2d", {{2, 2, 5, 5}, {3, 2, 3, 3}, {3}}, [](const Inputs& x) {
          return F::conv2d(x[0], x[1], x[2], {.stride = {2, 1}, .padding = {1, 1}});
        }},
