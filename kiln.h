@@ -27,6 +27,7 @@
 #include <kiln/optim/clip_grad.h>
 #include <kiln/optim/flat_parameters.h>
 #include <kiln/optim/grad_scaler.h>
+#include <kiln/optim/kfac.h>
 #include <kiln/optim/lr_scheduler.h>
 #include <kiln/optim/sgd.h>
 #include <kiln/optim/shampoo.h>
