@@ -22,6 +22,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/nn/modules.h>
+#include <kiln/nn/per_sample_grad.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/clip_grad.h>
