@@ -1,0 +1,122 @@
+// Shampoo, K-FAC and per-sample gradients on the GPU against the same steps on the CPU, in f32: a small
+// model trained a few steps from the same weights and batches ends with the same parameters (to f32
+// rounding and the eigensolvers' differences); the GPU's Shampoo roots use the batched cuSOLVER path and
+// the Newton iteration.
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+#include <vector>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/conv2d.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/linear.h>
+#include <kiln/nn/per_sample_grad.h>
+#include <kiln/optim/kfac.h>
+#include <kiln/optim/sgd.h>
+#include <kiln/optim/shampoo.h>
+
+#include "compare_util.h"
+#include "cuda_test_util.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+namespace F = kiln::nn::functional;
+
+namespace {
+
+struct Net : nn::Module {
+  nn::Conv2d conv{2, 4, {3, 3}, {.padding = 1}};
+  nn::Linear fc{4 * 6 * 6, 3};
+  Net() {
+    register_module("conv", conv);
+    register_module("fc", fc);
+  }
+  Tensor forward(const Tensor& x) override { return fc(tanh(conv(x)).flatten(1)); }
+};
+
+struct Batches {
+  std::vector<Tensor> x, y;
+  explicit Batches(int n) {
+    for (int i = 0; i < n; ++i) x.push_back(randn({8, 2, 6, 6})), y.push_back(randint(0, 3, {8}));
+  }
+};
+
+double param_error(nn::Module& gpu_model, nn::Module& cpu_model) {
+  double worst = 0;
+  auto a = gpu_model.named_parameters(), b = cpu_model.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, rel_err(a[i].second.cpu(), b[i].second));
+  return worst;
+}
+
+TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(101);
+  for (auto method : {linalg::RootMethod::eigen, linalg::RootMethod::newton}) {
+    Net cpu_net, gpu_net;
+    gpu_net.load_state_dict(cpu_net.state_dict());
+    gpu_net.to(gpu());
+    const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-8, .max_preconditioner_dim = 64, .precondition_frequency = 2};
+    optim::Shampoo cpu_opt(cpu_net.parameters(), o), gpu_opt(gpu_net.parameters(), o);
+    gpu_opt.root_method = method;
+    const Batches data(6);
+    for (size_t i = 0; i < data.x.size(); ++i) {
+      for (auto [net, opt, dev] : {std::tuple<Net*, optim::Shampoo*, Device>{&cpu_net, &cpu_opt, Device::cpu()},
+                                   {&gpu_net, &gpu_opt, gpu()}}) {
+        opt->zero_grad();
+        F::cross_entropy((*net)(data.x[i].to(dev)), data.y[i].to(dev)).backward();
+        opt->step();
+      }
+    }
+    const double err = param_error(gpu_net, cpu_net);
+    std::printf("shampoo (%s roots on the GPU): parameters' relative error %.2e after 6 steps, %lld roots\n",
+                method == linalg::RootMethod::eigen ? "eigen" : "newton", err, (long long)gpu_opt.root_updates());
+    EXPECT_LT(err, 1e-3);
+    EXPECT_EQ(gpu_opt.kept_roots(), 0);
+  }
+}
+
+TEST(CudaSecondOrder, KfacMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(102);
+  Net cpu_net, gpu_net;
+  gpu_net.load_state_dict(cpu_net.state_dict());
+  gpu_net.to(gpu());
+  optim::SGD cpu_sgd(cpu_net.parameters(), {.lr = 0.05, .momentum = 0.9}),
+      gpu_sgd(gpu_net.parameters(), {.lr = 0.05, .momentum = 0.9});
+  optim::KFAC cpu_kfac(cpu_net, {.inv_update_steps = 2}), gpu_kfac(gpu_net, {.inv_update_steps = 2});
+  const Batches data(5);
+  for (size_t i = 0; i < data.x.size(); ++i) {
+    cpu_sgd.zero_grad();
+    F::cross_entropy(cpu_net(data.x[i]), data.y[i]).backward();
+    cpu_kfac.step(cpu_sgd);
+    cpu_sgd.step();
+    gpu_sgd.zero_grad();
+    F::cross_entropy(gpu_net(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
+    gpu_kfac.step(gpu_sgd);
+    gpu_sgd.step();
+  }
+  const double err = param_error(gpu_net, cpu_net);
+  std::printf("kfac: parameters' relative error %.2e after 5 steps\n", err);
+  EXPECT_LT(err, 1e-3);
+  EXPECT_LT(rel_err(gpu_kfac.factor_a("conv").cpu(), cpu_kfac.factor_a("conv")), 1e-4);
+}
+
+TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(103);
+  Net cpu_net, gpu_net;
+  gpu_net.load_state_dict(cpu_net.state_dict());
+  gpu_net.to(gpu());
+  nn::PerSampleGradients cpu_psg(cpu_net), gpu_psg(gpu_net);
+  nn::PerSampleGradients gpu_ghost(gpu_net, {.mode = nn::PerSampleMode::norms});
+  const Tensor x = randn({6, 2, 6, 6}), y = randint(0, 3, {6});
+  F::cross_entropy(cpu_net(x), y).backward();
+  F::cross_entropy(gpu_net(x.to(gpu())), y.to(gpu())).backward();
+  EXPECT_LT(rel_err(gpu_psg.grad_sample(gpu_net.conv.weight).cpu(), cpu_psg.grad_sample(cpu_net.conv.weight)), 1e-5);
+  EXPECT_LT(rel_err(gpu_psg.grad_sample(gpu_net.fc.bias).cpu(), cpu_psg.grad_sample(cpu_net.fc.bias)), 1e-5);
+  EXPECT_LT(rel_err(gpu_ghost.norms().cpu(), cpu_psg.norms()), 1e-5);
+}
+
+}  // namespace
