@@ -21,3 +21,8 @@ python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_sketched_kiln.txt" 
 # Random-feature attention against flash attention (causal, long sequences; time and peak memory).
 "$build/bench/kiln_performer_bench" > "$out/bench_performer.txt" 2>&1
 grep -h '^#' "$out/bench_performer.txt"
+# Shampoo's root job for GPT-2 124M's blocks, beside PyTorch's eigh of the same matrices.
+"$build/bench/kiln_shampoo_bench" > "$out/bench_shampoo_kiln.txt" 2>&1
+python3 "$(dirname "$0")/../bench/shampoo_torch.py" > "$out/bench_shampoo_torch.txt" 2>&1
+grep -h '^#' "$out/bench_shampoo_kiln.txt" | sed 's/^#/kiln /'
+grep -h '^#' "$out/bench_shampoo_torch.txt" | sed 's/^#/torch/'

@@ -39,6 +39,7 @@
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/shampoo.h>
 
 #include "../common/cli.h"
 
@@ -53,6 +54,7 @@ struct Args {
   int64_t profile = 0;
   bool grad_checkpoint = false;
   bool zero = false;
+  int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
   bool timeline = false;
   std::string device = "cuda";
   std::string amp = "bf16";
@@ -63,10 +65,11 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
-        "                  [--seed S] [--profile N] [--zero] [--timeline]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline] [--shampoo F]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
+        "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
 }
@@ -87,6 +90,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--profile") a.profile = r.i64();
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--zero") a.zero = true;
+    else if (flag == "--shampoo") a.shampoo = r.i64();
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--device") a.device = r.value();
     else if (flag == "--amp") a.amp = r.value();
@@ -134,9 +138,19 @@ int run(const Args& args) {
     opt = std::move(z);
   } else {
     if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
-    auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);
-    adamw->add_param_group(groups.no_decay, no_decay);
-    opt = std::move(adamw);
+    if (args.shampoo > 0) {  // the same betas, decay and lr, with roots every --shampoo steps
+      const optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, 0.95}, .epsilon = 1e-8, .weight_decay = 0.1,
+                                    .precondition_frequency = args.shampoo};
+      optim::ShampooOptions without_decay = s;
+      without_decay.weight_decay = 0.0;
+      auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, s);
+      shampoo->add_param_group(groups.no_decay, without_decay);
+      opt = std::move(shampoo);
+    } else {
+      auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);
+      adamw->add_param_group(groups.no_decay, no_decay);
+      opt = std::move(adamw);
+    }
   }
   auto zero_grad = [&] {
     if (zero) zero->zero_grad();
@@ -208,8 +222,9 @@ int run(const Args& args) {
                N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
-  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s\n", tps, mfu, peak_gib,
-              1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "");
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s\n", tps, mfu, peak_gib,
+              1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
+              args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : "");
   return 0;
 }
 

@@ -1,0 +1,73 @@
+// Shampoo's root job for GPT-2 124M (the bar: every block's inverse roots, max block dim 1024, in
+// <= 35 ms on one H200): the factor matrices Shampoo keeps for GPT-2 124M's parameters (optim/shampoo_blocks.h
+// at max dim 1024; 1-D parameters take grafting and have none), filled with random SPD matrices in f32, and
+// their inverse 4th roots computed as optim::Shampoo computes them, one batched linalg::inverse_root per
+// matrix size, by the eigen method (cuSOLVER's batched syev) and by the Newton iteration. Also one 768 x 768
+// eigh and 48 of them batched (the bar's PyTorch figures; bench/shampoo_torch.py measures PyTorch's in the
+// same run). Prints BENCH lines and a summary.
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include <kiln/core/linalg.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/gpt.h>
+#include <kiln/optim/shampoo_blocks.h>
+
+#include "bench_util.h"
+
+using namespace kiln;
+
+int main() {
+  if (!cuda::is_available()) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  manual_seed(0);
+  const Device dev = Device::cuda(0);
+  const TensorOptions f32{.dtype = DType::f32, .device = dev};
+  nn::GPT model({.vocab_size = 50304, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768,
+                 .dropout = 0.0, .bias = true, .device = dev});
+  std::map<int64_t, int64_t> count;  // factor size -> how many
+  for (const auto& [name, p] : model.named_parameters()) {
+    int64_t dims = 0;
+    for (int64_t d : p.shape()) dims += d > 1;
+    if (dims < 2) continue;
+    const optim::ShampooBlocks blocks = optim::ShampooBlocks::plan(p.shape(), 1024);
+    for (const Shape& s : blocks.shapes)
+      for (int64_t d : s) ++count[d];
+  }
+  int64_t matrices = 0;
+  std::map<int64_t, Tensor> factors;
+  for (const auto& [d, n] : count) {
+    const Tensor g = randn({n, d, d}, f32);
+    factors[d] = add(div(matmul(g, g.transpose(1, 2)), double(d)), mul(linalg::eye(d, f32), 1e-3));
+    std::printf("# %lld factors of %lld x %lld\n", (long long)n, (long long)d, (long long)d);
+    matrices += n;
+  }
+  for (auto method : {linalg::RootMethod::eigen, linalg::RootMethod::newton}) {
+    const char* name = method == linalg::RootMethod::eigen ? "eigen" : "newton";
+    int64_t iterations = 0, fallbacks = 0;
+    const double ms = bench::median_ms(
+        [&] {
+          for (const auto& [d, f] : factors) {
+            const auto r = linalg::inverse_root_ex(f, 4, {.epsilon = 1e-12, .method = method});
+            iterations = std::max(iterations, r.iterations);
+            fallbacks += r.fallbacks;
+          }
+        },
+        1, 5, 1);
+    bench::report(std::string("shampoo_roots_gpt2_124m_") + name, ms, 0, 0);
+    std::printf("# all %lld roots of GPT-2 124M by %s: %.1f ms (newton: up to %lld iterations, %lld fallbacks)\n",
+                (long long)matrices, name, ms, (long long)iterations, (long long)fallbacks);
+  }
+  for (int64_t batch : {1, 48}) {
+    const Tensor g = randn({batch, 768, 768}, f32);
+    const Tensor a = add(div(matmul(g, g.transpose(1, 2)), 768.0), mul(linalg::eye(768, f32), 1e-3));
+    const double ms = bench::median_ms([&] { linalg::eigh(a); }, 1, 5, 1);
+    bench::report("eigh_768_batch" + std::to_string(batch), ms, 0, 0);
+    std::printf("# eigh of %lld x 768 x 768: %.2f ms\n", (long long)batch, ms);
+  }
+  return 0;
+}
