@@ -65,6 +65,7 @@
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
 #include <kiln/optim/lr_scheduler.h>
+#include <kiln/optim/shampoo.h>
 
 #include "../common/cli.h"
 
@@ -77,6 +78,8 @@ struct Args {
   std::string device = "cpu";
   std::string amp = "auto";  // bf16 on a GPU, none on the CPU
   int64_t iters = 5000;
+  std::string optimizer = "adamw";  // or shampoo
+  int64_t shampoo_frequency = 10;
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t batch_size = 64;
@@ -106,10 +109,12 @@ void usage(std::ostream& os) {
         "                [--n-layer L] [--n-head H] [--n-embd E] [--dropout P] [--attn-dropout P] [--bias]\n"
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
-        "                [--seed S] [--sample N] [--profile N] [--sketch L,k]\n"
+        "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
+        "                [--shampoo-frequency F]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
-        "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n";
+        "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
+        "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -140,6 +145,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--weight-decay") a.weight_decay = r.f64();
     else if (flag == "--grad-clip") a.grad_clip = r.f64();
     else if (flag == "--sketch") a.sketch = r.i64_pair();
+    else if (flag == "--optimizer") a.optimizer = r.value();
+    else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
@@ -248,8 +255,23 @@ int run(const Args& args) {
   }
   auto groups = model.parameter_groups();
   const std::pair<double, double> betas{args.beta1, args.beta2};
-  optim::AdamW opt(groups.decay, {.lr = args.lr, .betas = betas, .weight_decay = args.weight_decay});
-  opt.add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
+  KILN_CHECK(args.optimizer == "adamw" || args.optimizer == "shampoo",
+             "char_gpt: --optimizer must be adamw or shampoo, got '", args.optimizer, "'");
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (args.optimizer == "adamw") {
+    auto adamw = std::make_unique<optim::AdamW>(groups.decay, optim::AdamWOptions{.lr = args.lr, .betas = betas,
+                                                                                  .weight_decay = args.weight_decay});
+    adamw->add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
+    optimizer = std::move(adamw);
+  } else {
+    optim::ShampooOptions o{.lr = args.lr, .betas = betas, .epsilon = 1e-8, .weight_decay = args.weight_decay,
+                            .precondition_frequency = args.shampoo_frequency, .grafting_beta2 = args.beta2};
+    auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, o);
+    o.weight_decay = 0.0;
+    shampoo->add_param_group(groups.no_decay, o);
+    optimizer = std::move(shampoo);
+  }
+  optim::Optimizer& opt = *optimizer;
   optim::CosineWithWarmup schedule(opt, args.warmup_iters, args.lr_decay_iters, args.min_lr);
   optim::FlatParameters flat(model.parameters());
   std::unique_ptr<distributed::DistributedDataParallel> ddp;  // buckets are ranges of flat's gradient

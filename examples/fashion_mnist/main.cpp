@@ -13,6 +13,10 @@
 // scales the loss with optim::GradScaler (its state goes into the checkpoint); --clip clips the global
 // gradient norm between unscaling and the optimizer step.
 //
+// --optimizer adamw (default) | sgd (momentum 0.9, decoupled decay as L2, the same cosine decay) | kfac (SGD
+// with momentum behind optim::KFAC, which preconditions the Linear and Conv2d gradients): the comparison
+// docs/optim.md reports. --kfac-damping, --kfac-inv-steps set K-FAC's λ and eigendecomposition interval.
+//
 // Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 fashion_mnist ..., or mpirun),
 // each rank trains on its share of every epoch (data::Loader's num_replicas/rank) and DistributedDataParallel
 // averages the gradients (NCCL on GPUs, MPI on the CPU); rank 0 alone prints and writes checkpoints.
@@ -43,7 +47,9 @@
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/clip_grad.h>
 #include <kiln/optim/grad_scaler.h>
+#include <kiln/optim/kfac.h>
 #include <kiln/optim/lr_scheduler.h>
+#include <kiln/optim/sgd.h>
 
 #include "../common/cli.h"
 
@@ -98,6 +104,9 @@ struct Args {
   double clip = 0;  // max global gradient norm; 0: no clipping
   uint64_t seed = 0;
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): Linear and Conv2d layers as SKLinear / SKConv2d
+  std::string optimizer = "adamw";
+  double kfac_damping = 1e-3;
+  int64_t kfac_inv_steps = 10;
   bool help = false;
 };
 
@@ -105,6 +114,7 @@ void usage(std::ostream& os) {
   os << "usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr LR] [--weight-decay WD]\n"
         "                     [--data DIR] [--checkpoint FILE [--resume]] [--device cpu|cuda[:i]]\n"
         "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S] [--sketch L,k]\n"
+        "                     [--optimizer adamw|sgd|kfac] [--kfac-damping L] [--kfac-inv-steps N]\n"
         "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
         "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n";
 }
@@ -127,6 +137,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--clip") a.clip = r.f64();
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sketch") a.sketch = r.i64_pair();
+    else if (flag == "--optimizer") a.optimizer = r.value();
+    else if (flag == "--kfac-damping") a.kfac_damping = r.f64();
+    else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64();
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
@@ -135,6 +148,8 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.epochs >= 1, "fashion_mnist: --epochs must be at least 1");
   KILN_CHECK(a.batch_size >= 1, "fashion_mnist: --batch-size must be at least 1");
   KILN_CHECK(a.lr > 0, "fashion_mnist: --lr must be positive");
+  KILN_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd" || a.optimizer == "kfac",
+             "fashion_mnist: --optimizer must be adamw, sgd or kfac, got '", a.optimizer, "'");
   KILN_CHECK(a.amp == "none" || a.amp == "bf16" || a.amp == "f16", "fashion_mnist: --amp must be none, bf16 or f16, got '",
              a.amp, "'");
   KILN_CHECK(a.clip >= 0, "fashion_mnist: --clip must be positive (or 0 for no clipping)");
@@ -241,7 +256,20 @@ int run(const Args& args) {
                               .pin_memory = dev.is_cuda(), .num_replicas = group ? group->size() : 1, .rank = rank});
 
   std::vector<Tensor> params = net->parameters();
-  optim::AdamW opt(params, {.lr = args.lr, .weight_decay = args.weight_decay});
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (args.optimizer == "adamw")
+    optimizer = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = args.lr, .weight_decay = args.weight_decay});
+  else
+    optimizer = std::make_unique<optim::SGD>(
+        params, optim::SGDOptions{.lr = args.lr, .momentum = 0.9, .weight_decay = args.weight_decay});
+  optim::Optimizer& opt = *optimizer;
+  // K-FAC preconditions the gradients between backward and the step (its factors go into the checkpoint)
+  std::unique_ptr<optim::KFAC> kfac;
+  KILN_CHECK(!(group && args.optimizer == "kfac"), "fashion_mnist: --optimizer kfac runs in one process (each rank's "
+             "factors would come from its own batches, and the ranks' steps would differ)");
+  if (args.optimizer == "kfac")
+    kfac = std::make_unique<optim::KFAC>(*net, optim::KFACOptions{.damping = args.kfac_damping,
+                                                                  .inv_update_steps = args.kfac_inv_steps});
   optim::CosineWithWarmup schedule(opt, /*warmup_steps=*/0, /*total_steps=*/args.epochs * loader.size());
   // Loss scaling only for f16 (its narrow exponent flushes small gradients to zero); disabled, scale()
   // returns the loss and step() just steps. bf16 has f32's exponent range and needs none.
@@ -253,8 +281,10 @@ int run(const Args& args) {
       std::fprintf(stderr, "no checkpoint at %s yet: starting from scratch\n", args.checkpoint.c_str());
     } else {
       // Every checkpoint of this trainer holds the scaler's state; it is restored when it is in use.
-      optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, *net, &opt, &schedule,
-                                                          scaler.is_enabled() ? &scaler : nullptr);
+      optim::LoadedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}};
+      if (scaler.is_enabled()) components["scaler"] = &scaler;
+      if (kfac) components["kfac"] = kfac.get();
+      optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, *net, components);
       auto meta = [&](const char* key) -> const optim::MetadataValue& {
         auto found = info.metadata.find(key);
         KILN_CHECK(found != info.metadata.end(), "fashion_mnist: ", args.checkpoint, " has no '", key,
@@ -292,10 +322,9 @@ int run(const Args& args) {
       }
       opt.zero_grad();
       scaler.scale(loss).backward();
-      if (args.clip > 0) {
-        scaler.unscale_(opt);  // clip the true gradients, not the scaled ones
-        optim::clip_grad_norm_async(params, args.clip);  // no wait for the GPU
-      }
+      if (args.clip > 0 || (kfac && scaler.is_enabled())) scaler.unscale_(opt);  // the true gradients
+      if (args.clip > 0) optim::clip_grad_norm_async(params, args.clip);           // no wait for the GPU
+      if (kfac) kfac->step(opt, &scaler);  // unscale → clip → precondition → step
       if (!scaler.step(opt)) ++skipped;  // f16: skipped when a gradient overflowed
       scaler.update();
       schedule.step();
@@ -325,11 +354,12 @@ int run(const Args& args) {
     if (!args.checkpoint.empty()) {
       const optim::Metadata meta{{"epoch", epoch + 1}, {"model", args.model}, {"seed", int64_t(args.seed)},
                                  {"amp", args.amp}, {"test_accuracy", accuracy}};
+      optim::SavedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}, {"scaler", &scaler}};
+      if (kfac) components["kfac"] = kfac.get();
       if (group)  // rank 0 writes, the others wait; the file is the one a single process writes
-        distributed::save_checkpoint(*group, args.checkpoint, *net,
-                                     {{"optimizer", &opt}, {"scheduler", &schedule}, {"scaler", &scaler}}, meta, step);
+        distributed::save_checkpoint(*group, args.checkpoint, *net, components, meta, step);
       else
-        optim::save_checkpoint(args.checkpoint, *net, &opt, meta, step, &schedule, &scaler);
+        optim::save_checkpoint(args.checkpoint, *net, components, meta, step);
     }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
