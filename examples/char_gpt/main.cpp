@@ -61,6 +61,8 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/nn/sketch.h>
+#include <kiln/observe/metrics_logger.h>
+#include <kiln/observe/plot.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
@@ -79,6 +81,7 @@ struct Args {
   std::string amp = "auto";  // bf16 on a GPU, none on the CPU
   int64_t iters = 5000;
   std::string optimizer = "adamw";  // or shampoo
+  std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
@@ -110,11 +113,12 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F]\n"
+        "                [--shampoo-frequency F] [--run-dir DIR|none]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
-        "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n";
+        "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
+        "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -147,6 +151,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
+    else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
@@ -359,6 +364,10 @@ int run(const Args& args) {
   };
   PhaseTimer untimed(dev, /*enabled=*/false);
 
+  // rank 0 logs every evaluation (appending on --resume) and draws the loss curves at the end
+  std::unique_ptr<observe::MetricsLogger> metrics;
+  if (rank == 0 && args.run_dir != "none")
+    metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
   const int64_t tokens_per_iter = args.batch_size * args.block_size;
   double train_seconds = 0;
   int64_t trained_iters = 0;
@@ -376,9 +385,21 @@ int run(const Args& args) {
       const bool improved = val_loss < best_val;
       if (improved) best_val = val_loss;
       if (rank == 0) {
+        const double ms_per_iter = segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0;
         std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
-                    schedule.get_last_lr()[0], segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0);
+                    schedule.get_last_lr()[0], ms_per_iter);
         std::fflush(stdout);
+        if (metrics) {
+          std::vector<std::pair<std::string, double>> values{
+              {"train_loss", train_loss}, {"val_loss", val_loss}, {"lr", schedule.get_last_lr()[0]}};
+          if (segment_iters > 0) {
+            values.emplace_back("ms_per_iter", ms_per_iter);
+            values.emplace_back("tokens_per_second", double(tokens_per_iter * world) * 1e3 / ms_per_iter);
+          }
+          if (dev.is_cuda())
+            values.emplace_back("peak_memory_gib", double(cuda::memory_stats(dev.index).peak_allocated) / double(1 << 30));
+          metrics->log(iter, values);
+        }
       }
       if (!args.checkpoint.empty() && iter > start_iter) {
         optim::Metadata meta{{"vocab", corpus.vocab},
@@ -445,6 +466,13 @@ int run(const Args& args) {
   if (dev.is_cuda())
     std::fprintf(stderr, "peak GPU memory %.2f GiB\n", double(cuda::memory_stats(dev.index).peak_allocated) / (1 << 30));
   const double tps = train_seconds > 0 ? double(trained_iters * tokens_per_iter * world) / train_seconds : 0.0;
+  if (metrics && !metrics->series("val_loss").empty()) {
+    const std::string png = (std::filesystem::path(args.run_dir) / "loss.png").string();
+    observe::save_metrics_plot(*metrics, {"train_loss", "val_loss"}, png,
+                               {.title = "char_gpt (" + args.optimizer + ")", .x_label = "iteration",
+                                .y_label = "cross-entropy loss"});
+    std::fprintf(stderr, "metrics and loss curves: %s\n", args.run_dir.c_str());
+  }
   std::printf("RESULT best_val_loss=%.4f seconds=%.1f tokens_per_second=%.0f\n", best_val, seconds, tps);
   return 0;
 }

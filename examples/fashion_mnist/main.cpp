@@ -43,6 +43,8 @@
 #include <kiln/distributed/checkpoint.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/nn/modules.h>
+#include <kiln/observe/metrics_logger.h>
+#include <kiln/observe/plot.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/clip_grad.h>
@@ -105,6 +107,7 @@ struct Args {
   uint64_t seed = 0;
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): Linear and Conv2d layers as SKLinear / SKConv2d
   std::string optimizer = "adamw";
+  std::string run_dir = "runs/fashion_mnist";  // metrics and curves; "none": no logging
   double kfac_damping = 1e-3;
   int64_t kfac_inv_steps = 10;
   bool help = false;
@@ -115,6 +118,7 @@ void usage(std::ostream& os) {
         "                     [--data DIR] [--checkpoint FILE [--resume]] [--device cpu|cuda[:i]]\n"
         "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S] [--sketch L,k]\n"
         "                     [--optimizer adamw|sgd|kfac] [--kfac-damping L] [--kfac-inv-steps N]\n"
+        "                     [--run-dir DIR|none]\n"
         "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
         "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n";
 }
@@ -140,6 +144,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--kfac-damping") a.kfac_damping = r.f64();
     else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64();
+    else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
@@ -304,6 +309,10 @@ int run(const Args& args) {
   }
   loader.set_epoch(start_epoch);
 
+  // the main rank logs every epoch (appending on --resume) and draws the curves at the end
+  std::unique_ptr<observe::MetricsLogger> metrics;
+  if (main_rank && args.run_dir != "none")
+    metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
   double accuracy = 0;
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
   for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {
@@ -344,6 +353,9 @@ int run(const Args& args) {
                " ended with a non-finite training loss (", train_loss, "): the run diverged (lr ", args.lr,
                "); lower --lr or set --clip");
     accuracy = evaluate(*net, test, dev, amp_dtype);  // every rank holds the same model: the same figure
+    if (metrics)
+      metrics->log(epoch + 1, {{"train_loss", train_loss}, {"test_accuracy", accuracy}, {"lr", schedule.get_last_lr()[0]},
+                               {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
     if (main_rank) {
       std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1, train_loss, accuracy);
       if (scaler.is_enabled())
@@ -363,6 +375,15 @@ int run(const Args& args) {
     }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (metrics && !metrics->series("train_loss").empty()) {
+    const std::filesystem::path dir(args.run_dir);
+    const std::string what = "fashion_mnist " + args.model + " (" + args.optimizer + ")";
+    observe::save_metrics_plot(*metrics, {"train_loss"}, (dir / "loss.png").string(),
+                               {.title = what, .x_label = "epoch", .y_label = "training loss"});
+    observe::save_metrics_plot(*metrics, {"test_accuracy"}, (dir / "accuracy.png").string(),
+                               {.title = what, .x_label = "epoch", .y_label = "test accuracy"});
+    std::fprintf(stderr, "metrics and curves: %s\n", args.run_dir.c_str());
+  }
   if (main_rank)
     std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f world=%d parameters=%lld\n", accuracy,
                 (long long)args.epochs, seconds, group ? group->size() : 1, (long long)num_params);
