@@ -3,6 +3,8 @@
 # builds what it needs, runs the NCCL collective tests and the NCCL kill test (ctest, label gpu), the
 # all-reduce bandwidth against NCCL's own, and scripts/ddp_bench.sh (Kiln and PyTorch DDP, ZeRO-1, the
 # timeline). Logs go to $OUT (or ./ddp_check_logs); a summary is printed last. Usage: bash scripts/ddp_check.sh
+# The GPU machine has neither nlohmann-json nor stb: run scripts/vendor_headers.sh here first and carry
+# .deps (with .data): run(command=..., carry=[".deps", ".data"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-ddp_check_logs}

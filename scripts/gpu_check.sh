@@ -2,6 +2,8 @@
 # The GPU machine's check: build with CUDA (sm_90), run every test including the `gpu` label, run the GPU
 # tests under compute-sanitizer memcheck, run the benchmarks with their PyTorch references, and print a
 # short summary last. Full logs go to $OUT (or ./gpu_check_logs). Usage: bash scripts/gpu_check.sh [--no-bench]
+# The GPU machine has neither nlohmann-json nor stb: run scripts/vendor_headers.sh here first and carry
+# .deps (with .data): run(command=..., carry=[".deps", ".data"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check_logs}
