@@ -154,6 +154,15 @@ DeviceProperties properties(int index) {
   return {p.name, p.major, p.minor, p.totalGlobalMem, p.multiProcessorCount};
 }
 
+LibraryVersions library_versions() {
+  LibraryVersions v;
+  if (cudaRuntimeGetVersion(&v.runtime) != cudaSuccess) v.runtime = 0;
+  if (cudaDriverGetVersion(&v.driver) != cudaSuccess) v.driver = 0;
+  v.cudnn = cudnnGetVersion();
+  v.cublaslt = cublasLtGetVersion();
+  return v;
+}
+
 bool has_tensor_core_support(int index) {
   if (index < 0 || index >= device_count()) return false;
   return properties(index).major >= 7;

@@ -25,6 +25,13 @@ struct DeviceProperties {
   int multiprocessors = 0;
 };
 DeviceProperties properties(int index);
+// The CUDA libraries this build runs on, as the libraries report them (0: not there, or no CUDA backend):
+// runtime and driver as 1000·major + 10·minor, cuDNN and cuBLASLt as their own integers.
+struct LibraryVersions {
+  int runtime = 0, driver = 0;
+  size_t cudnn = 0, cublaslt = 0;
+};
+LibraryVersions library_versions();
 // True from Volta (sm_70) on: f16/bf16 matmuls can use tensor cores.
 bool has_tensor_core_support(int index = 0);
 

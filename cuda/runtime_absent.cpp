@@ -20,6 +20,7 @@ void synchronize() { no_cuda("synchronize"); }
 void* current_stream_handle() { no_cuda("current_stream_handle"); }
 DeviceProperties properties(int) { no_cuda("properties"); }
 bool has_tensor_core_support(int) { return false; }
+LibraryVersions library_versions() { return {}; }
 MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
 void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
 std::string memory_summary(int) { no_cuda("memory_summary"); }

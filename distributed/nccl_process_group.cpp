@@ -252,4 +252,9 @@ std::shared_ptr<Work> NcclProcessGroup::barrier_async() {
       /*host_blocking=*/true);
 }
 
+int nccl_version() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
 }  // namespace kiln::distributed

@@ -115,4 +115,16 @@ std::shared_ptr<ProcessGroup> init_process_group_if_launched(Device device, cons
   return init_process_group({.backend = device.is_cuda() ? "nccl" : "mpi", .group = options});
 }
 
+bool has_mpi_backend() {
+#ifdef KILN_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifndef KILN_WITH_NCCL
+int nccl_version() { return 0; }  // nccl_process_group.cpp's otherwise
+#endif
+
 }  // namespace kiln::distributed

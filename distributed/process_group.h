@@ -112,6 +112,11 @@ struct InitOptions {
 // torchrun's variables for nccl). A job of one process without a launcher is a group of one.
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
 
+// The backends this build has: MPI (CPU tensors) and NCCL, with the version of the NCCL library it runs on
+// (10000·major + 100·minor + patch; 0 without NCCL).
+bool has_mpi_backend();
+int nccl_version();
+
 // What a trainer calls first: when a launcher started several ranks, their group (nccl for a CUDA `device`,
 // mpi for the CPU), whose device() the trainer then uses; else null (one process, no data parallelism).
 std::shared_ptr<ProcessGroup> init_process_group_if_launched(Device device, const ProcessGroupOptions& options = {});
