@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages Kiln needs to build, test and train, skipping those already present.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libeigen3-dev libhdf5-dev hdf5-tools libgtest-dev zlib1g-dev
-          dataset-fashion-mnist openmpi-bin libopenmpi-dev nlohmann-json3-dev libstb-dev)
+          dataset-fashion-mnist openmpi-bin libopenmpi-dev nlohmann-json3-dev libstb-dev
+          python3-h5py python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -196,6 +196,20 @@ TEST(CheckpointComponents, VersionOneFilesStillLoad) {
   }
 }
 
+// tests/optim/checkpoint/data/python_written.h5 was written by python/kiln_checkpoint.py's save() (h5py):
+// weight = arange(6) / 10 as (2, 3), bias = (-1, 2), metadata epoch = 3 and written_by, step 5. A model
+// loads it with no other component.
+TEST(CheckpointComponents, FilesWrittenFromPythonLoad) {
+  const std::string path = std::string(KILN_SOURCE_DIR) + "/tests/optim/checkpoint/data/python_written.h5";
+  nn::Linear model(3, 2);
+  const CheckpointInfo info = load_checkpoint(path, model, LoadedComponents{});
+  EXPECT_EQ(info.step, 5);
+  EXPECT_EQ(std::get<int64_t>(info.metadata.at("epoch")), 3);
+  EXPECT_EQ(std::get<std::string>(info.metadata.at("written_by")), "python/kiln_checkpoint.py");
+  EXPECT_EQ(model.weight.to_vector<float>(), (std::vector<float>{0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f}));
+  EXPECT_EQ(model.bias.to_vector<float>(), (std::vector<float>{-1.0f, 2.0f}));
+}
+
 TEST(CheckpointComponents, BatchNormRunningStatisticsRoundTrip) {
   const std::string path = scratch("batch_norm");
   nn::BatchNorm1d saved(3);
