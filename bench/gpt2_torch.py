@@ -46,6 +46,9 @@ def run(mode, args):
     wrapped = model
     if world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+        if args.comm_bf16:  # the gradients all-reduced as bf16 (gpt2_bench --comm-bf16 does the same)
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
     step_model = torch.compile(wrapped) if mode == "compile" else wrapped
     gen = torch.Generator(device=dev).manual_seed(1 + rank)  # each rank its own batches
     batches = [(torch.randint(0, V, (B, T), device=dev, generator=gen),
@@ -94,6 +97,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--modes", default="eager,compile")
     p.add_argument("--grad-checkpoint", action="store_true")
+    p.add_argument("--comm-bf16", action="store_true", help="DDP: all-reduce the gradients as bf16")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

@@ -18,6 +18,7 @@ struct DistributedDataParallel::Bucket {
   Tensor grad;                // the flat gradient buffer: every parameter's .grad is a view of it
   std::vector<bool> ready;    // this backward pass
   size_t pending = 0;         // parameters not ready yet
+  Tensor comm;                // options.comm_dtype's copy of grad, what is all-reduced (undefined: grad itself)
   std::shared_ptr<Work> work;  // the all-reduce in flight
   std::shared_ptr<cuda::Event> ready_event, done_event;  // record_timeline's, of the last pass
 };
@@ -55,6 +56,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   KILN_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
              "DistributedDataParallel: bucket sizes must be positive, got ", options.first_bucket_cap_mb, " and ",
              options.bucket_cap_mb, " MiB");
+  KILN_CHECK(!options.comm_dtype || is_floating(*options.comm_dtype), "DistributedDataParallel: comm_dtype must be "
+             "a floating dtype, got ", dtype_name(*options.comm_dtype));
   register_module("module", module);
   nn::NamedTensors params;
   for (const auto& [name, p] : module.named_parameters())
@@ -197,6 +200,8 @@ void DistributedDataParallel::build_buckets_over(const optim::FlatParameters& fl
 // Registers the bucket's post-accumulate-grad hooks: each marks its parameter ready for this backward pass.
 void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
   const size_t n = bucket->params.size(), b = buckets_.size();
+  if (options_.comm_dtype && *options_.comm_dtype != bucket->grad.dtype())
+    bucket->comm = empty(bucket->grad.sizes(), {.dtype = *options_.comm_dtype, .device = bucket->grad.device()});
   bucket->ready.assign(n, false);
   bucket->pending = n;
   for (size_t k = 0; k < n; ++k) {
@@ -223,7 +228,11 @@ void DistributedDataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& b = *buckets_[next_launch_++];
     if (timeline_) b.ready_event = record_timing_event(group_->device());
-    b.work = group_->all_reduce_async(b.grad, ReduceOp::avg);
+    if (b.comm.defined()) {
+      NoGradGuard no_grad;
+      b.comm.copy_(b.grad);  // cast on the compute stream; the collective is ordered after it
+    }
+    b.work = group_->all_reduce_async(b.comm.defined() ? b.comm : b.grad, ReduceOp::avg);
     if (timeline_) b.done_event = b.work->completion_event();
   }
 }
@@ -241,7 +250,13 @@ void DistributedDataParallel::finish_backward() {
   if (timeline_) backward_end_ = record_timing_event(group_->device());
   // wait for every launched all-reduce, then make the buckets ready for the next pass
   for (auto& b : buckets_) {
-    if (b->work) b->work->wait();
+    if (b->work) {
+      b->work->wait();
+      if (b->comm.defined()) {  // the average back into the gradients, after the collective
+        NoGradGuard no_grad;
+        b->grad.copy_(b->comm);
+      }
+    }
     b->work.reset();
     b->ready.assign(b->params.size(), false);
     b->pending = b->params.size();

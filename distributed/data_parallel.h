@@ -29,6 +29,7 @@
 // names, shapes or dtypes fail at construction with an error naming the first difference.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ struct DistributedDataParallelOptions {
   double first_bucket_cap_mb = 1.0;  // a small first bucket starts communicating early
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // at construction, with the parameters
+  // bf16 (or f16): each bucket is all-reduced as a copy in this dtype and cast back, half the bytes of an
+  // f32 gradient on the wire (PyTorch's bf16_compress_hook); the average then carries bf16's 8 bits of
+  // mantissa. Undefined (default): the gradients' own dtype.
+  std::optional<DType> comm_dtype;
   // The parameters' gradients already live in this FlatParameters' flat buffer (made before DDP, over the
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.

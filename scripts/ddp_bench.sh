@@ -21,21 +21,30 @@ run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_be
 run torch_n_compile 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps"
 run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
 run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$steps"
+# the gradients all-reduced as bf16 (half the bytes), in both
+run kiln_n_bf16 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --comm-bf16
+run torch_n_compile_bf16 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps" --comm-bf16
 grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
 tps() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field tokens_per_second; }
 mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
 python3 - "$n" "$(tps kiln_1)" "$(tps kiln_n)" "$(tps kiln_zero)" "$(tps torch_1 'RESULT eager')" \
   "$(tps torch_n_eager)" "$(tps torch_1 'RESULT compile')" "$(tps torch_n_compile)" \
-  "$(mem kiln_1)" "$(mem kiln_n)" "$(mem kiln_zero)" "$(mem torch_n_eager)" "$(mem torch_n_compile)" <<'PY'
+  "$(mem kiln_1)" "$(mem kiln_n)" "$(mem kiln_zero)" "$(mem torch_n_eager)" "$(mem torch_n_compile)" \
+  "$(tps kiln_n_bf16)" "$(tps torch_n_compile_bf16)" <<'PY'
 import sys
 n = int(sys.argv[1])
-k1, kn, kz, t1e, tne, t1c, tnc, m1, mn, mz, mte, mtc = (float(x or 0) for x in sys.argv[2:])
+k1, kn, kz, t1e, tne, t1c, tnc, m1, mn, mz, mte, mtc, kb, tcb = (float(x or 0) for x in sys.argv[2:])
 def eff(one, many): return f"{100 * many / (n * one):.1f}%" if one and many else "-"
 print(f"{'tokens/s (GPT-2 124M, B16 T1024 bf16 a GPU)':46}{'1 GPU':>10}{f'{n} GPUs':>10}{'scaling':>9}{'peak GiB/GPU':>14}")
 for name, one, many, mem in [("kiln DDP", k1, kn, mn), ("kiln ZeRO-1", k1, kz, mz),
                              ("torch DDP eager", t1e, tne, mte), ("torch DDP compiled", t1c, tnc, mtc)]:
     print(f"{name:46}{one:10.0f}{many:10.0f}{eff(one, many):>9}{mem:14.2f}")
 if tnc: print(f"kiln DDP {n} GPUs / torch compiled DDP {n} GPUs: {kn / tnc:.3f}x")
+if kb or tcb:
+    print(f"{'with bf16 gradients on the wire':46}{'':10}{'':10}{'':9}")
+    print(f"{'  kiln DDP --comm-bf16':46}{k1:10.0f}{kb:10.0f}{eff(k1, kb):>9}")
+    print(f"{'  torch compiled DDP + bf16_compress_hook':46}{t1c:10.0f}{tcb:10.0f}{eff(t1c, tcb):>9}")
+    if tcb: print(f"  kiln / torch, both bf16 on the wire: {kb / tcb:.3f}x")
 print(f"ZeRO-1 saves {mn - mz:.2f} GiB a GPU against DDP (kiln 1 GPU: {m1:.2f} GiB)")
 PY
 sed -n '/DDP timeline/,/backward ended/p' "$out/ddp_kiln_n.log"

@@ -56,6 +56,7 @@ struct Args {
   bool zero = false;
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
   bool timeline = false;
+  bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   std::string device = "cuda";
   std::string amp = "bf16";
   uint64_t seed = 0;
@@ -65,10 +66,11 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
-        "                  [--seed S] [--profile N] [--zero] [--timeline] [--shampoo F]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
+        "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
@@ -92,6 +94,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--zero") a.zero = true;
     else if (flag == "--shampoo") a.shampoo = r.i64();
     else if (flag == "--timeline") a.timeline = true;
+    else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--device") a.device = r.value();
     else if (flag == "--amp") a.amp = r.value();
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
@@ -137,7 +140,11 @@ int run(const Args& args) {
     zero = z.get();
     opt = std::move(z);
   } else {
-    if (group) ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
+    if (group) {
+      distributed::DistributedDataParallelOptions o;
+      if (args.comm_bf16) o.comm_dtype = DType::bf16;
+      ddp = std::make_unique<distributed::DistributedDataParallel>(model, group, o);
+    }
     if (args.shampoo > 0) {  // the same betas, decay and lr, with roots every --shampoo steps
       const optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, 0.95}, .epsilon = 1e-8, .weight_decay = 0.1,
                                     .precondition_frequency = args.shampoo};
@@ -224,7 +231,7 @@ int run(const Args& args) {
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s\n", tps, mfu, peak_gib,
               1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
-              args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : "");
+              args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "");
   return 0;
 }
 

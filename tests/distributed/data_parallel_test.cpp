@@ -186,6 +186,32 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
   EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());
 }
 
+// comm_dtype bf16: the buckets travel as bf16 copies; every rank ends with the same gradients, within
+// bf16's rounding of the f32 average.
+TEST(DistributedDataParallel, Bf16CommunicationAgreesWithF32ToItsRounding) {
+  const auto& pg = world();
+  manual_seed(41);
+  Net a, b;
+  b.load_state_dict(a.state_dict());
+  DistributedDataParallel f32(a, pg), bf16(b, pg, {.comm_dtype = DType::bf16});
+  const Data d = share(whole_batch(2 * pg->size()), pg->rank(), pg->size());
+  F::mse_loss(f32(d.x), d.y).backward();
+  F::mse_loss(bf16(d.x), d.y).backward();
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (!pa[i].second.grad().defined()) continue;
+    const Tensor ga = pa[i].second.grad(), gb = pb[i].second.grad();
+    EXPECT_EQ(gb.dtype(), DType::f32);
+    const double scale = amax(abs(ga)).item<double>();
+    EXPECT_LE(amax(abs(sub(ga, gb))).item<double>(), 8e-3 * scale + 1e-12) << pa[i].first;
+    Tensor from0 = gb.contiguous().clone();
+    pg->broadcast(from0, 0);
+    EXPECT_EQ(gb.contiguous().to_vector<float>(), from0.to_vector<float>()) << pa[i].first;
+  }
+  Net c;
+  EXPECT_THROW(DistributedDataParallel(c, pg, {.comm_dtype = DType::i64}), Error);
+}
+
 TEST(DistributedDataParallel, TimelineNeedsACudaGroup) {
   const auto& pg = world();
   Net model;
