@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <kiln/nn/layer_capture.h>
 #include <kiln/nn/module.h>
 
 namespace kiln::nn {
@@ -47,13 +48,11 @@ class PerSampleGradients {
   Tensor norms() const;
   void clear();  // forgets the captured inputs and gradients
   std::vector<std::string> layers() const;
-  const std::vector<std::string>& uncovered() const { return uncovered_; }
+  const std::vector<std::string>& uncovered() const { return capture_.others(); }
 
  private:
-  struct Layer;
   Options options_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<std::string> uncovered_;
+  LayerCapture capture_;
 };
 
 }  // namespace kiln::nn

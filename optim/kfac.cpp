@@ -7,45 +7,29 @@
 #include <kiln/core/error.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
-#include <kiln/nn/conv2d.h>
-#include <kiln/nn/functional.h>
-#include <kiln/nn/linear.h>
 
 namespace kiln::optim {
 
-namespace F = nn::functional;
-
+// One preconditioned layer: the captured input and output gradient, and the running factors.
 struct KFAC::Layer {
-  std::string name;
-  Tensor weight, bias;  // the module's parameters (bias undefined when it has none)
-  bool conv = false;
-  std::array<int64_t, 2> kernel{1, 1};
-  F::Conv2dOptions geometry;
-  nn::HookHandle forward_hook, backward_hook;
-  Tensor input, grad_output;  // the last forward's input and backward's output gradient
-  Tensor a, g;                // the running factors
-  Tensor qa, da, qg, dg;      // their eigendecompositions
+  const nn::CapturedLayer* captured;
+  Tensor a, g;            // the running factors
+  Tensor qa, da, qg, dg;  // their eigendecompositions
 
-  // The rows of a (samples, or samples x positions; a 1 appended with a bias) and the batch size.
-  std::pair<Tensor, int64_t> activation_rows() const {
-    Tensor rows;
-    if (conv) {  // (n, C·kh·kw, L) -> (n·L, C·kh·kw)
-      const Tensor cols = F::unfold(input, kernel, geometry);
-      rows = cols.transpose(1, 2).reshape({-1, cols.size(1)});
-    } else {
-      rows = input.reshape({-1, input.size(-1)});
-    }
-    if (bias.defined()) rows = cat({rows, ones({rows.size(0), 1}, {.dtype = rows.dtype(), .device = rows.device()})}, 1);
-    return {rows, input.size(0)};
+  const std::string& name() const { return captured->name; }
+  const Tensor& weight() const { return captured->weight; }
+  const Tensor& bias() const { return captured->bias; }
+  // The rows of a (samples, or samples x positions; a 1 appended with a bias)
+  Tensor activation_rows(DType dtype) const {
+    Tensor rows = captured->input_rows(dtype);
+    rows = rows.reshape({-1, rows.size(-1)});
+    if (bias().defined()) rows = cat({rows, ones({rows.size(0), 1}, {.dtype = dtype, .device = rows.device()})}, 1);
+    return rows;
   }
-  Tensor gradient_rows() const {  // (n·L or n, out)
-    if (conv) return grad_output.flatten(2).transpose(1, 2).reshape({-1, grad_output.size(1)});
-    return grad_output.reshape({-1, grad_output.size(-1)});
-  }
-  // [∇W | ∇b] as (out, in(+1)), in f32 (f64 for f64 weights)
+  // [∇W | ∇b] as (out, in(+1))
   Tensor gradient_matrix(DType dtype) const {
-    Tensor m = cast(weight.grad(), dtype).reshape({weight.size(0), -1});
-    if (bias.defined()) m = cat({m, cast(bias.grad(), dtype).reshape({-1, 1})}, 1);
+    Tensor m = cast(weight().grad(), dtype).reshape({weight().size(0), -1});
+    if (bias().defined()) m = cat({m, cast(bias().grad(), dtype).reshape({-1, 1})}, 1);
     return m;
   }
 };
@@ -54,7 +38,8 @@ namespace {
 DType compute_dtype(const Tensor& w) { return w.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 }  // namespace
 
-KFAC::KFAC(nn::Module& model, const KFACOptions& options) : options_(options) {
+KFAC::KFAC(nn::Module& model, const KFACOptions& options)
+    : options_(options), capture_(std::make_unique<nn::LayerCapture>(model, /*embeddings=*/false)) {
   KILN_CHECK(options.damping > 0, "KFAC: damping must be positive, got ", options.damping);
   KILN_CHECK(options.factor_decay >= 0 && options.factor_decay < 1, "KFAC: factor_decay must be in [0, 1), got ",
              options.factor_decay);
@@ -62,54 +47,22 @@ KFAC::KFAC(nn::Module& model, const KFACOptions& options) : options_(options) {
              "KFAC: factor_update_steps and inv_update_steps must be at least 1, got ", options.factor_update_steps,
              " and ", options.inv_update_steps);
   KILN_CHECK(options.kl_clip >= 0, "KFAC: kl_clip must be non-negative, got ", options.kl_clip);
-  for (auto& [name, module] : model.named_modules()) {
-    auto layer = std::make_unique<Layer>();
-    layer->name = name.empty() ? "(model)" : name;
-    if (auto* linear = dynamic_cast<nn::Linear*>(module); linear && linear->weight.defined()) {
-      layer->weight = linear->weight, layer->bias = linear->bias;
-    } else if (auto* conv = dynamic_cast<nn::Conv2d*>(module); conv && conv->weight.defined()) {
-      layer->weight = conv->weight, layer->bias = conv->bias, layer->conv = true;
-      layer->kernel = {conv->kernel_size()[0], conv->kernel_size()[1]};
-      const auto& o = conv->options();
-      layer->geometry = {.stride = {o.stride[0], o.stride[1]}, .padding = {o.padding[0], o.padding[1]},
-                         .dilation = {o.dilation[0], o.dilation[1]}};
-    } else {
-      // a module of another kind with parameters of its own (not its children's) is left to the base
-      bool own = false;
-      for (const auto& [pname, p] : module->named_parameters())
-        own = own || (pname.find('.') == std::string::npos && p.requires_grad());
-      if (own) skipped_.push_back(layer->name);
-      continue;
-    }
-    if (!layer->weight.requires_grad()) continue;
-    Layer* l = layer.get();
-    l->forward_hook = module->register_forward_hook([l](nn::Module&, const std::vector<Tensor>& in, const Tensor&) {
-      if (autograd::is_grad_enabled()) l->input = in.at(0).detach();
-    });
-    l->backward_hook = module->register_full_backward_hook(
-        [l](nn::Module&, const std::vector<Tensor>&, const std::vector<Tensor>& grad_out) {
-          l->grad_output = grad_out.at(0).detach();
-        });
-    layers_.push_back(std::move(layer));
-  }
+  for (const auto& l : capture_->layers()) layers_.push_back(std::make_unique<Layer>(Layer{l.get()}));
 }
 
-KFAC::~KFAC() {
-  for (auto& l : layers_) {
-    l->forward_hook.remove();
-    l->backward_hook.remove();
-  }
-}
+KFAC::~KFAC() = default;
+
+const std::vector<std::string>& KFAC::skipped() const { return capture_->others(); }
 
 std::vector<std::string> KFAC::layers() const {
   std::vector<std::string> names;
-  for (const auto& l : layers_) names.push_back(l->name);
+  for (const auto& l : layers_) names.push_back(l->name());
   return names;
 }
 
 KFAC::Layer* KFAC::find(const std::string& name) const {
   for (const auto& l : layers_)
-    if (l->name == name) return l.get();
+    if (l->name() == name) return l.get();
   KILN_FAIL("KFAC: no preconditioned layer named '", name, "'");
 }
 
@@ -135,13 +88,15 @@ void KFAC::step(const Optimizer& base, const GradScaler* scaler) {
   Tensor kl;                                              // Σ ∇̃ ⊙ ∇, a scalar on the device
   for (auto& lp : layers_) {
     Layer& l = *lp;
-    if (!l.weight.grad().defined() || (l.bias.defined() && !l.bias.grad().defined())) continue;
-    const DType dt = compute_dtype(l.weight);
+    if (!l.weight().grad().defined() || (l.bias().defined() && !l.bias().grad().defined())) continue;
+    const DType dt = compute_dtype(l.weight());
     if (update_factors) {
-      KILN_CHECK(l.input.defined() && l.grad_output.defined(), "KFAC::step: layer '", l.name,
+      KILN_CHECK(l.captured->ready(), "KFAC::step: layer '", l.name(),
                  "' has a gradient but its hooks saw no forward and backward since the last step");
-      const auto [rows, n] = l.activation_rows();
-      const Tensor a_rows = cast(rows, dt), g_rows = mul(cast(l.gradient_rows(), dt), unscale);
+      const int64_t n = l.captured->samples();
+      const Tensor a_rows = l.activation_rows(dt);
+      const Tensor go = l.captured->grad_output_rows(dt);
+      const Tensor g_rows = mul(go.reshape({-1, go.size(-1)}), unscale);
       const Tensor a_batch = div(matmul(a_rows.transpose(0, 1), a_rows), double(a_rows.size(0)));
       const Tensor g_batch = mul(matmul(g_rows.transpose(0, 1), g_rows), double(n));
       if (!l.a.defined()) {
@@ -173,12 +128,12 @@ void KFAC::step(const Optimizer& base, const GradScaler* scaler) {
   }
   for (auto& [l, natural] : preconditioned) {
     const Tensor scaled = nu == 1.0 ? natural : mul(natural, nu);
-    const int64_t in = l->weight.numel() / l->weight.size(0);
-    Tensor wgrad = l->weight.grad();
-    wgrad.copy_(scaled.narrow(1, 0, in).reshape(l->weight.shape()));
-    if (l->bias.defined()) {
-      Tensor bgrad = l->bias.grad();
-      bgrad.copy_(scaled.narrow(1, in, 1).reshape(l->bias.shape()));
+    const int64_t in = l->weight().numel() / l->weight().size(0);
+    Tensor wgrad = l->weight().grad();
+    wgrad.copy_(scaled.narrow(1, 0, in).reshape(l->weight().shape()));
+    if (l->bias().defined()) {
+      Tensor bgrad = l->bias().grad();
+      bgrad.copy_(scaled.narrow(1, in, 1).reshape(l->bias().shape()));
     }
   }
 }
@@ -188,8 +143,8 @@ State KFAC::save_state() const {
   s["steps"] = steps_;
   for (const auto& l : layers_) {
     if (!l->a.defined()) continue;
-    s["layers/" + l->name + "/A"] = l->a.clone();
-    s["layers/" + l->name + "/G"] = l->g.clone();
+    s["layers/" + l->name() + "/A"] = l->a.clone();
+    s["layers/" + l->name() + "/G"] = l->g.clone();
   }
   return s;
 }
@@ -208,17 +163,17 @@ std::vector<std::string> KFAC::check_state(const State& state) const {
     const std::string name = key.substr(7, slash - 7), which = key.substr(slash + 1);
     const Layer* layer = nullptr;
     for (const auto& l : layers_)
-      if (l->name == name) layer = l.get();
+      if (l->name() == name) layer = l.get();
     if (!layer || (which != "A" && which != "G") || !std::holds_alternative<Tensor>(value)) {
       errors.push_back("KFAC: unknown entry '" + key + "' (no such layer, or not a factor)");
       continue;
     }
     const Tensor& t = std::get<Tensor>(value);
-    const int64_t in = layer->weight.numel() / layer->weight.size(0) + (layer->bias.defined() ? 1 : 0);
-    const int64_t d = which == "A" ? in : layer->weight.size(0);
-    if (t.shape() != Shape{d, d} || t.dtype() != compute_dtype(layer->weight))
+    const int64_t in = layer->weight().numel() / layer->weight().size(0) + (layer->bias().defined() ? 1 : 0);
+    const int64_t d = which == "A" ? in : layer->weight().size(0);
+    if (t.shape() != Shape{d, d} || t.dtype() != compute_dtype(layer->weight()))
       errors.push_back("KFAC: '" + key + "' is " + t.str() + ", expected [" + std::to_string(d) + ", " +
-                       std::to_string(d) + "] " + dtype_name(compute_dtype(layer->weight)));
+                       std::to_string(d) + "] " + dtype_name(compute_dtype(layer->weight())));
   }
   return errors;
 }
@@ -227,10 +182,10 @@ void KFAC::apply_state(const State& state) {
   steps_ = std::get<int64_t>(state.at("steps"));
   for (auto& l : layers_) {
     l->a = l->g = l->qa = l->da = l->qg = l->dg = Tensor();
-    auto a = state.find("layers/" + l->name + "/A"), g = state.find("layers/" + l->name + "/G");
+    auto a = state.find("layers/" + l->name() + "/A"), g = state.find("layers/" + l->name() + "/G");
     if (a == state.end() || g == state.end()) continue;
-    l->a = std::get<Tensor>(a->second).to(l->weight.device()).clone();
-    l->g = std::get<Tensor>(g->second).to(l->weight.device()).clone();
+    l->a = std::get<Tensor>(a->second).to(l->weight().device()).clone();
+    l->g = std::get<Tensor>(g->second).to(l->weight().device()).clone();
   }
 }
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <kiln/core/stateful.h>
+#include <kiln/nn/layer_capture.h>
 #include <kiln/nn/module.h>
 #include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/optimizer.h>
@@ -62,7 +63,7 @@ class KFAC : public Stateful {
   const KFACOptions& options() const { return options_; }
   int64_t steps() const { return steps_; }
   std::vector<std::string> layers() const;   // the preconditioned layers, by module name
-  const std::vector<std::string>& skipped() const { return skipped_; }
+  const std::vector<std::string>& skipped() const;
   // A layer's factors (undefined before the first update), for tests and inspection.
   Tensor factor_a(const std::string& layer) const;
   Tensor factor_g(const std::string& layer) const;
@@ -77,8 +78,8 @@ class KFAC : public Stateful {
   struct Layer;
   Layer* find(const std::string& name) const;
   KFACOptions options_;
+  std::unique_ptr<nn::LayerCapture> capture_;  // the hooks that keep each layer's input and output gradient
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<std::string> skipped_;
   int64_t steps_ = 0;
 };
 
