@@ -9,6 +9,7 @@
 
 #include <kiln/core/ops.h>
 
+#include "collective_values.h"
 #include "distributed_test_util.h"
 
 namespace kiln::distributed {
@@ -111,16 +112,7 @@ TEST(Collectives, ReduceScatterInPlace) {
   const auto& pg = world();
   const int n = pg->size();
   const int64_t len = 19;
-  for (DType t : kDtypes) {
-    Tensor in = values_of(pg->rank(), n * len, t);
-    pg->reduce_scatter(in.narrow(0, pg->rank() * len, len), in, ReduceOp::sum);
-    const std::vector<double> got = host(in.narrow(0, pg->rank() * len, len));
-    for (int64_t i = 0; i < len; ++i) {
-      double sum = 0;
-      for (int r = 0; r < n; ++r) sum += value(r, pg->rank() * len + i);
-      ASSERT_EQ(got[size_t(i)], sum) << dtype_name(t) << " element " << i;
-    }
-  }
+  for (DType t : kDtypes) testing::expect_reduce_scatter_in_place(*pg, len, t);
   if (n > 1) {
     Tensor in = zeros({n * len});
     const int64_t other = (pg->rank() + 1) % n;

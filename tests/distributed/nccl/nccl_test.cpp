@@ -22,6 +22,7 @@
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
 
+#include "../collective_values.h"
 #include "../test_mlp.h"
 
 namespace kiln::distributed {
@@ -130,19 +131,7 @@ TEST(Nccl, DistributedDataParallelMatchesOneProcessOnTheWholeBatch) {
 
 // In place on NCCL: the output is this rank's slice of the input (recvbuff = sendbuff + rank·count).
 TEST(Nccl, ReduceScatterInPlace) {
-  auto pg = group();
-  const int n = pg->size();
-  const int64_t len = 1000;
-  for (DType t : kDtypes) {
-    Tensor in = values_of(pg->rank(), n * len, t);
-    pg->reduce_scatter(in.narrow(0, pg->rank() * len, len), in, ReduceOp::sum);
-    const std::vector<double> got = host(in.narrow(0, pg->rank() * len, len));
-    for (int64_t i = 0; i < len; ++i) {
-      double sum = 0;
-      for (int r = 0; r < n; ++r) sum += value(r, pg->rank() * len + i);
-      ASSERT_EQ(got[size_t(i)], sum) << dtype_name(t) << " element " << i;
-    }
-  }
+  for (DType t : kDtypes) testing::expect_reduce_scatter_in_place(*group(), 1000, t);
 }
 
 // ZeRO-1 on NCCL: the same parameters as DDP + AdamW after a few steps (reduce-scatter, shard step, all-gather).
