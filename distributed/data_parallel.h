@@ -65,7 +65,7 @@ struct DistributedDataParallelOptions {
   // bf16 (or f16): each bucket is all-reduced as a copy in this dtype and cast back, half the bytes of an
   // f32 gradient on the wire (PyTorch's bf16_compress_hook); the average then carries bf16's 8 bits of
   // mantissa. Undefined (default): the gradients' own dtype.
-  std::optional<DType> comm_dtype;
+  std::optional<DType> comm_dtype = std::nullopt;
   // The parameters' gradients already live in this FlatParameters' flat buffer (made before DDP, over the
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.

@@ -63,6 +63,7 @@
 #include <kiln/nn/sketch.h>
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
+#include <kiln/observe/progress.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
@@ -369,6 +370,9 @@ int run(const Args& args) {
   if (rank == 0 && args.run_dir != "none")
     metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
   const int64_t tokens_per_iter = args.batch_size * args.block_size;
+  std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr, with the time left
+  if (rank == 0 && args.iters > start_iter)
+    progress = std::make_unique<observe::ProgressBar>("iter", args.iters - start_iter);
   double train_seconds = 0;
   int64_t trained_iters = 0;
   sync();
@@ -429,6 +433,7 @@ int run(const Args& args) {
     train_step(untimed);
     ++segment_iters;
     ++trained_iters;
+    if (progress) progress->update(iter + 1 - start_iter);
   }
   sync();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();

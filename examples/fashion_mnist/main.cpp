@@ -23,14 +23,11 @@
 //
 // Progress goes to stderr (a bar updated in place on a terminal); stdout gets one line per epoch and, last,
 //   RESULT test_accuracy=0.xxxx epochs=N seconds=S world=W parameters=P
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +42,7 @@
 #include <kiln/nn/modules.h>
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
+#include <kiln/observe/progress.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/clip_grad.h>
@@ -164,42 +162,6 @@ Args parse_args(int argc, char** argv) {
 
 // A one-line progress bar on stderr, redrawn in place on a terminal (at most ~10 times a second); when
 // stderr is a file or pipe it writes a line at every quarter of the epoch instead.
-class Progress {
- public:
-  Progress(int64_t epoch, int64_t epochs, int64_t total)
-      : epoch_(epoch), epochs_(epochs), total_(total), tty_(::isatty(2) != 0), start_(Clock::now()) {}
-
-  // mean_loss is called only when a line is drawn: reading the loss waits for the device.
-  void update(int64_t done, const std::function<double()>& mean_loss, int64_t examples) {
-    auto now = Clock::now();
-    bool last = done == total_;
-    if (tty_) {
-      if (!last && now - drawn_ < std::chrono::milliseconds(100)) return;
-    } else {
-      int64_t quarter = done * 4 / total_;
-      if (!last && quarter == quarter_) return;
-      quarter_ = quarter;
-    }
-    drawn_ = now;
-    double secs = std::chrono::duration<double>(now - start_).count();
-    constexpr int kWidth = 30;
-    int filled = int(kWidth * done / total_);
-    std::string bar(size_t(filled), '=');
-    if (filled < kWidth) bar += '>' + std::string(size_t(kWidth - filled - 1), ' ');
-    std::fprintf(stderr, "%sepoch %lld/%lld [%s] %lld/%lld loss %.4f %.0f ex/s%s", tty_ ? "\r\033[K" : "",
-                 (long long)epoch_ + 1, (long long)epochs_, bar.c_str(), (long long)done, (long long)total_, mean_loss(),
-                 secs > 0 ? examples / secs : 0.0, tty_ && !last ? "" : "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  int64_t epoch_, epochs_, total_;
-  bool tty_;
-  Clock::time_point start_, drawn_{};
-  int64_t quarter_ = 0;
-};
-
 // Test accuracy, without a graph and in the precision training uses (amp: nullopt for f32).
 double evaluate(nn::Module& net, const data::Dataset& test, Device dev, std::optional<DType> amp_dtype) {
   NoGradGuard no_grad;
@@ -316,7 +278,9 @@ int run(const Args& args) {
   double accuracy = 0;
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
   for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {
-    Progress progress(epoch, args.epochs, loader.size());
+    observe::ProgressBar progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs),
+                                  loader.size());
+    const auto epoch_start = std::chrono::steady_clock::now();
     // The epoch's loss sum stays on the device; it is read only when the progress line is drawn.
     Tensor loss_sum = zeros({}, {.dtype = DType::f32, .device = dev});
     int64_t seen = 0, skipped = 0;
@@ -344,7 +308,14 @@ int run(const Args& args) {
       }
       seen += x.size(0);
       int64_t done = it.index() + 1;
-      if (main_rank) progress.update(done, [&] { return loss_sum.item<double>() / double(done); }, seen);
+      if (main_rank)
+        progress.update(done, [&] {  // reading the loss waits for the device: only when a line is drawn
+          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+          char text[64];
+          std::snprintf(text, sizeof(text), "loss %.4f %.0f ex/s", loss_sum.item<double>() / double(done),
+                        secs > 0 ? double(seen) / secs : 0.0);
+          return std::string(text);
+        });
     }
     const double train_loss = loss_sum.item<double>() / double(loader.size());
     // A diverged run stops here rather than training on NaN: without a scaler no step is skipped, so a

@@ -38,6 +38,7 @@
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/gpt.h>
+#include <kiln/observe/progress.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/shampoo.h>
 
@@ -192,7 +193,12 @@ int run(const Args& args) {
   for (int64_t i = 0; i < args.warmup; ++i) step(i);
   sync();
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < args.steps; ++i) step(args.warmup + i);
+  std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr
+  if (rank == 0) progress = std::make_unique<observe::ProgressBar>("step", args.steps);
+  for (int64_t i = 0; i < args.steps; ++i) {
+    step(args.warmup + i);
+    if (progress) progress->update(i + 1);
+  }
   sync();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
