@@ -20,8 +20,11 @@ cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Rele
 cmake --build "$work/build"
 cd "$work" && ./build/readme_example
 test -s "$work/readme_example.h5"
-# Kiln::kiln_distributed, where the build has its MPI backend: two ranks all-reduce.
+# Kiln::kiln_distributed, where the build has its MPI backend: two ranks all-reduce. Under the sanitizers
+# without leak detection, as scripts/sanitize.sh runs every MPI job: OpenMPI leaks in its dlopen'ed
+# components at exit, in frames LeakSanitizer cannot name.
 if [ -n "$distributed" ]; then
+  ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" \
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$(cache_value MPIEXEC_EXECUTABLE)" -n 2 --oversubscribe \
     ./build/distributed_example
 fi
