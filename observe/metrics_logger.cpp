@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <kiln/core/error.h>
+#include <kiln/observe/tensorboard.h>
 
 namespace kiln::observe {
 
@@ -29,9 +30,10 @@ MetricsLogger::MetricsLogger(std::string run_dir, const MetricsLoggerOptions& op
   const std::filesystem::path dir(run_dir_);
   if (options.jsonl) jsonl_ = open_file(dir / "metrics.jsonl", options.append, nullptr);
   if (options.csv) csv_ = open_file(dir / "metrics.csv", options.append, "step,time,name,value\n");
+  if (options.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(run_dir_);
 }
 
-MetricsLogger::~MetricsLogger() {
+MetricsLogger::~MetricsLogger() {  // the TensorBoard writer closes its own file
   if (jsonl_) std::fclose(jsonl_);
   if (csv_) std::fclose(csv_);
 }
@@ -62,6 +64,13 @@ void MetricsLogger::log(int64_t step, const std::vector<std::pair<std::string, d
     std::fflush(jsonl_);
   }
   if (csv_) std::fflush(csv_);
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> finite;
+    for (const auto& [name, value] : values)
+      if (std::isfinite(value)) finite.emplace_back(name, value);
+    const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    tensorboard_->add_scalars(step, wall, finite);
+  }
 }
 
 std::vector<std::pair<int64_t, double>> MetricsLogger::series(const std::string& name) const {

@@ -3,7 +3,8 @@
 // log() call, the step, the seconds since the logger was made and named values (loss, lr, tokens/s, grad
 // norm, loss scale, memory, ...), appended to the run directory's metrics.jsonl (one JSON object a line) and
 // metrics.csv (long form: step,time,name,value, so that a value first logged late needs no new column), and
-// kept in memory for plotting (observe/plot.h).
+// kept in memory for plotting (observe/plot.h); with tensorboard (default) also as a TensorBoard event file
+// (observe/tensorboard.h), so that `tensorboard --logdir runs` plots them.
 //
 //   observe::MetricsLogger metrics("runs/char_gpt");
 //   metrics.log(iter, {{"train_loss", loss}, {"lr", lr}});
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -19,9 +21,12 @@
 
 namespace kiln::observe {
 
+class TensorBoardWriter;
+
 struct MetricsLoggerOptions {
   bool jsonl = true;
   bool csv = true;
+  bool tensorboard = true;
   bool append = false;  // keep what the files hold (a resumed run) instead of starting them anew
 };
 
@@ -46,6 +51,7 @@ class MetricsLogger {
   std::string run_dir_;
   std::FILE* jsonl_ = nullptr;
   std::FILE* csv_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::chrono::steady_clock::time_point start_;
   mutable std::mutex mutex_;
   std::map<std::string, std::vector<std::pair<int64_t, double>>> series_;
