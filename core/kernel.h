@@ -25,12 +25,14 @@
 // docs/design.md, "Adding an op", walks through the whole recipe.
 #include <array>
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <kiln/core/device.h>
 #include <kiln/core/error.h>
+#include <kiln/core/profiler.h>
 #include <kiln/core/tensor.h>
 
 namespace kiln {
@@ -67,6 +69,26 @@ struct KernelResultOf<R(A...)> {
 template <class Signature>
 using KernelResult = typename KernelResultOf<Signature>::type;
 
+// "f32[64, 128], bf16[128]": the tensors among a kernel call's arguments, for the profiler
+template <class A>
+void describe_one(std::string& out, const A& a) {
+  using T = std::remove_cvref_t<A>;
+  if constexpr (std::is_same_v<T, Tensor>) {
+    if (!a.defined()) return;
+    if (!out.empty()) out += ", ";
+    out += std::string(dtype_name(a.dtype())) + shape_str(a.sizes());
+  } else if constexpr (std::is_same_v<T, std::vector<Tensor>>) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(a.size()) + " tensors";
+  }
+}
+template <class... A>
+std::string describe_tensors(const A&... args) {
+  std::string out;
+  (describe_one(out, args), ...);
+  return out;
+}
+
 template <class... A>
 bool device_of(Device& out, const A&... args) {
   const Device* found = nullptr;
@@ -96,12 +118,18 @@ class Kernel<R(Args...)> {
                device.is_cuda() ? " (this build of Kiln has no CUDA backend; configure with -DKILN_CUDA=ON)" : "");
     return f;
   }
-  // Runs the implementation of the arguments' device (see the top of this file).
+  // Runs the implementation of the arguments' device (see the top of this file); timed by the profiler
+  // (core/profiler.h) while it runs.
   R operator()(Args... args) const {
     Device device;
     KILN_CHECK(detail::device_of(device, args...), "kernel ", name_, ": no argument names a device");
     if constexpr (std::is_same_v<R, bool>) {
       if (optional_ && !has(device)) return false;
+    }
+    if (profiler::is_enabled()) {
+      profiler::OpScope scope(name_, device.is_cuda() ? device.index : -1,
+                              profiler::records_shapes() ? detail::describe_tensors(args...) : std::string());
+      return on(device)(std::forward<Args>(args)...);
     }
     return on(device)(std::forward<Args>(args)...);
   }
