@@ -53,6 +53,7 @@
 #include <kiln/core/autocast.h>
 #include <kiln/core/data/window_sampler.h>
 #include <kiln/core/phase_timer.h>
+#include <kiln/core/profiler.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -64,6 +65,7 @@
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
 #include <kiln/observe/progress.h>
+#include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
@@ -82,6 +84,7 @@ struct Args {
   std::string amp = "auto";  // bf16 on a GPU, none on the CPU
   int64_t iters = 5000;
   std::string optimizer = "adamw";  // or shampoo
+  std::string trace;  // --trace FILE: a Chrome trace of 3 more iterations
   std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
   int64_t eval_interval = 250;
@@ -114,11 +117,12 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--run-dir DIR|none]\n"
+        "                [--shampoo-frequency F] [--run-dir DIR|none] [--trace FILE]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
+        "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
         "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n";
 }
 
@@ -153,6 +157,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
     else if (flag == "--run-dir") a.run_dir = r.value();
+    else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
@@ -438,6 +443,18 @@ int run(const Args& args) {
   sync();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
+  if (!args.trace.empty() && rank == 0) {  // 3 iterations under the profiler: ops, kernels, copies
+    profiler::start();
+    for (int64_t i = 0; i < 3; ++i) {
+      profiler::Range range("iteration " + std::to_string(i));
+      train_step(untimed);
+      sync();
+    }
+    const profiler::Trace trace = profiler::stop();
+    observe::save_chrome_trace(trace, args.trace);
+    std::fprintf(stderr, "profile of 3 iterations (%s):\n%s", args.trace.c_str(),
+                 observe::profile_table(trace).c_str());
+  }
   if (args.profile > 0) {
     // Where an iteration's time goes (host and wall time of each phase; core/phase_timer.h).
     PhaseTimer timer(dev);

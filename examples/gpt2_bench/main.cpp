@@ -32,6 +32,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/phase_timer.h>
+#include <kiln/core/profiler.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -39,6 +40,7 @@
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/observe/progress.h>
+#include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/shampoo.h>
 
@@ -58,6 +60,7 @@ struct Args {
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
+  std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
   std::string device = "cuda";
   std::string amp = "bf16";
   uint64_t seed = 0;
@@ -68,9 +71,11 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F]\n"
+        "                  [--trace FILE]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
+        "  --trace FILE: 3 more steps under the profiler, written as a Chrome trace (Perfetto), a table to stderr\n"
         "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
@@ -96,6 +101,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo") a.shampoo = r.i64();
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
+    else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--device") a.device = r.value();
     else if (flag == "--amp") a.amp = r.value();
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
@@ -209,6 +215,20 @@ int run(const Args& args) {
     for (int64_t i = 0; i < args.profile; ++i) timed_step(i, timer);
     loss = final_loss;  // the loss reported below is the measured run's
     std::fputs(timer.report(args.profile).c_str(), stderr);
+  }
+
+  if (!args.trace.empty() && rank == 0) {  // 3 more steps under the profiler (after the timed ones)
+    const Tensor final_loss = loss;
+    profiler::start();
+    for (int64_t i = 0; i < 3; ++i) {
+      profiler::Range range("step " + std::to_string(i));
+      step(i);
+      sync();
+    }
+    const profiler::Trace trace = profiler::stop();
+    loss = final_loss;
+    observe::save_chrome_trace(trace, args.trace);
+    std::fprintf(stderr, "profile of 3 steps (%s):\n%s", args.trace.c_str(), observe::profile_table(trace).c_str());
   }
 
   std::string timeline;
