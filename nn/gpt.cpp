@@ -11,6 +11,7 @@
 #include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/core/profiler.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
@@ -153,7 +154,10 @@ Tensor GPT::hidden(const Tensor& idx_in) {
   const bool amp_on = amp::is_enabled(device.type);
   const DType amp_dtype = amp::dtype(device.type);
   Tensor delta;  // the last block's MLP output, added to x inside the next layer norm
+  int64_t index = 0;
   for (GPTBlock* block : blocks_) {
+    const profiler::Range scope(profiler::is_enabled() ? "h." + std::to_string(index) : std::string(), "module");
+    ++index;
     if (block->has_hooks()) {
       // The block as a module, so its hooks see its input and output: the residual stream is summed
       // first (the fused path hands the MLP's output on to the next layer norm instead).

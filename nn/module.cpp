@@ -13,6 +13,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/error.h>
+#include <kiln/core/profiler.h>
 
 namespace kiln::nn {
 
@@ -127,6 +128,7 @@ void Module::add_child(const std::string& name, Module& module) {
     KILN_CHECK(m != this, this->name(), ": register_module '", name, "': this module is already inside ", module.name());
   }
   children_.emplace_back(name, &module);
+  if (module.scope_name_.empty()) module.scope_name_ = name;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -393,6 +395,10 @@ struct Module::BackwardHookCall {
 };
 
 Tensor Module::call(std::vector<Tensor> inputs) {
+  // the module's scope in the profiler's trace (named as its parent registered it, else by its type); off,
+  // one atomic load and an empty string
+  const profiler::Range scope(profiler::is_enabled() ? (scope_name_.empty() ? name() : scope_name_) : std::string(),
+                              "module");
   if (!has_hooks()) return forward_args(inputs);
   // Copies: a hook may register or remove hooks while it runs.
   for (auto hooks = forward_pre_hooks_; auto& h : hooks) h.fn(*this, inputs);

@@ -199,6 +199,7 @@ class Module {
   NamedTensors parameters_;
   std::vector<Buffer> buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
+  std::string scope_name_;  // the name its (first) parent registered it under: its scope in profiler traces
   std::vector<Hook<ForwardPreHook>> forward_pre_hooks_;
   std::vector<Hook<ForwardHook>> forward_hooks_;
   std::vector<Hook<BackwardHook>> backward_hooks_;
