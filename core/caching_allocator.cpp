@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <kiln/core/error.h>
+#include <kiln/core/profiler.h>
 
 namespace kiln {
 
@@ -81,6 +82,7 @@ void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   stats_.allocated += b->size;
   stats_.num_allocs++;
   update_peaks();
+  if (profiler::is_enabled()) profiler::counter(device_name_ + " allocated bytes", double(stats_.allocated));
   return b->ptr;
 }
 
@@ -136,6 +138,7 @@ void CachingAllocator::process_pending(bool wait) {
 void CachingAllocator::return_block(Block* b) {
   b->allocated = false;
   stats_.allocated -= b->size;
+  if (profiler::is_enabled()) profiler::counter(device_name_ + " allocated bytes", double(stats_.allocated));
   Pool& pool = b->small_pool ? small_free_ : large_free_;
   // Merge with free neighbours in the same segment.
   if (b->prev && !b->prev->allocated) {

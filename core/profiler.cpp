@@ -85,6 +85,12 @@ Trace stop() {
   return t;
 }
 
+void counter(const std::string& name, double value) {
+  if (!is_enabled()) return;
+  detail::record({.name = name, .category = "counter", .start_ns = detail::now_ns(), .duration_ns = 0,
+                  .thread = thread_number(), .device = -1, .shapes = "", .value = value});
+}
+
 Range::Range(std::string name, std::string category) : on_(is_enabled()) {
   if (!on_) return;
   name_ = std::move(name);
@@ -96,7 +102,7 @@ Range::~Range() {
   if (!on_ || !is_enabled()) return;
   const int64_t end = detail::now_ns();
   detail::record({.name = std::move(name_), .category = std::move(category_), .start_ns = start_,
-                  .duration_ns = end - start_, .thread = thread_number()});
+                  .duration_ns = end - start_, .thread = thread_number(), .device = -1, .shapes = "", .value = 0});
 }
 
 OpScope::OpScope(const char* name, int device, std::string shapes)
@@ -106,7 +112,7 @@ OpScope::~OpScope() {
   if (!is_enabled()) return;
   const int64_t end = detail::now_ns();
   detail::record({.name = name_, .category = "op", .start_ns = start_, .duration_ns = end - start_,
-                  .thread = thread_number(), .device = device_, .shapes = std::move(shapes_)});
+                  .thread = thread_number(), .device = device_, .shapes = std::move(shapes_), .value = 0});
 }
 
 #ifndef KILN_WITH_CUPTI

@@ -1,7 +1,8 @@
 #pragma once
 // The profiler (torch.profiler's role): while on, it records every kernel call Kiln makes (the dispatchers
 // of core/kernel.h: its name, its device and its tensors' shapes and dtypes, with the host time it took),
-// the user's ranges (profiler::Range), and, on a GPU build with CUPTI, every CUDA kernel and memcpy with its
+// the user's ranges (profiler::Range), module scopes, the caching allocators' allocated bytes (counters),
+// and, on a GPU build with CUPTI, every CUDA kernel and memcpy with its
 // GPU time (cuda/cupti.cpp). observe::save_chrome_trace writes what it recorded as a Chrome trace that
 // Perfetto and chrome://tracing open, and observe::profile_table sums it by name.
 //
@@ -26,6 +27,7 @@ struct Event {
   int64_t thread = 0;    // host thread (a small number in order of appearance); GPU events: the stream
   int device = -1;       // -1: the CPU / host; else the CUDA device
   std::string shapes = "";  // op events: "f32[64, 128], bf16[128]", when recording shapes
+  double value = 0;          // counter events ("counter": a value over time, such as a device's allocated bytes)
 };
 
 struct Trace {
@@ -50,6 +52,10 @@ void record(Event&& e);
 }  // namespace detail
 
 inline bool is_enabled() { return detail::enabled.load(std::memory_order_relaxed); }
+
+// A counter's value from now on (Chrome's counter tracks): the caching allocators report the bytes they
+// have handed out after every allocation and free while the profiler runs (the memory timeline).
+void counter(const std::string& name, double value);
 
 // A named host range (nests: ops inside it show under it in the trace). Free when the profiler is off.
 class Range {

@@ -22,6 +22,11 @@ void save_chrome_trace(const profiler::Trace& trace, const std::string& path) {
   nlohmann::json events = nlohmann::json::array();
   std::set<int> processes{0};
   for (const profiler::Event& e : trace.events) {
+    if (e.category == "counter") {  // a counter track (the memory timeline)
+      events.push_back({{"name", e.name}, {"ph", "C"}, {"ts", double(e.start_ns) / 1e3}, {"pid", 0},
+                        {"args", {{"value", e.value}}}});
+      continue;
+    }
     // GPU activity goes on its device's row; host events (ops on either device, ranges) on the host's
     const bool on_gpu = e.category == "kernel" || e.category == "memcpy";
     const int pid = on_gpu ? process_of(e) : 0;
@@ -66,8 +71,13 @@ std::string profile_table(const profiler::Trace& trace, int top) {
     int64_t calls = 0, total = 0;
   };
   std::map<std::string, std::map<std::string, Row>> by_category;
+  std::map<std::string, double> peaks;  // counters: their highest value
   for (const profiler::Event& e : trace.events) {
-    if (e.category == "range") continue;
+    if (e.category == "counter") {
+      peaks[e.name] = std::max(peaks[e.name], e.value);
+      continue;
+    }
+    if (e.category == "range" || e.category == "module") continue;
     Row& r = by_category[e.category][e.name];
     ++r.calls;
     r.total += e.duration_ns;
@@ -91,6 +101,10 @@ std::string profile_table(const profiler::Trace& trace, int top) {
                     100.0 * double(r.total) / span);
       out += line;
     }
+  }
+  for (const auto& [name, peak] : peaks) {
+    std::snprintf(line, sizeof(line), "peak %s: %.1f MiB\n", name.c_str(), peak / double(1 << 20));
+    out += line;
   }
   if (!trace.gpu_activity) out += "(no GPU activity: " + trace.gpu_note + ")\n";
   return out;

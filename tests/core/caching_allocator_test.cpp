@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <vector>
 
 #include <kiln/core/caching_allocator.h>
 #include <kiln/core/error.h>
+#include <kiln/core/profiler.h>
 
 using kiln::CachingAllocator;
 
@@ -214,4 +216,25 @@ TEST(CachingAllocator, RecordStreamNeedsEventsAndALiveBlock) {
   FakeEvents events;
   CachingAllocator with_events("fake:1", events.add_to(dev.source()));
   EXPECT_THROW(with_events.record_stream(a, 2), kiln::Error);
+}
+
+// While the profiler runs, every allocation and free reports the bytes handed out as a counter (the memory
+// timeline of a trace); off, nothing is recorded.
+TEST(CachingAllocator, ReportsAllocatedBytesToTheProfiler) {
+  FakeDevice dev(64 << 20);
+  CachingAllocator alloc("fake:0", dev.source());
+  alloc.free(alloc.allocate(4096));  // not recorded
+  kiln::profiler::start({.gpu = false});
+  void* a = alloc.allocate(4096);
+  void* b = alloc.allocate(2 << 20);
+  alloc.free(a);
+  const kiln::profiler::Trace trace = kiln::profiler::stop();
+  alloc.free(b);
+  std::vector<double> values;
+  for (const auto& e : trace.events)
+    if (e.category == "counter" && e.name == "fake:0 allocated bytes") values.push_back(e.value);
+  ASSERT_EQ(values.size(), 3u);
+  EXPECT_EQ(values[0], 4096.0);
+  EXPECT_GT(values[1], values[0] + (2 << 20) - 1);
+  EXPECT_EQ(values[2], values[1] - 4096.0);
 }
