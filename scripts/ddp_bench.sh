@@ -3,7 +3,8 @@
 # gpt2_bench on 1 GPU, on N GPUs with DDP (scripts/kilnrun) and with ZeRO-1 (--zero), then PyTorch DDP
 # compiled and eager on N GPUs and on 1 (torchrun, bench/gpt2_torch.py) in the same call; prints tokens/s,
 # peak memory per GPU, the scaling efficiencies, and the DDP timeline of one step (all-reduces against
-# backward). Needs a build with examples in $1 (default build-gpu). Raw outputs go to $OUT (or .).
+# backward; rank 0's Chrome trace of 3 steps in ddp_trace.json). Needs a build with examples in $1 (default
+# build-gpu). Raw outputs go to $OUT (or .).
 # Usage: bash scripts/ddp_bench.sh [build-dir] [N]   (STEPS=k timed steps, default 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,8 @@ field() { grep -o "$1=[0-9.]*" | tail -1 | cut -d= -f2; }
 # run NAME TIMEOUT COMMAND...: its output to $out/ddp_NAME.log
 run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$out/ddp_$name.log" 2>&1; }
 run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps"
-run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline
+run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline \
+  --trace "$out/ddp_trace.json"  # rank 0's kernels and NCCL's beside them (CUPTI), for where the time goes
 run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
 run torch_n_compile 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps"
 run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
