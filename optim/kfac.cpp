@@ -12,7 +12,7 @@ namespace kiln::optim {
 
 // One preconditioned layer: the captured input and output gradient, and the running factors.
 struct KFAC::Layer {
-  const nn::CapturedLayer* captured;
+  const nn::CapturedLayer* captured = nullptr;
   Tensor a, g;            // the running factors
   Tensor qa, da, qg, dg;  // their eigendecompositions
 
@@ -47,7 +47,11 @@ KFAC::KFAC(nn::Module& model, const KFACOptions& options)
              "KFAC: factor_update_steps and inv_update_steps must be at least 1, got ", options.factor_update_steps,
              " and ", options.inv_update_steps);
   KILN_CHECK(options.kl_clip >= 0, "KFAC: kl_clip must be non-negative, got ", options.kl_clip);
-  for (const auto& l : capture_->layers()) layers_.push_back(std::make_unique<Layer>(Layer{l.get()}));
+  for (const auto& l : capture_->layers()) {
+    auto layer = std::make_unique<Layer>();
+    layer->captured = l.get();
+    layers_.push_back(std::move(layer));
+  }
 }
 
 KFAC::~KFAC() = default;

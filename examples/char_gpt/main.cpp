@@ -443,17 +443,19 @@ int run(const Args& args) {
   sync();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  if (!args.trace.empty() && rank == 0) {  // 3 iterations under the profiler: ops, kernels, copies
-    profiler::start();
+  if (!args.trace.empty()) {  // 3 iterations on every rank (DDP's collectives), rank 0 under the profiler
+    if (rank == 0) profiler::start();
     for (int64_t i = 0; i < 3; ++i) {
       profiler::Range range("iteration " + std::to_string(i));
       train_step(untimed);
       sync();
     }
-    const profiler::Trace trace = profiler::stop();
-    observe::save_chrome_trace(trace, args.trace);
-    std::fprintf(stderr, "profile of 3 iterations (%s):\n%s", args.trace.c_str(),
-                 observe::profile_table(trace).c_str());
+    if (rank == 0) {
+      const profiler::Trace trace = profiler::stop();
+      observe::save_chrome_trace(trace, args.trace);
+      std::fprintf(stderr, "profile of 3 iterations (%s):\n%s", args.trace.c_str(),
+                   observe::profile_table(trace).c_str());
+    }
   }
   if (args.profile > 0) {
     // Where an iteration's time goes (host and wall time of each phase; core/phase_timer.h).

@@ -217,18 +217,20 @@ int run(const Args& args) {
     std::fputs(timer.report(args.profile).c_str(), stderr);
   }
 
-  if (!args.trace.empty() && rank == 0) {  // 3 more steps under the profiler (after the timed ones)
+  if (!args.trace.empty()) {  // 3 more steps on every rank (DDP's collectives), rank 0 under the profiler
     const Tensor final_loss = loss;
-    profiler::start();
+    if (rank == 0) profiler::start();
     for (int64_t i = 0; i < 3; ++i) {
       profiler::Range range("step " + std::to_string(i));
       step(i);
       sync();
     }
-    const profiler::Trace trace = profiler::stop();
     loss = final_loss;
-    observe::save_chrome_trace(trace, args.trace);
-    std::fprintf(stderr, "profile of 3 steps (%s):\n%s", args.trace.c_str(), observe::profile_table(trace).c_str());
+    if (rank == 0) {
+      const profiler::Trace trace = profiler::stop();
+      observe::save_chrome_trace(trace, args.trace);
+      std::fprintf(stderr, "profile of 3 steps (%s):\n%s", args.trace.c_str(), observe::profile_table(trace).c_str());
+    }
   }
 
   std::string timeline;
