@@ -34,10 +34,6 @@ struct KFAC::Layer {
   }
 };
 
-namespace {
-DType compute_dtype(const Tensor& w) { return w.dtype() == DType::f64 ? DType::f64 : DType::f32; }
-}  // namespace
-
 KFAC::KFAC(nn::Module& model, const KFACOptions& options)
     : options_(options), capture_(std::make_unique<nn::LayerCapture>(model, /*embeddings=*/false)) {
   KILN_CHECK(options.damping > 0, "KFAC: damping must be positive, got ", options.damping);
@@ -93,7 +89,7 @@ void KFAC::step(const Optimizer& base, const GradScaler* scaler) {
   for (auto& lp : layers_) {
     Layer& l = *lp;
     if (!l.weight().grad().defined() || (l.bias().defined() && !l.bias().grad().defined())) continue;
-    const DType dt = compute_dtype(l.weight());
+    const DType dt = state_dtype(l.weight().dtype());
     if (update_factors) {
       KILN_CHECK(l.captured->ready(), "KFAC::step: layer '", l.name(),
                  "' has a gradient but its hooks saw no forward and backward since the last step");
@@ -175,9 +171,9 @@ std::vector<std::string> KFAC::check_state(const State& state) const {
     const Tensor& t = std::get<Tensor>(value);
     const int64_t in = layer->weight().numel() / layer->weight().size(0) + (layer->bias().defined() ? 1 : 0);
     const int64_t d = which == "A" ? in : layer->weight().size(0);
-    if (t.shape() != Shape{d, d} || t.dtype() != compute_dtype(layer->weight()))
+    if (t.shape() != Shape{d, d} || t.dtype() != state_dtype(layer->weight().dtype()))
       errors.push_back("KFAC: '" + key + "' is " + t.str() + ", expected [" + std::to_string(d) + ", " +
-                       std::to_string(d) + "] " + dtype_name(compute_dtype(layer->weight())));
+                       std::to_string(d) + "] " + dtype_name(state_dtype(layer->weight().dtype())));
   }
   return errors;
 }
