@@ -36,6 +36,10 @@ static std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> flag{false};
   return flag;
 }
+static std::atomic<int>& sm_carveout_count() {
+  static std::atomic<int> n{0};
+  return n;
+}
 
 bool operand_of(const Tensor& t, Operand* op) {
   int64_t r = t.size(1), c = t.size(2), s1 = t.stride(1), s2 = t.stride(2);
@@ -80,6 +84,7 @@ struct PlanKey {
   uint32_t epilogue;
   int64_t aux_ld;
   uint32_t align_bias, align_aux;  // the heuristic reads the epilogue pointers' alignment
+  int sm_target;                   // 0: every SM; else set_sm_carveout's (multiprocessors - n)
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -125,6 +130,10 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
   cublasOperation_t op_b = key.a_row ? CUBLAS_OP_N : CUBLAS_OP_T;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (key.sm_target > 0) {
+    int32_t sms = key.sm_target;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+  }
   if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
     // The pointers set here only tell the heuristic their alignment; each call sets its own.
     uint32_t kind = ep.kind;
@@ -184,7 +193,12 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   PlanKey key{out.device().index, int(dt), int(in_dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
               oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
               alignment_of(out.raw_data()), uint32_t(ep.kind), ep.aux ? ep.aux_ld : 0,
-              ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0};
+              ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0, 0};
+  if (int carve = sm_carveout_count().load(std::memory_order_relaxed); carve > 0) {
+    int sms = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, key.device));
+    key.sm_target = std::max(1, sms - carve);
+  }
   float alpha_f = float(alpha_value), beta_f = accumulate ? 1.0f : 0.0f;
   double alpha_d = alpha_value, beta_d = accumulate ? 1.0 : 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
@@ -235,6 +249,11 @@ Tensor as_operand(const Tensor& t, Operand* op) {
 
 void set_allow_tf32(bool on) { tf32_flag().store(on); }
 bool allow_tf32() { return tf32_flag().load(); }
+void set_sm_carveout(int sms) {
+  KILN_CHECK(sms >= 0, "cuda::set_sm_carveout: the SMs to leave free must be >= 0, got ", sms);
+  sm_carveout_count().store(sms);
+}
+int sm_carveout() { return sm_carveout_count().load(); }
 
 void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   NvtxRange range("bmm");

@@ -57,6 +57,13 @@ bool sync_check();
 // stay f32-accurate. Without the CUDA backend: set is a no-op and allow_tf32() is false.
 void set_allow_tf32(bool on);
 bool allow_tf32();
+// SMs to leave to kernels running beside the compute stream (NCCL's collectives during backward): while it is
+// n > 0, cuBLASLt matmuls are planned for (multiprocessors - n) SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, what
+// torch._C._set_sm_carveout_experimental does), so a GEMM's last wave does not wait on SMs a collective holds.
+// 0 (default): every SM. Per process, like allow_tf32; DistributedDataParallelOptions::sm_carveout sets it for
+// the backward pass only. Without the CUDA backend: a no-op, and sm_carveout() is 0.
+void set_sm_carveout(int sms);
+int sm_carveout();
 // Like torch.backends.cudnn.benchmark: when on, each new convolution shape times cuDNN's algorithms once
 // (cudnnFind*) and keeps the fastest; when off (default), cuDNN's heuristic picks one (cudnnGet*_v7).
 // Either choice is cached per (shapes, dtype, geometry).

@@ -31,6 +31,8 @@ void set_sync_check(bool) {}
 bool sync_check() { return false; }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_sm_carveout(int) {}
+int sm_carveout() { return 0; }
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
 size_t conv_algorithm_cache_size() { return 0; }

@@ -7,6 +7,7 @@
 #include <kiln/autograd/node.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/optim/flat_parameters.h>
 
@@ -58,6 +59,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
              options.bucket_cap_mb, " MiB");
   KILN_CHECK(!options.comm_dtype || is_floating(*options.comm_dtype), "DistributedDataParallel: comm_dtype must be "
              "a floating dtype, got ", dtype_name(*options.comm_dtype));
+  KILN_CHECK(options.sm_carveout >= 0, "DistributedDataParallel: sm_carveout must be >= 0, got ", options.sm_carveout);
   register_module("module", module);
   nn::NamedTensors params;
   for (const auto& [name, p] : module.named_parameters())
@@ -226,6 +228,10 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
 void DistributedDataParallel::launch_ready_buckets() {
   // in index order, so that every rank issues the same all-reduces in the same order
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
+    if (next_launch_ == 0 && options_.sm_carveout > 0 && group_->device().is_cuda()) {
+      carveout_before_ = cuda::sm_carveout();
+      cuda::set_sm_carveout(options_.sm_carveout);  // until finish_backward
+    }
     Bucket& b = *buckets_[next_launch_++];
     if (timeline_) b.ready_event = record_timing_event(group_->device());
     if (b.comm.defined()) {
@@ -248,6 +254,7 @@ void DistributedDataParallel::finish_backward() {
     launch_ready_buckets();
   }
   if (timeline_) backward_end_ = record_timing_event(group_->device());
+  if (next_launch_ > 0 && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
   // wait for every launched all-reduce, then make the buckets ready for the next pass
   for (auto& b : buckets_) {
     if (b->work) {

@@ -66,6 +66,10 @@ struct DistributedDataParallelOptions {
   // f32 gradient on the wire (PyTorch's bf16_compress_hook); the average then carries bf16's 8 bits of
   // mantissa. Undefined (default): the gradients' own dtype.
   std::optional<DType> comm_dtype = std::nullopt;
+  // SMs to leave to NCCL while backward overlaps the all-reduces: cuda::set_sm_carveout(sm_carveout) from the
+  // first bucket's launch to the end of backward, so the matmuls enqueued in that window plan for the SMs the
+  // collective does not hold. 0 (default): no carve-out. CUDA only.
+  int sm_carveout = 0;
   // The parameters' gradients already live in this FlatParameters' flat buffer (made before DDP, over the
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.
@@ -129,6 +133,7 @@ class DistributedDataParallel : public nn::Module {
   bool in_backward_ = false;                      // finish_backward is queued
   bool sync_ = true;
   bool timeline_ = false;
+  int carveout_before_ = 0;  // cuda::sm_carveout() when this backward's carve-out began
   std::shared_ptr<cuda::Event> first_ready_, backward_end_;  // the timeline's events of the last pass
 };
 

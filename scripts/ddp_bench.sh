@@ -26,6 +26,13 @@ run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$step
 # the gradients all-reduced as bf16 (half the bytes), in both
 run kiln_n_bf16 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --comm-bf16
 run torch_n_compile_bf16 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps" --comm-bf16
+# GEMMs planned for fewer SMs while the all-reduces run (--sm-carveout), f32 and bf16 on the wire
+carveouts=${CARVEOUTS:-8 16 32}
+for c in $carveouts; do
+  run "kiln_n_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --sm-carveout "$c"
+  run "kiln_n_bf16_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" \
+    --sm-carveout "$c" --comm-bf16
+done
 grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
 tps() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field tokens_per_second; }
 mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
@@ -49,4 +56,11 @@ if kb or tcb:
     if tcb: print(f"  kiln / torch, both bf16 on the wire: {kb / tcb:.3f}x")
 print(f"ZeRO-1 saves {mn - mz:.2f} GiB a GPU against DDP (kiln 1 GPU: {m1:.2f} GiB)")
 PY
+k1=$(tps kiln_1)
+for c in $carveouts; do
+  for w in "" _bf16; do
+    t=$(tps "kiln_n${w}_carve$c")
+    [ -n "$t" ] && [ -n "$k1" ] && python3 -c "print(f'kiln DDP${w:+ --comm-bf16} --sm-carveout $c: {$t:.0f} tokens/s, scaling {100*$t/($n*$k1):.1f}%')"
+  done
+done
 sed -n '/DDP timeline/,/backward ended/p' "$out/ddp_kiln_n.log"

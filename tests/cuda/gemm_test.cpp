@@ -139,6 +139,25 @@ TEST(CudaGemm, Tf32OffIsF32AccurateAndOnIsNot) {
   }
 }
 
+// A carve-out plans the matmul for fewer SMs (a different cuBLASLt plan); the product is the same within the
+// dtype's tolerance, and the switch goes back to 0.
+TEST(CudaGemm, SmCarveoutKeepsTheProductAndRestores) {
+  KILN_REQUIRE_GPU();
+  manual_seed(8);
+  EXPECT_EQ(cuda::sm_carveout(), 0);
+  Tensor a = rnd({768, 1024}, DType::bf16), b = rnd({1024, 3072}, DType::bf16);
+  Tensor want = matmul(a.to(DType::f32), b.to(DType::f32));
+  const int sms = cuda::properties(0).multiprocessors;
+  for (int carve : {1, 16, sms - 1, sms + 5}) {  // past the SM count: planned for one SM
+    cuda::set_sm_carveout(carve);
+    EXPECT_EQ(cuda::sm_carveout(), carve);
+    EXPECT_LT(rel_err(matmul(a.to(gpu()), b.to(gpu())), want), 5e-3) << "carve-out " << carve;
+  }
+  cuda::set_sm_carveout(0);
+  EXPECT_EQ(cuda::sm_carveout(), 0);
+  EXPECT_THROW(cuda::set_sm_carveout(-1), Error);
+}
+
 TEST(CudaGemm, GradientsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(8);
