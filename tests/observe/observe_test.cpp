@@ -22,6 +22,7 @@
 
 #include <kiln/core/error.h>
 #include <kiln/observe/metrics_logger.h>
+#include <kiln/observe/metrics_reader.h>
 #include <kiln/observe/plot.h>
 
 namespace kiln::observe {
@@ -106,6 +107,38 @@ struct Image {
     return p[0] == r && p[1] == g && p[2] == b;
   }
 };
+
+// What the logger wrote reads back record by record (a non-finite value as NaN); a line that is not a record
+// is an error naming the file and the line.
+TEST(MetricsReader, ReadsWhatTheLoggerWrote) {
+  TempDir dir;
+  {
+    observe::MetricsLogger m(dir.path.string(), {.tensorboard = false});
+    m.log(10, {{"loss", 2.5}, {"lr", 1e-3}});
+    m.log(20, {{"loss", NAN}});
+  }
+  auto records = observe::read_metrics(dir.path.string());
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].step, 10);
+  EXPECT_DOUBLE_EQ(records[0].values.at("lr"), 1e-3);
+  EXPECT_TRUE(std::isnan(records[1].values.at("loss")));
+  EXPECT_GE(records[1].time, records[0].time);
+  auto loss = observe::metric_series(records, "loss");
+  ASSERT_EQ(loss.size(), 2u);
+  EXPECT_EQ(loss[0], std::make_pair(10.0, 2.5));
+  EXPECT_TRUE(observe::metric_series(records, "lr", observe::MetricsAxis::time).size() == 1);
+  {
+    std::ofstream f(dir.path / "metrics.jsonl", std::ios::app);
+    f << "{\"loss\": 1}\n";
+  }
+  try {
+    observe::read_metrics((dir.path / "metrics.jsonl").string());
+    FAIL() << "a record without step was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(observe::read_metrics((dir.path / "absent").string()), Error);
+}
 
 TEST(LinePlot, WritesAReadablePng) {
   TempDir dir;
