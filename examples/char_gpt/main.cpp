@@ -65,6 +65,7 @@
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
 #include <kiln/observe/progress.h>
+#include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
@@ -443,18 +444,14 @@ int run(const Args& args) {
   sync();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  if (!args.trace.empty()) {  // 3 iterations on every rank (DDP's collectives), rank 0 under the profiler
-    if (rank == 0) profiler::start();
-    for (int64_t i = 0; i < 3; ++i) {
-      profiler::Range range("iteration " + std::to_string(i));
-      train_step(untimed);
-      sync();
-    }
+  if (!args.trace.empty()) {  // 3 iterations unprofiled, 3 profiled (rank 0; every rank runs them for DDP)
+    const observe::StepProfile p =
+        observe::profile_steps(3, [&](int64_t) { train_step(untimed); }, sync, rank == 0);
     if (rank == 0) {
-      const profiler::Trace trace = profiler::stop();
-      observe::save_chrome_trace(trace, args.trace);
+      observe::save_chrome_trace(p.trace, args.trace);
       std::fprintf(stderr, "profile of 3 iterations (%s):\n%s", args.trace.c_str(),
-                   observe::profile_table(trace).c_str());
+                   observe::profile_table(p.trace).c_str());
+      std::printf("%s\n", p.summary().c_str());
     }
   }
   if (args.profile > 0) {

@@ -40,6 +40,7 @@
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/observe/progress.h>
+#include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/shampoo.h>
@@ -221,19 +222,14 @@ int run(const Args& args) {
     std::fputs(timer.report(args.profile).c_str(), stderr);
   }
 
-  if (!args.trace.empty()) {  // 3 more steps on every rank (DDP's collectives), rank 0 under the profiler
+  if (!args.trace.empty()) {  // 3 more steps unprofiled, 3 profiled (rank 0; every rank runs them for DDP)
     const Tensor final_loss = loss;
-    if (rank == 0) profiler::start();
-    for (int64_t i = 0; i < 3; ++i) {
-      profiler::Range range("step " + std::to_string(i));
-      step(i);
-      sync();
-    }
+    const observe::StepProfile p = observe::profile_steps(3, step, sync, rank == 0);
     loss = final_loss;
     if (rank == 0) {
-      const profiler::Trace trace = profiler::stop();
-      observe::save_chrome_trace(trace, args.trace);
-      std::fprintf(stderr, "profile of 3 steps (%s):\n%s", args.trace.c_str(), observe::profile_table(trace).c_str());
+      observe::save_chrome_trace(p.trace, args.trace);
+      std::fprintf(stderr, "profile of 3 steps (%s):\n%s", args.trace.c_str(), observe::profile_table(p.trace).c_str());
+      std::printf("%s\n", p.summary().c_str());
     }
   }
 

@@ -12,6 +12,7 @@
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/profiler.h>
+#include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
 
 namespace kiln::observe {
@@ -78,6 +79,60 @@ TEST(Profiler, ChromeTraceIsJsonWithCompleteEvents) {
     }
   }
   EXPECT_TRUE(range && op && host_row);
+}
+
+
+// profile_steps runs the steps unprofiled, then profiled inside "step i" ranges whose ops nest in them; on the
+// CPU there are no GPU kernels, so their time is 0. The profiler is off afterwards, also when a step throws.
+TEST(StepProfile, TimesBothRunsAndNestsTheStepsOps) {
+  Tensor a = ones({64, 64});
+  int calls = 0;
+  auto step = [&](int64_t) {
+    ++calls;
+    (void)matmul(a, a);
+  };
+  const observe::StepProfile p = observe::profile_steps(3, step, [] {});
+  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(p.steps, 3);
+  EXPECT_GT(p.unprofiled_ms, 0.0);
+  EXPECT_GT(p.profiled_ms, 0.0);
+  EXPECT_EQ(p.kernel_ms, 0.0);
+  EXPECT_FALSE(profiler::is_enabled());
+  int ranges = 0, nested_ops = 0;
+  for (const auto& r : p.trace.events) {
+    if (r.category != "range") continue;
+    ++ranges;
+    EXPECT_EQ(r.name, "step " + std::to_string(ranges - 1));
+    for (const auto& e : p.trace.events)
+      if (e.category == "op" && e.start_ns >= r.start_ns && e.start_ns + e.duration_ns <= r.start_ns + r.duration_ns)
+        ++nested_ops;
+  }
+  EXPECT_EQ(ranges, 3);
+  EXPECT_GE(nested_ops, 3);
+  EXPECT_NE(p.summary().find("TRACE steps=3 "), std::string::npos) << p.summary();
+
+  const observe::StepProfile off = observe::profile_steps(2, step, [] {}, /*record=*/false);
+  EXPECT_TRUE(off.trace.events.empty());
+  EXPECT_THROW(observe::profile_steps(1, [](int64_t) { KILN_FAIL("step failed"); }, [] {}), Error);
+  EXPECT_FALSE(profiler::is_enabled());
+  EXPECT_THROW(observe::profile_steps(0, step, [] {}), Error);
+}
+
+// The kernels' union counts overlapping time once (kernels on two streams at once), their sum twice.
+TEST(StepProfile, GpuKernelTimeSumAndUnion) {
+  profiler::Trace t;
+  auto kernel = [](int64_t start, int64_t duration) {
+    profiler::Event e;
+    e.name = "k", e.category = "kernel", e.start_ns = start, e.duration_ns = duration, e.device = 0;
+    return e;
+  };
+  t.events = {kernel(0, 100), kernel(50, 100), kernel(300, 10), kernel(60, 20)};
+  profiler::Event op;
+  op.category = "op", op.duration_ns = 1000;
+  t.events.push_back(op);
+  const observe::GpuKernelTime k = observe::gpu_kernel_time(t);
+  EXPECT_EQ(k.sum_ns, 230);
+  EXPECT_EQ(k.busy_ns, 160);  // [0, 150) and [300, 310)
 }
 
 }  // namespace
