@@ -16,7 +16,7 @@ steps=${STEPS:-30}
 field() { grep -o "$1=[0-9.]*" | tail -1 | cut -d= -f2; }
 # run NAME TIMEOUT COMMAND...: its output to $out/ddp_NAME.log
 run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$out/ddp_$name.log" 2>&1; }
-run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps"
+run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps" --trace "$out/one_gpu_trace.json"
 run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline \
   --trace "$out/ddp_trace.json"  # rank 0's kernels and NCCL's beside them (CUPTI), for where the time goes
 run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
@@ -64,3 +64,5 @@ for c in $carveouts; do
   done
 done
 sed -n '/DDP timeline/,/backward ended/p' "$out/ddp_kiln_n.log"
+# which kernels take longer on 2 GPUs than on 1 (rank 0's 3 traced steps against the single GPU's)
+python3 bench/trace_diff.py "$out/one_gpu_trace.json" "$out/ddp_trace.json" 3 25 | tee "$out/ddp_trace_diff.txt"

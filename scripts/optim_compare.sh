@@ -35,7 +35,7 @@ if [ "$what" != perf ]; then
   }
   fashion() {
     local name=$1 dev=$2; shift 2
-    "$build/examples/fashion_mnist" --model cnn --epochs 15 --device "$dev" --run-dir "$out/runs/$name" "$@" \
+    "$build/examples/fashion_mnist" --model cnn --epochs 15 --data .data/fashion-mnist --device "$dev" --run-dir "$out/runs/$name" "$@" \
       > "$out/runs/$name.log" 2>&1
   }
   (

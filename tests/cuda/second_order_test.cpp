@@ -57,7 +57,10 @@ TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
     Net cpu_net, gpu_net;
     gpu_net.load_state_dict(cpu_net.state_dict());
     gpu_net.to(gpu());
-    const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-8, .max_preconditioner_dim = 64, .precondition_frequency = 2};
+    // ε = 1e-4: these few steps leave the factors far from full rank, and with ε = 1e-8 the roots multiply the
+    // null space's rounding noise by ~100 on each side; there the CPU alone differs by 1.4e-2 between f32 and
+    // f64, against 2.6e-6 at ε = 1e-4 (measured). The comparison is then of the GPU path, not of that noise.
+    const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
     optim::Shampoo cpu_opt(cpu_net.parameters(), o), gpu_opt(gpu_net.parameters(), o);
     gpu_opt.root_method = method;
     const Batches data(6);
@@ -72,7 +75,7 @@ TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
     const double err = param_error(gpu_net, cpu_net);
     std::printf("shampoo (%s roots on the GPU): parameters' relative error %.2e after 6 steps, %lld roots\n",
                 method == linalg::RootMethod::eigen ? "eigen" : "newton", err, (long long)gpu_opt.root_updates());
-    EXPECT_LT(err, 1e-3);
+    EXPECT_LT(err, 1e-4);
     EXPECT_EQ(gpu_opt.kept_roots(), 0);
   }
 }
