@@ -1,6 +1,9 @@
 #include <kiln/distributed/watchdog.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <utility>
 
@@ -12,6 +15,8 @@ CollectiveWatchdog::CollectiveWatchdog(Options options) : options_(std::move(opt
   KILN_CHECK(options_.timeout.count() > 0 && options_.tick.count() > 0,
              "CollectiveWatchdog: the timeout and the tick must be positive");
   KILN_CHECK(options_.on_failure != nullptr, "CollectiveWatchdog: no on_failure");
+  const char* debug = std::getenv("KILN_WATCHDOG_DEBUG");
+  debug_ = debug && std::strcmp(debug, "0") != 0 && *debug;
   poller_ = std::thread([this] { poll(); });
   monitor_ = std::thread([this] { monitor(); });
 }
@@ -26,14 +31,23 @@ CollectiveWatchdog::~CollectiveWatchdog() {
   monitor_.join();
 }
 
+void CollectiveWatchdog::trace(const char* event, uint64_t ticket, const std::string& what) const {
+  if (!debug_) return;
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "[watchdog %.3f] %s #%llu %s\n", t, event, (unsigned long long)ticket, what.c_str());
+  std::fflush(stderr);
+}
+
 uint64_t CollectiveWatchdog::begin(std::string what) {
   std::lock_guard<std::mutex> lock(mutex_);
+  trace("begin", next_ticket_, what);
   entries_.push_back({next_ticket_, std::move(what), std::chrono::steady_clock::now() + options_.timeout, nullptr});
   return next_ticket_++;
 }
 
 void CollectiveWatchdog::launched(uint64_t ticket, std::function<bool()> is_done) {
   std::lock_guard<std::mutex> lock(mutex_);
+  trace("launched", ticket);
   for (Entry& e : entries_)
     if (e.ticket == ticket) e.is_done = std::move(is_done);
 }
@@ -62,6 +76,7 @@ void CollectiveWatchdog::poll() {
       bool done = false;
       std::string error;
       try {
+        trace("query", ticket);
         done = is_done();
       } catch (const std::exception& e) {
         error = e.what();
@@ -69,6 +84,7 @@ void CollectiveWatchdog::poll() {
       lock.lock();
       if (!error.empty()) error_ = entries_.empty() ? error : entries_.front().what + " failed: " + error;
       if (!done) break;
+      trace("retired", ticket);
       if (!entries_.empty() && entries_.front().ticket == ticket) entries_.pop_front();
     }
     if (stopping_ || !error_.empty() || !options_.poll_error) continue;
@@ -83,13 +99,20 @@ void CollectiveWatchdog::poll() {
 // Looks at host memory only: the poller's error, or the oldest collective's deadline.
 void CollectiveWatchdog::monitor() {
   std::unique_lock<std::mutex> lock(mutex_);
+  int64_t ticks = 0;
   while (!stopping_) {
     wake_.wait_for(lock, options_.tick);
+    if (debug_ && ++ticks % 10 == 0 && !entries_.empty())  // a heartbeat: the oldest collective's time left
+      trace("monitor: oldest", entries_.front().ticket,
+            "due in " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           entries_.front().deadline - std::chrono::steady_clock::now()).count()) +
+                " ms");
     std::string message = error_;
     if (message.empty() && !entries_.empty() && std::chrono::steady_clock::now() > entries_.front().deadline)
       message = entries_.front().what + " did not finish within " + std::to_string(options_.timeout.count()) +
                 " ms: a peer died, or did not call it";
     if (message.empty()) continue;
+    trace("failure", entries_.empty() ? 0 : entries_.front().ticket, message);
     lock.unlock();
     options_.on_failure(message);
     return;

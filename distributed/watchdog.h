@@ -57,6 +57,9 @@ class CollectiveWatchdog {
   };
   void poll();
   void monitor();
+  // KILN_WATCHDOG_DEBUG=1: each collective's begin, launch and retirement and each failure on stderr, with
+  // the thread that saw it (for a hang the watchdog did not end)
+  void trace(const char* event, uint64_t ticket, const std::string& what = "") const;
 
   Options options_;
   mutable std::mutex mutex_;
@@ -65,6 +68,7 @@ class CollectiveWatchdog {
   uint64_t next_ticket_ = 0;
   std::string error_;          // set by the poller: an asynchronous error or a failed query
   bool stopping_ = false;
+  bool debug_ = false;
   std::thread poller_, monitor_;
 };
 

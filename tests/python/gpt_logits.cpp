@@ -3,6 +3,7 @@
 // bf16 autocast, written as raw little-endian arrays beside the checkpoint. The Python test loads the
 // checkpoint into PyTorch (or numpy where PyTorch is absent), computes the same logits and compares.
 // Usage: kiln_gpt_logits OUT_DIR [cpu|cuda]   (OUT_DIR/gpt.h5, tokens.i64, logits_f32.f32, logits_bf16.f32)
+// Exit status 77 (a skip) for cuda on a machine without a GPU.
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/optim/checkpoint.h>
 
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
     KILN_CHECK(argc >= 2, "usage: kiln_gpt_logits OUT_DIR [cpu|cuda]");
     const std::string dir = argv[1];
     const Device dev = Device::parse(argc > 2 ? argv[2] : "cpu");
+    if (dev.is_cuda() && cuda::device_count() == 0) {  // ctest's SKIP_RETURN_CODE: no GPU on this machine
+      std::printf("SKIP: no CUDA device\n");
+      return 77;
+    }
     manual_seed(7);
     // GPT-2's architecture at a small size: 2 blocks, 4 heads of 16, a 96-token vocabulary, 32 positions
     nn::GPT model({.vocab_size = 96, .block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64, .dropout = 0.0,

@@ -81,7 +81,7 @@ class GptLogits(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="kiln_gpt_logits_")
-        subprocess.run([PROGRAM, cls.dir, DEVICE], check=True)
+        subprocess.run([PROGRAM, cls.dir, DEVICE], check=True)  # 77 (no GPU) was handled below, at start
         cls.sd = kc.load_state_dict(os.path.join(cls.dir, "gpt.h5"), as_torch=False)
         cls.idx = np.fromfile(os.path.join(cls.dir, "tokens.i64"), dtype="<i8").reshape(3, T)
         cls.kiln_f32 = np.fromfile(os.path.join(cls.dir, "logits_f32.f32"), dtype="<f4").reshape(3, T, V)
@@ -120,4 +120,11 @@ class GptLogits(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    if DEVICE == "cuda":  # no GPU here: a skip (ctest's SKIP_RETURN_CODE 77), as the other GPU tests
+        probe = tempfile.mkdtemp(prefix="kiln_gpt_logits_probe_")
+        status = subprocess.run([PROGRAM, probe, DEVICE], capture_output=True, text=True).returncode
+        shutil.rmtree(probe, ignore_errors=True)
+        if status == 77:
+            print("SKIP: no CUDA device")
+            sys.exit(77)
     unittest.main(argv=sys.argv[:1], verbosity=2)
