@@ -151,7 +151,7 @@ std::string Shampoo::check_param_state(const Tensor& param, const std::string& n
 // One factor whose root is due this step.
 struct Shampoo::Factor {
   int64_t param;          // global index
-  Tensor factor, root;    // the state tensors (the root is written in place)
+  Tensor factor, root;    // the state tensors (the root is written in place), set once the groups are stacked
   Tensor failures;        // the parameter's root_failures, and this factor's place in it
   int64_t position;
   double scale;           // the bias correction 1 / (1 − β2ᵗ), or 1
@@ -162,19 +162,22 @@ struct Shampoo::Factor {
 void Shampoo::update_roots(std::vector<Factor>& factors) {
   // one batched job per (size, dtype, device, exponent, ε)
   std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
-  for (Factor& f : factors) {
-    KILN_CHECK(all_true(isfinite(f.factor)), "Shampoo: factor ", shape_str(f.factor.shape()), " of parameter ",
-               f.param, " ", shape_str(param(f.param).shape()), " has non-finite elements (a non-finite gradient "
-               "reached it)");
+  for (Factor& f : factors)
     jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
-  }
   for (auto& [key, group] : jobs) {
     const double p = std::get<3>(key), eps = std::get<4>(key);
     std::vector<Tensor> matrices;
     for (Factor* f : group) matrices.push_back(mul(f->factor, f->scale));
+    const Tensor stacked = stack(matrices);
+    if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
+      for (Factor* f : group)
+        KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
+                   f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
+                   "gradient reached it)");
+    }
     bool done = false;
     try {
-      const Tensor roots = linalg::inverse_root(stack(matrices), p, {.epsilon = eps, .method = root_method});
+      const Tensor roots = linalg::inverse_root(stacked, p, {.epsilon = eps, .method = root_method});
       if (all_true(isfinite(roots))) {
         for (size_t j = 0; j < group.size(); ++j) group[j]->root.copy_(roots.select(0, int64_t(j)));
         done = true;
@@ -214,6 +217,68 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
   root_updates_ += int64_t(factors.size());
 }
 
+// The order-2 blocks of one shape, dtype, device and β2: factors and roots stacked, the state's per-block
+// tensors views of their rows.
+struct Shampoo::MatrixGroup {
+  int64_t m = 0, n = 0;
+  DType dtype = DType::f32;
+  std::string device;
+  double beta2 = 0;
+  std::vector<std::pair<int64_t, size_t>> members;  // (parameter index, block)
+  Tensor factors[2], roots[2];                       // (B, m, m) and (B, n, n)
+};
+
+namespace {
+// t is row j of stacked (a view of it, not a copy)
+bool is_row(const Tensor& t, const Tensor& stacked, int64_t j) {
+  return t.defined() && t.shares_storage(stacked) && t.offset() == stacked.offset() + j * stacked.stride(0) &&
+         t.sizes() == Shape(stacked.sizes().begin() + 1, stacked.sizes().end()) && t.is_contiguous();
+}
+}  // namespace
+
+Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t, size_t>>& members, int64_t m,
+                                            int64_t n, DType dtype, const Device& device, double beta2) {
+  const std::string dev = device.str();
+  std::shared_ptr<MatrixGroup>* slot = nullptr;
+  for (auto& g : groups_)
+    if (g->m == m && g->n == n && g->dtype == dtype && g->device == dev && g->beta2 == beta2) slot = &g;
+  auto linked = [&](const MatrixGroup& g) {
+    if (g.members != members) return false;
+    for (size_t j = 0; j < members.size(); ++j) {
+      const auto& tensors = state(members[j].first).tensors;
+      for (int64_t i = 0; i < 2; ++i) {
+        auto f = tensors.find(factor_name(members[j].second, i)), r = tensors.find(root_name(members[j].second, i));
+        if (f == tensors.end() || r == tensors.end() || !is_row(f->second, g.factors[i], int64_t(j)) ||
+            !is_row(r->second, g.roots[i], int64_t(j)))
+          return false;
+      }
+    }
+    return true;
+  };
+  if (slot && linked(**slot)) return **slot;
+  // (re)stack: the per-block tensors as they are (fresh, loaded or moved) into new stacked storage
+  auto g = std::make_shared<MatrixGroup>();
+  g->m = m, g->n = n, g->dtype = dtype, g->device = dev, g->beta2 = beta2, g->members = members;
+  for (int64_t i = 0; i < 2; ++i) {
+    std::vector<Tensor> factors, roots;
+    for (const auto& [index, b] : members) {
+      const auto& tensors = state(index).tensors;
+      factors.push_back(tensors.at(factor_name(b, i)));
+      roots.push_back(tensors.at(root_name(b, i)));
+    }
+    g->factors[i] = stack(factors);
+    g->roots[i] = stack(roots);
+    for (size_t j = 0; j < members.size(); ++j) {
+      auto& tensors = state(members[j].first).tensors;
+      tensors[factor_name(members[j].second, i)] = g->factors[i].select(0, int64_t(j));
+      tensors[root_name(members[j].second, i)] = g->roots[i].select(0, int64_t(j));
+    }
+  }
+  if (slot) *slot = g;
+  else groups_.push_back(g);
+  return *g;
+}
+
 void Shampoo::step() {
   NoGradGuard no_grad;
   for (const auto& g : param_groups()) check_group(g);
@@ -224,9 +289,18 @@ void Shampoo::step() {
     ShampooBlocks blocks;
     bool preconditioned;
     int64_t index;
+    Tensor direction;                 // the preconditioned direction, filled block by block or by group
   };
   std::vector<Pending> pending;
   std::vector<Factor> due;
+  // the order-2 blocks, by (m, n, dtype, device, β2): (pending index, block) with the block's gradient
+  using GroupKey = std::tuple<int64_t, int64_t, int, std::string, double>;
+  struct Member {
+    size_t pending;
+    size_t block;
+    Tensor gradient;
+  };
+  std::map<GroupKey, std::vector<Member>> matrix_blocks;
   for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
     const Tensor grad = p.grad();
     if (!grad.defined()) return;
@@ -277,22 +351,106 @@ void Shampoo::step() {
         const Tensor gb = blocks.block(g32, b);
         for (int64_t i = 0; i < k; ++i) {
           const int64_t d = blocks.shapes[b][size_t(i)];
-          Tensor& f = state_tensor(factor_name(b, i), {d, d});
-          const Tensor gi = unfold(gb, i);
-          const Tensor outer = matmul(gi, gi.transpose(0, 1));
-          if (b2 == 1.0) f.add_(outer);
-          else f.mul_(b2).add_(outer, 1.0 - b2);
-          Tensor& r = state_tensor(root_name(b, i), {d, d}, /*identity=*/true);
-          if (roots_due)
-            due.push_back({index, f, r, failures, int64_t(b) * k + i,
-                           b2 < 1.0 ? 1.0 / (1.0 - std::pow(b2, double(t))) : 1.0, g.get("epsilon"), 2.0 * double(k)});
+          state_tensor(factor_name(b, i), {d, d});
+          state_tensor(root_name(b, i), {d, d}, /*identity=*/true);
+        }
+        if (k == 2) {  // batched below, with the other blocks of its shape
+          matrix_blocks[{blocks.shapes[b][0], blocks.shapes[b][1], int(sdt), p.device().str(), b2}].push_back(
+              {pending.size(), b, gb});
+        } else {
+          for (int64_t i = 0; i < k; ++i) {
+            Tensor& f = st.tensors.at(factor_name(b, i));
+            const Tensor gi = unfold(gb, i);
+            const Tensor outer = matmul(gi, gi.transpose(0, 1));
+            if (b2 == 1.0) f.add_(outer);
+            else f.mul_(b2).add_(outer, 1.0 - b2);
+          }
         }
       }
+      // the roots due, by their state tensors (looked up after the groups have stacked them)
+      if (roots_due)
+        for (size_t b = 0; b < blocks.size(); ++b)
+          for (int64_t i = 0; i < k; ++i)
+            due.push_back({index, Tensor(), Tensor(), failures, int64_t(b) * k + i,
+                           b2 < 1.0 ? 1.0 / (1.0 - std::pow(b2, double(t))) : 1.0, g.get("epsilon"), 2.0 * double(k)});
     }
-    pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index});
+    pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index, Tensor()});
   });
 
+  // the order-2 blocks' statistics, one batched product per group: F_0 += G·Gᵀ, F_1 += Gᵀ·G (β2-averaged)
+  std::vector<std::pair<MatrixGroup*, std::vector<Member>*>> groups;
+  for (auto& [key, members] : matrix_blocks) {
+    std::vector<std::pair<int64_t, size_t>> ids;
+    std::vector<Tensor> gradients;
+    for (const Member& mb : members) {
+      ids.emplace_back(pending[mb.pending].index, mb.block);
+      gradients.push_back(mb.gradient);
+    }
+    const double b2 = std::get<4>(key);
+    MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
+                                      pending[members[0].pending].param.device(), b2);
+    const Tensor g = stack(gradients);
+    const Tensor outer[2] = {matmul(g, g.transpose(1, 2)), matmul(g.transpose(1, 2), g)};
+    for (int i = 0; i < 2; ++i) {
+      if (b2 == 1.0) group.factors[i].add_(outer[i]);
+      else group.factors[i].mul_(b2).add_(outer[i], 1.0 - b2);
+    }
+    groups.emplace_back(&group, &members);
+  }
+  for (Factor& f : due) {
+    auto& tensors = state(f.param).tensors;
+    // position = b · order + i, the order (factors a block) being half the root's exponent
+    const int64_t order = int64_t(std::llround(f.exponent / 2.0));
+    const size_t b = size_t(f.position / order);
+    const int64_t i = f.position % order;
+    f.factor = tensors.at(factor_name(b, i));
+    f.root = tensors.at(root_name(b, i));
+  }
   if (!due.empty()) update_roots(due);
+
+  auto started = [&](const Pending& w) {
+    return w.preconditioned && state(w.index).step >= int64_t(w.group->get("start_preconditioning_step"));
+  };
+  for (Pending& w : pending)
+    if (started(w)) w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
+
+  // the order-2 blocks' directions, one batched product per group: P = R_0 · Ḡ · R_1ᵀ, grafted per block
+  for (auto& [group, members] : groups) {
+    bool all_started = true;
+    for (const Member& mb : *members) all_started = all_started && started(pending[mb.pending]);
+    std::vector<size_t> rows;  // the members that precondition this step
+    for (size_t j = 0; j < members->size(); ++j)
+      if (started(pending[(*members)[j].pending])) rows.push_back(j);
+    if (rows.empty()) continue;
+    std::vector<Tensor> filtered, grafted;
+    Tensor r0 = group->roots[0], r1 = group->roots[1];
+    if (!all_started) {  // some parameters have not reached start_preconditioning_step: their rows only
+      std::vector<Tensor> a, b;
+      for (size_t j : rows) a.push_back(r0.select(0, int64_t(j))), b.push_back(r1.select(0, int64_t(j)));
+      r0 = stack(a), r1 = stack(b);
+    }
+    bool graft = false;
+    for (size_t j : rows) {
+      const Member& mb = (*members)[j];
+      const Pending& w = pending[mb.pending];
+      filtered.push_back(w.blocks.block(w.filtered, mb.block));
+      grafted.push_back(w.blocks.block(w.grafted, mb.block));
+      graft = graft || Grafting(int(w.group->get("grafting"))) != Grafting::none;
+    }
+    const Tensor pb = matmul(matmul(r0, stack(filtered)), r1.transpose(1, 2));
+    Tensor scaled;
+    if (graft) {  // the grafted method's step size, block by block
+      const Tensor d = stack(grafted);
+      scaled = mul(pb, div(sqrt(sum(mul(d, d), {1, 2}, /*keepdim=*/true)),
+                           add(sqrt(sum(mul(pb, pb), {1, 2}, /*keepdim=*/true)), 1e-16)));
+    }
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const Member& mb = (*members)[rows[r]];
+      Pending& w = pending[mb.pending];
+      const bool own_graft = Grafting(int(w.group->get("grafting"))) != Grafting::none;
+      w.blocks.block(w.direction, mb.block).copy_((own_graft ? scaled : pb).select(0, int64_t(r)));
+    }
+  }
 
   for (Pending& w : pending) {
     ParamGroup& g = *w.group;
@@ -300,19 +458,18 @@ void Shampoo::step() {
     ParamState& st = state(w.index);
     const DType sdt = state_dtype(p.dtype());
     const auto grafting = Grafting(int(g.get("grafting")));
-    const bool started = st.step >= int64_t(g.get("start_preconditioning_step"));
     Tensor direction;
-    if (w.preconditioned && started) {
+    if (started(w)) {
       const int64_t k = int64_t(w.blocks.merged.size());
-      direction = empty(w.blocks.merged, {.dtype = sdt, .device = p.device()});
-      for (size_t b = 0; b < w.blocks.size(); ++b) {
-        Tensor pb = w.blocks.block(w.filtered, b).contiguous();
-        for (int64_t i = 0; i < k; ++i) pb = mode_product(st.tensors.at(root_name(b, i)), pb, i);
-        if (grafting != Grafting::none)  // the grafted method's step size, block by block
-          pb = mul(pb, div(frobenius(w.blocks.block(w.grafted, b)), add(frobenius(pb), 1e-16)));
-        w.blocks.block(direction, b).copy_(pb);
-      }
-      direction = direction.reshape(p.shape());
+      if (k != 2)  // blocks of other orders, one by one
+        for (size_t b = 0; b < w.blocks.size(); ++b) {
+          Tensor pb = w.blocks.block(w.filtered, b).contiguous();
+          for (int64_t i = 0; i < k; ++i) pb = mode_product(st.tensors.at(root_name(b, i)), pb, i);
+          if (grafting != Grafting::none)  // the grafted method's step size, block by block
+            pb = mul(pb, div(frobenius(w.blocks.block(w.grafted, b)), add(frobenius(pb), 1e-16)));
+          w.blocks.block(w.direction, b).copy_(pb);
+        }
+      direction = w.direction.reshape(p.shape());
     } else {
       direction = w.grafted;
     }

@@ -27,7 +27,14 @@
 // (μ > 0), and per block b and dim i "factor.b.i" and "root.b.i" (square, the block's size along i), and
 // "root_failures" (one count per factor, f32). A checkpoint holds all of it, and a resumed run continues
 // bit for bit.
+//
+// Batching: the matrix blocks (order 2) of every parameter that share a shape, dtype, device and β2 form a
+// group whose factors and roots live in stacked (B, m, m) and (B, n, n) tensors, each "factor.b.i" and
+// "root.b.i" a view of its row; a step updates a group's factors and applies its roots with one batched
+// matmul each instead of one per block (GPT-2 124M: 342 factors in 4 shapes). A state loaded or moved
+// since (new tensors, not views) is stacked again on the next step. Blocks of other orders go one by one.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +84,10 @@ class Shampoo : public Optimizer {
  private:
   struct Factor;  // one factor matrix of one block of one parameter, for the batched root job
   void update_roots(std::vector<Factor>& factors);
+  struct MatrixGroup;  // the order-2 blocks of one shape: stacked factors and roots
+  MatrixGroup& matrix_group(const std::vector<std::pair<int64_t, size_t>>& members, int64_t m, int64_t n, DType dtype,
+                            const Device& device, double beta2);
+  std::vector<std::shared_ptr<MatrixGroup>> groups_;
   int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0;
 };
 

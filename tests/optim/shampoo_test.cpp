@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
@@ -208,6 +209,50 @@ TEST(Shampoo, ResumesBitForBitFromItsStateDict) {
   bad.state[0].tensors["factor.0.0"] = zeros({3, 3});
   Shampoo c({w2, b2}, o);
   EXPECT_KILN_ERROR(c.load_state_dict(bad), "factor.0.0", "[3, 3]", "[4, 4]");
+}
+
+// The batched path (order-2 blocks of one shape from several parameters stacked into one group) gives what
+// one optimizer per parameter gives (every group of one member), in f64: matrices of shared and odd block
+// shapes, an order-3 tensor and a 1-D parameter beside them, a parameter without a gradient on one step (the
+// group's members change, its factors are stacked again), parameter groups with another start step and
+// without grafting, and a state_dict round trip in the middle (loaded tensors, stacked again).
+TEST(Shampoo, BatchedBlocksMatchOneOptimizerPerParameter) {
+  Generator gen(9);
+  const std::vector<Shape> shapes = {{8, 6}, {8, 6}, {6, 8}, {5, 4}, {2, 3, 4}, {7}};
+  std::vector<Tensor> all, one;
+  for (const Shape& s : shapes) {
+    all.push_back(randn(s, kF64, &gen).requires_grad_());
+    one.push_back(all.back().detach().clone().requires_grad_());
+  }
+  const ShampooOptions base{.lr = 0.05, .betas = {0.9, 0.99}, .epsilon = 1e-6, .momentum = 0.5,
+                            .max_preconditioner_dim = 4, .precondition_frequency = 2};
+  ShampooOptions late = base;  // a second parameter group: preconditions from step 4, no grafting
+  late.start_preconditioning_step = 4;
+  late.grafting = Grafting::none;
+  Shampoo together({all[0], all[2], all[4], all[5]}, base);
+  together.add_param_group({all[1], all[3]}, late);
+  std::vector<std::unique_ptr<Shampoo>> alone;
+  for (size_t i = 0; i < all.size(); ++i)
+    alone.push_back(std::make_unique<Shampoo>(std::vector<Tensor>{one[i]}, i == 1 || i == 3 ? late : base));
+  for (int step = 0; step < 7; ++step) {
+    for (size_t i = 0; i < all.size(); ++i) {
+      const bool skipped = step == 3 && i == 2;  // no gradient this step
+      const Tensor g = randn(shapes[i], kF64, &gen);
+      all[i].set_grad(skipped ? Tensor() : g.clone());
+      one[i].set_grad(skipped ? Tensor() : g.clone());
+    }
+    together.step();
+    for (auto& opt : alone) opt->step();
+    if (step == 4) {  // the groups' stacked factors are rebuilt from loaded tensors
+      Shampoo reloaded({all[0], all[2], all[4], all[5]}, base);
+      reloaded.add_param_group({all[1], all[3]}, late);
+      reloaded.load_state_dict(together.state_dict());
+      together.load_state_dict(reloaded.state_dict());
+    }
+    for (size_t i = 0; i < all.size(); ++i)
+      EXPECT_LT(max_abs(sub(all[i], one[i])), 1e-12 * (1 + max_abs(one[i]))) << "parameter " << i << " step " << step;
+  }
+  EXPECT_GT(together.root_updates(), 0);
 }
 
 TEST(Shampoo, Bf16ParametersKeepF32Statistics) {
