@@ -1,4 +1,5 @@
 // CUDA runtime glue: devices, per-device streams, allocators and library handles, error reporting.
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -151,7 +152,10 @@ DeviceProperties properties(int index) {
   KILN_CHECK(index >= 0 && index < device_count(), "cuda::properties: device ", index, " does not exist");
   cudaDeviceProp p{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
-  return {p.name, p.major, p.minor, p.totalGlobalMem, p.multiProcessorCount};
+  char pci[32];
+  std::snprintf(pci, sizeof(pci), "%08X:%02X:%02X.0", unsigned(p.pciDomainID), unsigned(p.pciBusID),
+                unsigned(p.pciDeviceID));
+  return {p.name, p.major, p.minor, p.totalGlobalMem, p.multiProcessorCount, pci};
 }
 
 LibraryVersions library_versions() {

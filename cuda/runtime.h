@@ -23,6 +23,7 @@ struct DeviceProperties {
   int major = 0, minor = 0;  // compute capability
   size_t total_memory = 0;
   int multiprocessors = 0;
+  std::string pci_bus_id;  // "domain:bus:device.0" in hex, as NVML and nvidia-smi name the board
 };
 DeviceProperties properties(int index);
 // The CUDA libraries this build runs on, as the libraries report them (0: not there, or no CUDA backend):

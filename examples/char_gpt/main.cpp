@@ -34,6 +34,7 @@
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
 // page-locked memory (data::WindowSampler).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +63,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/nn/sketch.h>
+#include <kiln/observe/gpu_monitor.h>
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
 #include <kiln/observe/progress.h>
@@ -86,6 +88,7 @@ struct Args {
   int64_t iters = 5000;
   std::string optimizer = "adamw";  // or shampoo
   std::string trace;  // --trace FILE: a Chrome trace of 3 more iterations
+  double gpu_monitor = 5;  // seconds between NVML samples into the metrics log (0: off)
   std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
   int64_t eval_interval = 250;
@@ -118,13 +121,15 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--run-dir DIR|none] [--trace FILE]\n"
+        "                [--shampoo-frequency F] [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
-        "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n";
+        "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n"
+        "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"
+        "                   into the run's metrics (default 5; 0: off)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -158,6 +163,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
     else if (flag == "--run-dir") a.run_dir = r.value();
+    else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
@@ -177,6 +183,7 @@ Args parse_args(int argc, char** argv) {
   if (a.attn_dropout < 0) a.attn_dropout = a.dropout;
   if (a.lr_decay_iters == 0) a.lr_decay_iters = std::max(a.iters, a.warmup_iters + 1);
   KILN_CHECK(a.lr_decay_iters > a.warmup_iters, "char_gpt: --lr-decay-iters must exceed --warmup-iters");
+  KILN_CHECK(a.gpu_monitor >= 0, "char_gpt: --gpu-monitor must be >= 0 seconds, got ", a.gpu_monitor);
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
@@ -375,6 +382,17 @@ int run(const Args& args) {
   std::unique_ptr<observe::MetricsLogger> metrics;
   if (rank == 0 && args.run_dir != "none")
     metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
+  // the GPU's utilization, memory, power, temperature and clocks into the same log, on a thread (NVML)
+  std::atomic<int64_t> current_iter{start_iter};
+  std::unique_ptr<observe::GpuMonitor> monitor;
+  if (metrics && dev.is_cuda() && args.gpu_monitor > 0) {
+    monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
+        .devices = {dev.index},
+        .interval = std::chrono::milliseconds(int64_t(args.gpu_monitor * 1000)),
+        .metrics = metrics.get(),
+        .step = [&current_iter] { return current_iter.load(); }});
+    if (!monitor->available()) std::fprintf(stderr, "no GPU monitor: %s\n", monitor->reason().c_str());
+  }
   const int64_t tokens_per_iter = args.batch_size * args.block_size;
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr, with the time left
   if (rank == 0 && args.iters > start_iter)
@@ -385,6 +403,7 @@ int run(const Args& args) {
   auto segment_start = Clock::now();
   int64_t segment_iters = 0;
   for (int64_t iter = start_iter;; ++iter) {
+    current_iter.store(iter, std::memory_order_relaxed);
     const bool last = iter == args.iters;
     if ((iter % args.eval_interval == 0 || last) && !(args.resume && iter == start_iter && start_iter > 0)) {
       sync();

@@ -23,6 +23,7 @@
 //
 // Progress goes to stderr (a bar updated in place on a terminal); stdout gets one line per epoch and, last,
 //   RESULT test_accuracy=0.xxxx epochs=N seconds=S world=W parameters=P
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +41,7 @@
 #include <kiln/distributed/checkpoint.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/nn/modules.h>
+#include <kiln/observe/gpu_monitor.h>
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
 #include <kiln/observe/progress.h>
@@ -106,6 +108,7 @@ struct Args {
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): Linear and Conv2d layers as SKLinear / SKConv2d
   std::string optimizer = "adamw";
   std::string run_dir = "runs/fashion_mnist";  // metrics and curves; "none": no logging
+  double gpu_monitor = 5;                      // seconds between NVML samples into the metrics (0: off)
   double kfac_damping = 1e-3;
   int64_t kfac_inv_steps = 10;
   bool help = false;
@@ -116,9 +119,11 @@ void usage(std::ostream& os) {
         "                     [--data DIR] [--checkpoint FILE [--resume]] [--device cpu|cuda[:i]]\n"
         "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S] [--sketch L,k]\n"
         "                     [--optimizer adamw|sgd|kfac] [--kfac-damping L] [--kfac-inv-steps N]\n"
-        "                     [--run-dir DIR|none]\n"
+        "                     [--run-dir DIR|none] [--gpu-monitor S]\n"
         "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
-        "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n";
+        "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n"
+        "  --gpu-monitor S: on a GPU, NVML's utilization, memory, power, temperature and clocks every S seconds\n"
+        "                   into the run's metrics (default 5; 0: off)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -143,6 +148,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--kfac-damping") a.kfac_damping = r.f64();
     else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64();
     else if (flag == "--run-dir") a.run_dir = r.value();
+    else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
@@ -151,6 +157,7 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.epochs >= 1, "fashion_mnist: --epochs must be at least 1");
   KILN_CHECK(a.batch_size >= 1, "fashion_mnist: --batch-size must be at least 1");
   KILN_CHECK(a.lr > 0, "fashion_mnist: --lr must be positive");
+  KILN_CHECK(a.gpu_monitor >= 0, "fashion_mnist: --gpu-monitor must be >= 0 seconds, got ", a.gpu_monitor);
   KILN_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd" || a.optimizer == "kfac",
              "fashion_mnist: --optimizer must be adamw, sgd or kfac, got '", a.optimizer, "'");
   KILN_CHECK(a.amp == "none" || a.amp == "bf16" || a.amp == "f16", "fashion_mnist: --amp must be none, bf16 or f16, got '",
@@ -275,9 +282,21 @@ int run(const Args& args) {
   std::unique_ptr<observe::MetricsLogger> metrics;
   if (main_rank && args.run_dir != "none")
     metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
+  // the GPU's utilization, memory, power, temperature and clocks into the same log, on a thread (NVML)
+  std::atomic<int64_t> current_epoch{start_epoch};
+  std::unique_ptr<observe::GpuMonitor> monitor;
+  if (metrics && dev.is_cuda() && args.gpu_monitor > 0) {
+    monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
+        .devices = {dev.index},
+        .interval = std::chrono::milliseconds(int64_t(args.gpu_monitor * 1000)),
+        .metrics = metrics.get(),
+        .step = [&current_epoch] { return current_epoch.load(); }});
+    if (!monitor->available()) std::fprintf(stderr, "no GPU monitor: %s\n", monitor->reason().c_str());
+  }
   double accuracy = 0;
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
   for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {
+    current_epoch.store(epoch + 1, std::memory_order_relaxed);  // logged as the epoch being trained
     observe::ProgressBar progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs),
                                   loader.size());
     const auto epoch_start = std::chrono::steady_clock::now();
