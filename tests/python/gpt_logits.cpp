@@ -1,6 +1,7 @@
 // The Kiln side of the PyTorch logits round trip (tests/python/test_gpt_logits.py): a small nn::GPT made from
-// a seed, its checkpoint, a batch of tokens and the logits Kiln computes for them in f32 and, on a GPU, under
-// bf16 autocast, written as raw little-endian arrays beside the checkpoint. The Python test loads the
+// a seed, its checkpoint, a batch of tokens and targets, the gradients of the mean cross-entropy (f32), and
+// the logits Kiln computes in f32 and, on a GPU, under bf16 autocast, written as raw little-endian arrays
+// beside the checkpoint. The Python test loads the
 // checkpoint into PyTorch (or numpy where PyTorch is absent), computes the same logits and compares.
 // Usage: kiln_gpt_logits OUT_DIR [cpu|cuda]   (OUT_DIR/gpt.h5, tokens.i64, logits_f32.f32, logits_bf16.f32)
 // Exit status 77 (a skip) for cuda on a machine without a GPU.
@@ -46,7 +47,12 @@ int main(int argc, char** argv) {
     model.eval();
     optim::save_checkpoint(dir + "/gpt.h5", model, nullptr);
     const Tensor tokens = randint(0, 96, {3, 32}, {.dtype = DType::i64});
+    const Tensor targets = randint(0, 96, {3, 32}, {.dtype = DType::i64});
     write_raw(dir + "/tokens.i64", tokens);
+    write_raw(dir + "/targets.i64", targets);
+    // the gradients of the mean cross-entropy, in f32, one raw file a parameter (grad.<name>.f32)
+    model.loss(tokens.to(dev), targets.to(dev)).backward();
+    for (const auto& [name, p] : model.named_parameters()) write_raw(dir + "/grad." + name + ".f32", p.grad().to(DType::f32));
     NoGradGuard no_grad;
     write_raw(dir + "/logits_f32.f32", model(tokens.to(dev)).to(DType::f32));
     if (dev.is_cuda()) {

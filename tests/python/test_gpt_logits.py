@@ -1,8 +1,9 @@
 """The PyTorch logits round trip: a checkpoint of nn::GPT written by Kiln (tests/python/gpt_logits.cpp) loaded
 into PyTorch through python/kiln_checkpoint.py (gpt_to_nanogpt's names, bench/gpt_torch_model.py's GPT) gives
 the logits Kiln computed: f32 within 1e-5 relative to the logits' largest magnitude, bf16 autocast within
-1e-2. Without PyTorch (CI's CPU machine) the reference is a numpy forward pass in f64 of the same
-architecture. Usage: test_gpt_logits.py REPOSITORY_ROOT KILN_GPT_LOGITS [cpu|cuda]"""
+1e-2; and, where PyTorch is installed, the gradients of the mean cross-entropy within 1e-5 of each
+parameter's largest. Without PyTorch (CI's CPU machine) the logits' reference is a numpy forward pass in
+f64 of the same architecture (the gradients need PyTorch's autograd). Usage: test_gpt_logits.py REPOSITORY_ROOT KILN_GPT_LOGITS [cpu|cuda]"""
 import os
 import shutil
 import subprocess
@@ -48,29 +49,49 @@ def numpy_logits(sd, idx):
     return layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]) @ p["wte.weight"].T
 
 
-def torch_logits(sd, idx, device, bf16):
+def torch_model(sd, device):
     import torch
     from gpt_torch_model import GPT
     model = GPT(V, T, L, H, E).to(device).eval()
     nano = kc.gpt_to_nanogpt(sd)
     # bench/gpt_torch_model.py names its blocks' layers without nanoGPT's attn./mlp. prefixes
     names = {"attn.c_attn": "c_attn", "attn.c_proj": "c_proj", "mlp.c_fc": "c_fc", "mlp.c_proj": "mlp_proj"}
-    state = {}
-    for name, value in nano.items():
+    state, kiln_name = {}, {}
+    for (name, value), kiln in zip(nano.items(), list(sd.keys()) + ["wte.weight"]):
         name = name.replace("transformer.", "")
         for a, b in names.items():
             name = name.replace(a, b)
         state[name] = torch.as_tensor(np.asarray(value, dtype=np.float32))
+        kiln_name[name] = kiln
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(m == "lm_head.weight" for m in missing), (missing, unexpected)
+    return model, kiln_name
+
+
+def torch_forward(model, x):
+    h = model.wte(x) + model.wpe.weight[:x.size(1)]
+    for block in model.h:
+        h = block(h)
+    return model.lm_head(model.ln_f(h))
+
+
+def torch_logits(sd, idx, device, bf16):
+    import torch
+    model, _ = torch_model(sd, device)
     x = torch.as_tensor(idx, device=device)
     with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-        hidden = x
-        t = hidden.size(1)
-        h = model.wte(hidden) + model.wpe.weight[:t]
-        for block in model.h:
-            h = block(h)
-        return model.lm_head(model.ln_f(h)).float().cpu().numpy()
+        return torch_forward(model, x).float().cpu().numpy()
+
+
+def torch_gradients(sd, idx, targets, device):
+    """{Kiln name: gradient} of the mean cross-entropy, in f32."""
+    import torch
+    import torch.nn.functional as F
+    model, kiln_name = torch_model(sd, device)
+    x, y = torch.as_tensor(idx, device=device), torch.as_tensor(targets, device=device)
+    logits = torch_forward(model, x)
+    F.cross_entropy(logits.view(-1, V), y.view(-1)).backward()
+    return {kiln_name[n]: p.grad.float().cpu().numpy() for n, p in model.named_parameters() if n in kiln_name}
 
 
 def rel(got, want):
@@ -84,6 +105,7 @@ class GptLogits(unittest.TestCase):
         subprocess.run([PROGRAM, cls.dir, DEVICE], check=True)  # 77 (no GPU) was handled below, at start
         cls.sd = kc.load_state_dict(os.path.join(cls.dir, "gpt.h5"), as_torch=False)
         cls.idx = np.fromfile(os.path.join(cls.dir, "tokens.i64"), dtype="<i8").reshape(3, T)
+        cls.targets = np.fromfile(os.path.join(cls.dir, "targets.i64"), dtype="<i8").reshape(3, T)
         cls.kiln_f32 = np.fromfile(os.path.join(cls.dir, "logits_f32.f32"), dtype="<f4").reshape(3, T, V)
         try:
             import torch  # noqa: F401
@@ -105,6 +127,23 @@ class GptLogits(unittest.TestCase):
             err = rel(self.kiln_f32, got)
             print(f"f32 logits on {DEVICE}: Kiln vs PyTorch {err:.2e}")
             self.assertLess(err, 1e-5)
+
+    def test_f32_gradients_match(self):
+        names = list(self.sd.keys())
+        for name in names:  # every parameter's gradient was written
+            self.assertTrue(os.path.exists(os.path.join(self.dir, f"grad.{name}.f32")), name)
+        if not self.torch:
+            print("f32 gradients: PyTorch is not installed here; compared on the GPU machine")
+            return
+        want = torch_gradients(self.sd, self.idx, self.targets, DEVICE)
+        self.assertEqual(sorted(want), sorted(names))
+        worst = 0.0
+        for name in names:
+            got = np.fromfile(os.path.join(self.dir, f"grad.{name}.f32"), dtype="<f4").reshape(want[name].shape)
+            err = rel(got, want[name])
+            worst = max(worst, err)
+            self.assertLess(err, 1e-5, name)
+        print(f"f32 gradients on {DEVICE}: Kiln vs PyTorch, worst parameter {worst:.2e}")
 
     def test_bf16_logits_match(self):
         path = os.path.join(self.dir, "logits_bf16.f32")
