@@ -430,53 +430,78 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 namespace {
-// self op= other: the result is computed out of place and copied back, so it must have self's shape.
-// A broadcast may grow `other` to self's shape, never self to other's (PyTorch refuses that too).
+// Can `self op= other` run the elementwise kernel with self as its output? The kernels compute element i of
+// the output from element i of each operand only (CPU and CUDA alike), so an output that is exactly one of
+// the operands is safe. An operand that overlaps self any other way (a shifted or flipped view, a broadcast
+// of part of it) is not, nor is a self with repeated elements; and the result's dtype must be self's.
+bool in_place_safe(const Tensor& self, const Tensor& other, DType result) {
+  if (result != self.dtype() || !self.is_contiguous() || other.device() != self.device()) return false;
+  if (!other.shares_storage(self)) return true;
+  return other.offset() == self.offset() && other.sizes() == self.sizes() && other.strides() == self.strides();
+}
+
+// self op= other. Where in_place_safe, one kernel writes self; otherwise the result is computed out of place
+// and copied back, so it must have self's shape. A broadcast may grow `other` to self's shape, never self to
+// other's (PyTorch refuses that too).
 template <class Fn>
-Tensor& update_in_place(Tensor& self, const Tensor& other, const char* op, Fn compute) {
+Tensor& update_in_place(Tensor& self, const Tensor& other, const char* op, BinaryOp kind, Fn compute) {
   check_inplace(self, op);
   KILN_CHECK(other.defined(), op, ": the operand is undefined (self ", self.str(), ")");
   KILN_CHECK(broadcast_shapes(self.sizes(), other.sizes(), op) == self.sizes(), op, ": the result of ", self.str(),
              " and ", other.str(), " has shape ", shape_str(broadcast_shapes(self.sizes(), other.sizes(), op)),
              ", which does not fit in place into shape ", shape_str(self.sizes()));
   NoGradGuard ng;
-  kernels::copy(compute(), self);
+  DType result = promote_types(self.dtype(), other.dtype());
+  if (kind == BinaryOp::div && !is_floating(result)) result = DType::f32;  // as kiln::div
+  if (in_place_safe(self, other, result)) {
+    const Tensor operand = (other.dtype() == result ? other : other.to(result)).expand(self.sizes());
+    kernels::binary(kind, self, operand, self);
+  } else {
+    kernels::copy(compute(), self);
+  }
+  self.bump_version();
+  return self;
+}
+
+// self op= scalar: one kernel writing self where it is contiguous, else out of place and copied back.
+template <class Fn>
+Tensor& scalar_in_place(Tensor& self, const char* op, UnaryOp kind, double value, Fn compute) {
+  check_inplace(self, op);
+  NoGradGuard ng;
+  if (self.is_contiguous()) kernels::unary(kind, self, self, value, 0.0);
+  else kernels::copy(compute(), self);
   self.bump_version();
   return self;
 }
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  return update_in_place(*this, other, "add_",
-                         [&] { return kiln::add(*this, alpha == 1.0 ? other : kiln::mul(other, alpha)); });
+  Tensor scaled = other;
+  if (alpha != 1.0 && other.defined()) {
+    NoGradGuard ng;
+    scaled = kiln::mul(other, alpha);
+  }
+  return update_in_place(*this, scaled, "add_", BinaryOp::add, [&] { return kiln::add(*this, scaled); });
 }
 
 Tensor& Tensor::sub_(const Tensor& other) {
-  return update_in_place(*this, other, "sub_", [&] { return kiln::sub(*this, other); });
+  return update_in_place(*this, other, "sub_", BinaryOp::sub, [&] { return kiln::sub(*this, other); });
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  return update_in_place(*this, other, "mul_", [&] { return kiln::mul(*this, other); });
+  return update_in_place(*this, other, "mul_", BinaryOp::mul, [&] { return kiln::mul(*this, other); });
 }
 
 Tensor& Tensor::div_(const Tensor& other) {
-  return update_in_place(*this, other, "div_", [&] { return kiln::div(*this, other); });
+  return update_in_place(*this, other, "div_", BinaryOp::div, [&] { return kiln::div(*this, other); });
 }
 
 Tensor& Tensor::add_(double value) {
-  check_inplace(*this, "add_");
-  NoGradGuard ng;
-  kernels::copy(kiln::add(*this, value), *this);
-  bump_version();
-  return *this;
+  return scalar_in_place(*this, "add_", UnaryOp::add_scalar, value, [&] { return kiln::add(*this, value); });
 }
 
 Tensor& Tensor::mul_(double value) {
-  check_inplace(*this, "mul_");
-  NoGradGuard ng;
-  kernels::copy(kiln::mul(*this, value), *this);
-  bump_version();
-  return *this;
+  return scalar_in_place(*this, "mul_", UnaryOp::mul_scalar, value, [&] { return kiln::mul(*this, value); });
 }
 
 // ---------------------------------------------------------------- math members and operators

@@ -268,6 +268,40 @@ TEST(Elementwise, ScalarOperandsKeepTheTensorDtype) {
   }
 }
 
+// In-place ops write self with one kernel where the operand is self exactly or shares no memory with it;
+// an operand that overlaps self any other way, a non-contiguous self and a result of another dtype go out of
+// place and are copied back. Either way the result is computed from the values before the update.
+TEST(Elementwise, InPlaceOpsWithAliasedOperands) {
+  Tensor x = tensor({1, 2, 3, 4}, {4});
+  x.add_(x);  // the operand is self
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2, 4, 6, 8}));
+  x.mul_(x);
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{4, 16, 36, 64}));
+
+  Tensor base = tensor({1, 2, 3, 4, 5}, {5});
+  Tensor head = base.narrow(0, 0, 4), tail = base.narrow(0, 1, 4);
+  head.add_(tail);  // shifted by one: each element from the old values, not from ones already updated
+  EXPECT_EQ(base.to_vector<float>(), (std::vector<float>{3, 5, 7, 9, 5}));
+
+  Tensor m = tensor({1, 2, 3, 4, 5, 6}, {3, 2});
+  m.sub_(m.narrow(0, 0, 1));  // a broadcast of self's first row
+  EXPECT_EQ(m.to_vector<float>(), (std::vector<float>{0, 0, 2, 2, 4, 4}));
+
+  Tensor t = tensor({1, 2, 3, 4}, {2, 2}).transpose(0, 1);  // not contiguous
+  t.mul_(tensor({10, 100}, {2}));
+  EXPECT_EQ(t.contiguous().to_vector<float>(), (std::vector<float>{10, 300, 20, 400}));
+  t.add_(1.0);
+  EXPECT_EQ(t.contiguous().to_vector<float>(), (std::vector<float>{11, 301, 21, 401}));
+
+  Tensor i = tensor({7, 8}, {2}, {.dtype = DType::i32});
+  i.div_(tensor({2, 2}, {2}, {.dtype = DType::i32}));  // computed in f32, stored back as i32
+  EXPECT_EQ(i.dtype(), DType::i32);
+  EXPECT_EQ(i.to_vector<int32_t>(), (std::vector<int32_t>{3, 4}));
+  Tensor f16 = tensor({1, 2}, {2}, {.dtype = DType::f16});
+  f16.add_(tensor({0.5, 0.25}, {2}));  // an f32 operand: the f32 result rounds into f16
+  EXPECT_EQ(f16.to_vector<double>(), (std::vector<double>{1.5, 2.25}));
+}
+
 TEST(Elementwise, InPlaceOps) {
   Tensor x = tensor({1, 2, 3, 4}, {2, 2});
   x.add_(tensor({10, 20}, {2}));
