@@ -53,9 +53,16 @@ void CollectiveWatchdog::launched(uint64_t ticket, std::function<bool()> is_done
 }
 
 void CollectiveWatchdog::cancel(uint64_t ticket) {
+  std::deque<Entry> cancelled;  // released after the lock (see poll)
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.ticket == ticket; }),
-                 entries_.end());
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->ticket == ticket) {
+      cancelled.push_back(std::move(*it));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 size_t CollectiveWatchdog::in_flight() const {
@@ -64,14 +71,17 @@ size_t CollectiveWatchdog::in_flight() const {
 }
 
 // Retires the oldest collectives as they finish and asks for asynchronous errors. Every query runs with
-// the lock released: it may block.
+// the lock released: it may block. So does every release of a query: the last reference to a collective's
+// CUDA event may be the query's, and destroying an event waits for the device's context, which a thread
+// spinning in a synchronous copy holds (on the H200 the NCCL kill test hung so: the retired collective's
+// event was released under this lock, and the monitor never got it).
 void CollectiveWatchdog::poll() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, options_.tick);
     while (!stopping_ && error_.empty() && !entries_.empty() && entries_.front().is_done) {
       const uint64_t ticket = entries_.front().ticket;
-      const std::function<bool()> is_done = entries_.front().is_done;
+      std::function<bool()> is_done = entries_.front().is_done;
       lock.unlock();
       bool done = false;
       std::string error;
@@ -81,11 +91,19 @@ void CollectiveWatchdog::poll() {
       } catch (const std::exception& e) {
         error = e.what();
       }
+      is_done = nullptr;  // released unlocked
       lock.lock();
       if (!error.empty()) error_ = entries_.empty() ? error : entries_.front().what + " failed: " + error;
       if (!done) break;
       trace("retired", ticket);
-      if (!entries_.empty() && entries_.front().ticket == ticket) entries_.pop_front();
+      Entry retired;
+      if (!entries_.empty() && entries_.front().ticket == ticket) {
+        retired = std::move(entries_.front());
+        entries_.pop_front();
+      }
+      lock.unlock();
+      retired = Entry{};  // its query, and the CUDA event it may hold last, released unlocked
+      lock.lock();
     }
     if (stopping_ || !error_.empty() || !options_.poll_error) continue;
     lock.unlock();

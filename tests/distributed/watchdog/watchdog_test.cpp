@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -99,6 +100,35 @@ TEST(CollectiveWatchdog, AQueryThatBlocksDoesNotStopTheTimeout) {
     EXPECT_NE(f.message.find("barrier on the nccl group of 2 ranks (rank 0) did not finish"), std::string::npos)
         << f.message;
     closed.unlock();  // let the stuck poller go, so the watchdog can stop
+  }
+}
+
+// Releasing a finished collective's query may block too: it holds the last reference to its CUDA event, and
+// destroying an event waits for the context a thread spinning in a synchronous copy holds (the NCCL kill test
+// hung so on the H200: the poller blocked releasing the first collective's event while holding the
+// watchdog's lock, so the monitor never looked). The release must not stop the timeout either.
+TEST(CollectiveWatchdog, AReleaseThatBlocksDoesNotStopTheTimeout) {
+  Failures f;
+  auto gate = std::make_shared<std::mutex>();
+  std::unique_lock<std::mutex> closed(*gate);
+  struct BlocksWhenReleased {
+    explicit BlocksWhenReleased(std::shared_ptr<std::mutex> g) : gate(std::move(g)) {}
+    ~BlocksWhenReleased() { std::lock_guard<std::mutex> wait_here(*gate); }
+    std::shared_ptr<std::mutex> gate;
+  };
+  {
+    CollectiveWatchdog w(options(f, 200ms));
+    std::atomic<bool> first_done{false};
+    auto held = std::make_shared<BlocksWhenReleased>(gate);
+    w.launched(w.begin("all_reduce (sum) on the nccl group of 2 ranks (rank 0)"),
+               [held, &first_done] { return first_done.load(); });
+    held.reset();  // the query now holds the only reference: retiring it blocks
+    w.launched(w.begin("all_reduce (sum) on the nccl group of 2 ranks (rank 0) #2"), [] { return false; });
+    first_done = true;  // both are in flight: the first finishes (as the kill test's did), the second never
+    const bool fired = f.wait_for_failure(5s);
+    closed.unlock();  // let the stuck release go, so the watchdog can stop
+    ASSERT_TRUE(fired) << "the monitor did not fire while a retired query's release blocked";
+    EXPECT_NE(f.message.find("#2 did not finish within 200 ms"), std::string::npos) << f.message;
   }
 }
 
