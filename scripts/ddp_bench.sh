@@ -33,6 +33,9 @@ for c in $carveouts; do
   run "kiln_n_bf16_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" \
     --sm-carveout "$c" --comm-bf16
 done
+# NCCL's Simple protocol for the ~20 MiB buckets (it chose LL on 2 H200s: half the bandwidth, more SMs)
+run kiln_n_simple 120 env NCCL_PROTO=Simple scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" \
+  --steps "$steps"
 grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
 tps() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field tokens_per_second; }
 mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
@@ -57,6 +60,8 @@ if kb or tcb:
 print(f"ZeRO-1 saves {mn - mz:.2f} GiB a GPU against DDP (kiln 1 GPU: {m1:.2f} GiB)")
 PY
 k1=$(tps kiln_1)
+t=$(tps kiln_n_simple)
+[ -n "$t" ] && [ -n "$k1" ] && python3 -c "print(f'kiln DDP NCCL_PROTO=Simple: {$t:.0f} tokens/s, scaling {100*$t/($n*$k1):.1f}%')"
 for c in $carveouts; do
   for w in "" _bf16; do
     t=$(tps "kiln_n${w}_carve$c")
