@@ -33,7 +33,8 @@ for c in $carveouts; do
   run "kiln_n_bf16_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" \
     --sm-carveout "$c" --comm-bf16
 done
-# NCCL's Simple protocol for the ~20 MiB buckets (it chose LL on 2 H200s: half the bandwidth, more SMs)
+# NCCL's Simple protocol forced for the ~20 MiB buckets (the trace's kernel is named RING_LL; LL moves half
+# the bandwidth on more SMs)
 run kiln_n_simple 120 env NCCL_PROTO=Simple scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" \
   --steps "$steps"
 grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
