@@ -10,7 +10,7 @@ size_t element_size(DType t) {
     case DType::f32: case DType::i32: return 4;
     case DType::f64: case DType::i64: return 8;
     case DType::f16: case DType::bf16: return 2;
-    case DType::boolean: return 1;
+    case DType::boolean: case DType::f8e4m3: case DType::f8e5m2: return 1;
   }
   return 0;
 }
@@ -24,18 +24,23 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::boolean: return "bool";
+    case DType::f8e4m3: return "f8e4m3";
+    case DType::f8e5m2: return "f8e5m2";
   }
   return "?";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean})
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean,
+                  DType::f8e4m3, DType::f8e5m2})
     if (name == dtype_name(t)) return t;
   KILN_FAIL("dtype_from_name: unknown dtype '", name, "'");
 }
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
+  KILN_CHECK(!is_fp8(a) && !is_fp8(b), "promote_types: ", dtype_name(a), " and ", dtype_name(b), " do not promote: "
+             "FP8 tensors are storage; cast them (to f32 or bf16) before arithmetic");
   auto rank = [](DType t) {
     switch (t) {
       case DType::boolean: return 0;
@@ -44,6 +49,7 @@ DType promote_types(DType a, DType b) {
       case DType::f16: case DType::bf16: return 3;
       case DType::f32: return 4;
       case DType::f64: return 5;
+      case DType::f8e4m3: case DType::f8e5m2: return 3;  // not reached: refused above
     }
     return 0;
   };

@@ -44,6 +44,8 @@ __device__ __forceinline__ double load_as_double(const void* p, DType t, int64_t
     case DType::i32: return double(static_cast<const int32_t*>(p)[i]);
     case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
     case DType::boolean: return static_cast<const bool*>(p)[i] ? 1.0 : 0.0;
+    case DType::f8e4m3: return fp8::decode<fp8::E4M3>(static_cast<const uint8_t*>(p)[i]);
+    case DType::f8e5m2: return fp8::decode<fp8::E5M2>(static_cast<const uint8_t*>(p)[i]);
   }
   return 0.0;
 }

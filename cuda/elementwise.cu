@@ -66,6 +66,8 @@ __device__ __forceinline__ void store_dyn(void* p, DType t, int64_t i, double v)
     case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
     case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
     case DType::boolean: static_cast<bool*>(p)[i] = v != 0.0; break;
+    case DType::f8e4m3: static_cast<uint8_t*>(p)[i] = fp8::encode<fp8::E4M3>(v); break;  // core/float8.h's,
+    case DType::f8e5m2: static_cast<uint8_t*>(p)[i] = fp8::encode<fp8::E5M2>(v); break;  // as on the CPU
   }
 }
 
@@ -485,6 +487,8 @@ uint64_t value_bits(DType t, double v) {
     case DType::i32: { int32_t i = static_cast<int32_t>(v); std::memcpy(&bits, &i, 4); break; }
     case DType::i64: { int64_t i = static_cast<int64_t>(v); std::memcpy(&bits, &i, 8); break; }
     case DType::boolean: bits = v != 0.0 ? 1 : 0; break;
+    case DType::f8e4m3: bits = fp8::encode<fp8::E4M3>(v); break;
+    case DType::f8e5m2: bits = fp8::encode<fp8::E5M2>(v); break;
   }
   return bits;
 }

@@ -35,6 +35,34 @@ def f32_to_bf16(x):
     return np.where(nan, ((u >> 16) | 0x0040).astype(np.uint16), rounded)
 
 
+def _fp8_table(exponent_bits, mantissa_bits, ieee):
+    """The float32 value of each of the 256 codes of an OCP FP8 format (core/float8.h)."""
+    bias = (1 << (exponent_bits - 1)) - 1
+    table = np.empty(256, dtype=np.float32)
+    for c in range(256):
+        s, e, m = c >> 7, (c >> mantissa_bits) & ((1 << exponent_bits) - 1), c & ((1 << mantissa_bits) - 1)
+        top = (1 << exponent_bits) - 1
+        if ieee and e == top:
+            v = np.inf if m == 0 else np.nan
+        elif not ieee and e == top and m == (1 << mantissa_bits) - 1:
+            v = np.nan
+        elif e == 0:
+            v = m * 2.0 ** (1 - bias - mantissa_bits)
+        else:
+            v = (1 + m / (1 << mantissa_bits)) * 2.0 ** (e - bias)
+        table[c] = -v if s else v
+    return table
+
+
+FP8_E4M3 = _fp8_table(4, 3, ieee=False)  # f8e4m3: no infinities, largest 448
+FP8_E5M2 = _fp8_table(5, 2, ieee=True)   # f8e5m2: IEEE-like, largest 57344
+
+
+def fp8_to_f32(bits, dtype):
+    """Raw FP8 bits (uint8) of Kiln dtype f8e4m3 or f8e5m2 to float32."""
+    return (FP8_E4M3 if dtype == "f8e4m3" else FP8_E5M2)[np.asarray(bits, dtype=np.uint8)]
+
+
 def _decode(ds):
     dtype = ds.attrs["dtype"]
     dtype = dtype.decode() if isinstance(dtype, bytes) else str(dtype)
@@ -43,6 +71,8 @@ def _decode(ds):
         return bf16_to_f32(raw), dtype
     if dtype == "bool":
         return np.asarray(raw) != 0, dtype
+    if dtype in ("f8e4m3", "f8e5m2"):
+        return fp8_to_f32(raw, dtype), dtype
     if dtype not in _NUMPY:
         raise ValueError(f"{ds.name}: unknown Kiln dtype '{dtype}'")
     return np.asarray(raw, dtype=_NUMPY[dtype]), dtype

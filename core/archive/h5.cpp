@@ -143,7 +143,8 @@ Id half_type(const std::string& ctx) {
 
 // The stored type of each dtype; it is also the in-memory type handed to H5Dread/H5Dwrite because Kiln's
 // storage is little-endian with the same layouts. bf16 has no HDF5 float equivalent that readers agree
-// on, so it is stored as its raw bits (uint16); bool as uint8 0/1.
+// on, so it is stored as its raw bits (uint16); bool as uint8 0/1; f8e4m3 and f8e5m2 as their raw bits
+// (uint8), the dtype attribute saying which.
 Id file_type(DType dt, const std::string& ctx) {
   hid_t base = H5I_INVALID_HID;
   switch (dt) {
@@ -153,7 +154,7 @@ Id file_type(DType dt, const std::string& ctx) {
     case DType::bf16: base = H5T_STD_U16LE; break;
     case DType::i32: base = H5T_STD_I32LE; break;
     case DType::i64: base = H5T_STD_I64LE; break;
-    case DType::boolean: base = H5T_STD_U8LE; break;
+    case DType::boolean: case DType::f8e4m3: case DType::f8e5m2: base = H5T_STD_U8LE; break;
   }
   return Id(KILN_H5(H5Tcopy(base), ctx), H5Tclose);
 }
@@ -164,7 +165,7 @@ bool type_matches(hid_t type, DType dt, const std::string& ctx) {
   size_t size = H5Tget_size(type);
   KILN_CHECK(size > 0, ctx, ": cannot get the size of the stored type [", h5_detail(), "]");
   if (size != element_size(dt)) return false;
-  if (is_floating(dt) && dt != DType::bf16) return cls == H5T_FLOAT;
+  if (is_floating(dt) && dt != DType::bf16 && !is_fp8(dt)) return cls == H5T_FLOAT;
   if (cls != H5T_INTEGER) return false;
   H5T_sign_t sign = KILN_H5(H5Tget_sign(type), ctx);
   bool want_signed = dt == DType::i32 || dt == DType::i64;

@@ -68,6 +68,7 @@ void load_exact(const Tensor& t, int64_t start, int64_t n, double* buf) {
 template <class T>
 T from_double(double v) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return T(float(v));
+  else if constexpr (std::is_same_v<T, Float8E4M3> || std::is_same_v<T, Float8E5M2>) return T(v);  // one rounding
   else if constexpr (std::is_same_v<T, bool>) return v != 0.0;
   else return static_cast<T>(v);
 }
@@ -97,10 +98,14 @@ void load(const Tensor& t, int64_t start, int64_t n, double* buf) {
     case DType::i32: return load_exact<int32_t>(t, start, n, buf);
     case DType::i64: return load_exact<int64_t>(t, start, n, buf);
     case DType::boolean: return load_exact<bool>(t, start, n, buf);
+    case DType::f8e4m3: return load_typed<Float8E4M3>(t, start, n, buf);
+    case DType::f8e5m2: return load_typed<Float8E5M2>(t, start, n, buf);
   }
 }
 
 void store(const Tensor& t, int64_t start, int64_t n, const double* buf) {
+  if (t.dtype() == DType::f8e4m3) return store_typed<Float8E4M3>(t, start, n, buf);
+  if (t.dtype() == DType::f8e5m2) return store_typed<Float8E5M2>(t, start, n, buf);
   KILN_DISPATCH_ALL(t.dtype(), "store", store_typed<scalar_t>(t, start, n, buf));
 }
 

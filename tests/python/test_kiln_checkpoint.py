@@ -91,6 +91,20 @@ class Writes(unittest.TestCase):
                 self.assertEqual(f["model/half"].dtype, np.uint16)
 
 
+class Float8(unittest.TestCase):
+    def test_tables_follow_the_specification(self):
+        self.assertEqual(kc.FP8_E4M3[0x7E], 448.0)
+        self.assertEqual(kc.FP8_E4M3[0x38], 1.0)
+        self.assertEqual(kc.FP8_E4M3[0x01], 2.0 ** -9)
+        self.assertEqual(int(np.isnan(kc.FP8_E4M3).sum()), 2)
+        self.assertEqual(kc.FP8_E5M2[0x7B], 57344.0)
+        # E5M2 is the top byte of float16
+        top = (np.arange(256, dtype=np.uint16) << 8).view(np.float16).astype(np.float32)
+        same = (kc.FP8_E5M2 == top) | (np.isnan(kc.FP8_E5M2) & np.isnan(top))
+        self.assertTrue(bool(same.all()))
+        self.assertEqual(kc.fp8_to_f32(np.array([0x7E, 0xB8], dtype=np.uint8), "f8e4m3").tolist(), [448.0, -1.0])
+
+
 class Names(unittest.TestCase):
     def test_gpt_and_nanogpt_invert_each_other(self):
         kiln = {"wte.weight": 1, "wpe.weight": 2, "ln_f.weight": 3, "ln_f.bias": 4}

@@ -26,6 +26,9 @@ TEST(ArchiveRoundTrip, EveryDtypeIsBitExact) {
   a.add("i64", tensor_from_bits<int64_t>({std::numeric_limits<int64_t>::min(), -1, std::numeric_limits<int64_t>::max()},
                                          {3}, DType::i64));
   a.add("bool", tensor_from_bits<uint8_t>({1, 0, 0, 1, 1}, {5}, DType::boolean));
+  // FP8: NaN, -0, the largest finite, a subnormal, 1.0; e5m2's infinity
+  a.add("f8e4m3", tensor_from_bits<uint8_t>({0x7f, 0x80, 0x7e, 0x01, 0x38, 0xfe}, {2, 3}, DType::f8e4m3));
+  a.add("f8e5m2", tensor_from_bits<uint8_t>({0x7e, 0x80, 0x7b, 0x01, 0x3c, 0xfc}, {6}, DType::f8e5m2));
 
   std::string path = dir.file("dtypes.h5");
   save(path, a);

@@ -1,0 +1,149 @@
+// FP8 (core/float8.h) against the OCP FP8 specification, exhaustively: every one of the 256 codes of E4M3 and
+// E5M2 decodes to the value the specification defines (E4M3 by its formula written out here; E5M2 also as
+// the top byte of the same float16), encodes back to itself, and the values between neighbours round to
+// nearest with ties to even; saturation, NaN and signed zero; then the dtypes in tensors: casts, printing,
+// promotion refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <kiln/core/error.h>
+#include <kiln/core/float8.h>
+#include <kiln/core/half.h>
+#include <kiln/core/ops.h>
+
+namespace kiln {
+namespace {
+
+// The specification's E4M3 value of a code: (-1)^s · 2^(e-7) · (1 + m/8), subnormals 2^-6 · m/8, NaN at
+// S.1111.111, no infinities.
+double spec_e4m3(uint8_t c) {
+  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double magnitude = e == 0 ? std::pow(2.0, -6) * m / 8.0 : std::pow(2.0, e - 7) * (1.0 + m / 8.0);
+  return s ? -magnitude : magnitude;
+}
+
+double e4m3(uint8_t c) { return double(Float8E4M3::from_bits(c)); }
+double e5m2(uint8_t c) { return double(Float8E5M2::from_bits(c)); }
+
+TEST(Float8, EveryE4M3CodeDecodesAsTheSpecificationSaysAndEncodesBack) {
+  int nans = 0;
+  for (int c = 0; c < 256; ++c) {
+    const double v = e4m3(uint8_t(c)), want = spec_e4m3(uint8_t(c));
+    SCOPED_TRACE(c);
+    if (std::isnan(want)) {
+      ++nans;
+      EXPECT_TRUE(std::isnan(v));
+      EXPECT_EQ(Float8E4M3(v).bits, c);  // the NaN keeps its sign
+      continue;
+    }
+    EXPECT_EQ(v, want);
+    EXPECT_EQ(std::signbit(v), c >= 128);  // -0 is 0x80
+    EXPECT_EQ(Float8E4M3(v).bits, c);
+  }
+  EXPECT_EQ(nans, 2);
+  for (int c = 1; c <= 0x7e; ++c) EXPECT_LT(e4m3(uint8_t(c - 1)), e4m3(uint8_t(c)));  // strictly increasing
+  EXPECT_EQ(e4m3(0x7e), 448.0);
+  EXPECT_EQ(e4m3(0x08), std::ldexp(1.0, -6));  // smallest normal
+  EXPECT_EQ(e4m3(0x01), std::ldexp(1.0, -9));  // smallest subnormal
+  EXPECT_EQ(e4m3(0x38), 1.0);
+  EXPECT_EQ(e4m3(0xb8), -1.0);
+}
+
+TEST(Float8, EveryE5M2CodeIsTheTopByteOfTheSameFloat16) {
+  int nans = 0, infinities = 0;
+  for (int c = 0; c < 256; ++c) {
+    SCOPED_TRACE(c);
+    Half h;
+    h.bits = uint16_t(c << 8);
+    const double v = e5m2(uint8_t(c)), want = double(float(h));
+    if (std::isnan(want)) {
+      ++nans;
+      EXPECT_TRUE(std::isnan(v));
+      EXPECT_EQ(Float8E5M2(v).bits, (c & 0x80) | 0x7e);  // the canonical NaN of its sign
+      continue;
+    }
+    EXPECT_EQ(v, want);
+    if (std::isinf(v)) {
+      ++infinities;
+      EXPECT_EQ(Float8E5M2(v).bits, (c & 0x80) | 0x7b);  // saturating: an infinity becomes the largest finite
+      continue;
+    }
+    EXPECT_EQ(Float8E5M2(v).bits, c);
+  }
+  EXPECT_EQ(nans, 6);
+  EXPECT_EQ(infinities, 2);
+  EXPECT_EQ(e5m2(0x7b), 57344.0);
+  EXPECT_EQ(e5m2(0x04), std::ldexp(1.0, -14));
+  EXPECT_EQ(e5m2(0x01), std::ldexp(1.0, -16));
+  EXPECT_EQ(e5m2(0x3c), 1.0);
+}
+
+// Between every two neighbouring finite values (subnormals, the normal boundary, the binades): below the
+// midpoint goes down, above goes up, the midpoint to the even code.
+template <class F8>
+void check_rounding(uint8_t largest) {
+  for (int c = 0; c < largest; ++c) {
+    for (int sign : {0, 0x80}) {
+      const uint8_t lo = uint8_t(c | sign), hi = uint8_t((c + 1) | sign);
+      const double a = double(F8::from_bits(lo)), b = double(F8::from_bits(hi)), mid = (a + b) / 2;
+      SCOPED_TRACE(::testing::Message() << "between codes " << int(lo) << " and " << int(hi));
+      EXPECT_EQ(F8(mid).bits, (c % 2 == 0) ? lo : hi);  // ties to even
+      EXPECT_EQ(F8(std::nextafter(mid, a)).bits, lo);
+      EXPECT_EQ(F8(std::nextafter(mid, b)).bits, hi);
+    }
+  }
+}
+
+TEST(Float8, RoundsToNearestEvenBetweenEveryPairOfNeighbours) {
+  check_rounding<Float8E4M3>(0x7e);
+  check_rounding<Float8E5M2>(0x7b);
+}
+
+TEST(Float8, SaturatesOverflowAndInfinityAndKeepsNaN) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(Float8E4M3(464.0).bits, 0x7e);  // past the midpoint to the (absent) next value: still 448
+  EXPECT_EQ(Float8E4M3(1e6).bits, 0x7e);
+  EXPECT_EQ(Float8E4M3(inf).bits, 0x7e);
+  EXPECT_EQ(Float8E4M3(-inf).bits, 0xfe);
+  EXPECT_EQ(Float8E4M3(nan).bits, 0x7f);
+  EXPECT_EQ(Float8E4M3(-nan).bits, 0xff);
+  EXPECT_EQ(Float8E5M2(61440.0).bits, 0x7b);
+  EXPECT_EQ(Float8E5M2(inf).bits, 0x7b);
+  EXPECT_EQ(Float8E5M2(-1e30).bits, 0xfb);
+  EXPECT_EQ(Float8E5M2(nan).bits, 0x7e);
+  // below half the smallest subnormal: zero of the sign; exactly half: the even code, zero
+  EXPECT_EQ(Float8E4M3(std::ldexp(1.0, -10)).bits, 0x00);
+  EXPECT_EQ(Float8E4M3(-std::ldexp(1.0, -11)).bits, 0x80);
+  EXPECT_EQ(Float8E4M3(std::ldexp(1.01, -10)).bits, 0x01);
+  EXPECT_EQ(Float8E5M2(std::ldexp(1.0, -17)).bits, 0x00);
+}
+
+TEST(Float8, TensorsCastPrintAndRefusePromotion) {
+  EXPECT_EQ(element_size(DType::f8e4m3), 1u);
+  EXPECT_EQ(dtype_from_name("f8e5m2"), DType::f8e5m2);
+  EXPECT_TRUE(is_floating(DType::f8e4m3) && is_fp8(DType::f8e5m2) && !is_fp8(DType::bf16));
+  const Tensor x = tensor({1.0, -2.5, 300.0, 1000.0, 0.001, 0.0}, {6});
+  for (DType t : {DType::f8e4m3, DType::f8e5m2}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor q = x.to(t);
+    EXPECT_EQ(q.dtype(), t);
+    const std::vector<double> back = q.to(DType::f32).to_vector<double>();
+    const std::vector<double> values = x.to_vector<double>();
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double want = t == DType::f8e4m3 ? double(Float8E4M3(values[i])) : double(Float8E5M2(values[i]));
+      EXPECT_EQ(back[i], want) << i;
+    }
+    EXPECT_NE(q.str().find(dtype_name(t)), std::string::npos);
+    EXPECT_THROW((void)add(q, q.to(DType::f32)), Error);  // no arithmetic across dtypes without a cast
+  }
+  EXPECT_EQ(x.to(DType::f8e4m3).to(DType::f32).to_vector<float>()[3], 448.0f);  // 1000 saturates
+  EXPECT_THROW(promote_types(DType::f8e4m3, DType::f8e5m2), Error);
+}
+
+}  // namespace
+}  // namespace kiln
