@@ -45,8 +45,8 @@ class GpuMonitor {
     std::vector<int> devices = {0};
     std::chrono::milliseconds interval{1000};
     MetricsLogger* metrics = nullptr;   // not owned; must outlive the monitor
-    std::function<int64_t()> step;      // the step each sample is logged under (default: the sample's number)
-    GpuSampler sampler;                 // default: NVML
+    std::function<int64_t()> step = {};  // the step each sample is logged under (default: the sample's number)
+    GpuSampler sampler = {};            // default: NVML
   };
 
   explicit GpuMonitor(Options options);

@@ -75,7 +75,9 @@ TEST(GpuMonitor, StopsWithinItsIntervalAndWithoutNvmlSaysWhy) {
 
   // NVML from the driver where there is one, else a reason naming the library; never an error
   GpuMonitor real({.interval = 10ms});
-  if (!real.available()) EXPECT_NE(real.reason().find("NVML"), std::string::npos) << real.reason();
+  if (!real.available()) {
+    EXPECT_NE(real.reason().find("NVML"), std::string::npos) << real.reason();
+  }
   std::string why;
   const GpuSampler nvml = nvml_sampler(&why);
   EXPECT_EQ(nvml == nullptr, !why.empty());
