@@ -93,30 +93,21 @@ KILN_FP8_HD inline uint8_t encode(double v) {
 
 }  // namespace fp8
 
-struct Float8E4M3 {
+// An FP8 value of format F (fp8::E4M3 or fp8::E5M2); conversions are explicit (storage, not arithmetic).
+template <class F>
+struct Float8 {
   uint8_t bits = 0;
-  Float8E4M3() = default;
-  KILN_FP8_HD explicit Float8E4M3(double v) : bits(fp8::encode<fp8::E4M3>(v)) {}
-  KILN_FP8_HD explicit operator double() const { return fp8::decode<fp8::E4M3>(bits); }
-  KILN_FP8_HD explicit operator float() const { return float(fp8::decode<fp8::E4M3>(bits)); }
-  static Float8E4M3 from_bits(uint8_t b) {
-    Float8E4M3 x;
+  Float8() = default;
+  KILN_FP8_HD explicit Float8(double v) : bits(fp8::encode<F>(v)) {}
+  KILN_FP8_HD explicit operator double() const { return fp8::decode<F>(bits); }
+  KILN_FP8_HD explicit operator float() const { return float(fp8::decode<F>(bits)); }
+  static Float8 from_bits(uint8_t b) {
+    Float8 x;
     x.bits = b;
     return x;
   }
 };
-
-struct Float8E5M2 {
-  uint8_t bits = 0;
-  Float8E5M2() = default;
-  KILN_FP8_HD explicit Float8E5M2(double v) : bits(fp8::encode<fp8::E5M2>(v)) {}
-  KILN_FP8_HD explicit operator double() const { return fp8::decode<fp8::E5M2>(bits); }
-  KILN_FP8_HD explicit operator float() const { return float(fp8::decode<fp8::E5M2>(bits)); }
-  static Float8E5M2 from_bits(uint8_t b) {
-    Float8E5M2 x;
-    x.bits = b;
-    return x;
-  }
-};
+using Float8E4M3 = Float8<fp8::E4M3>;
+using Float8E5M2 = Float8<fp8::E5M2>;
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -120,6 +121,19 @@ std::string clock_event_reasons(uint64_t mask) {
     if (mask & bit) out += (out.empty() ? "" : ", ") + std::string(name);
   if (mask & ~uint64_t(0x1ff)) out += (out.empty() ? "" : ", ") + std::string("other");
   return out.empty() ? "none" : out;
+}
+
+std::unique_ptr<GpuMonitor> monitor_training(MetricsLogger* metrics, const Device& device, double seconds,
+                                             std::function<int64_t()> step) {
+  KILN_CHECK(seconds >= 0, "monitor_training: the interval must be >= 0 seconds, got ", seconds);
+  if (!metrics || !device.is_cuda() || seconds == 0) return nullptr;
+  auto monitor = std::make_unique<GpuMonitor>(GpuMonitor::Options{
+      .devices = {device.index},
+      .interval = std::chrono::milliseconds(std::max<int64_t>(1, int64_t(seconds * 1000))),
+      .metrics = metrics,
+      .step = std::move(step)});
+  if (!monitor->available()) std::fprintf(stderr, "no GPU monitor: %s\n", monitor->reason().c_str());
+  return monitor;
 }
 
 GpuMonitor::GpuMonitor(Options options) : options_(std::move(options)), start_(std::chrono::steady_clock::now()) {

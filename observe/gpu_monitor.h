@@ -15,11 +15,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <kiln/core/device.h>
 
 namespace kiln::observe {
 
@@ -70,6 +73,11 @@ class GpuMonitor {
   std::chrono::steady_clock::time_point start_;
   std::thread thread_;
 };
+
+// A trainer's monitor: `device`'s samples every `seconds` into `metrics` under step(); nullptr (and nothing
+// sampled) without metrics, on the CPU or for seconds = 0. Says on stderr why when NVML cannot be read.
+std::unique_ptr<GpuMonitor> monitor_training(MetricsLogger* metrics, const Device& device, double seconds,
+                                             std::function<int64_t()> step);
 
 // NVML's sampler, or nothing with `why` set when libnvidia-ml.so.1 or its functions cannot be loaded or
 // nvmlInit fails.

@@ -384,15 +384,8 @@ int run(const Args& args) {
     metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
   // the GPU's utilization, memory, power, temperature and clocks into the same log, on a thread (NVML)
   std::atomic<int64_t> current_iter{start_iter};
-  std::unique_ptr<observe::GpuMonitor> monitor;
-  if (metrics && dev.is_cuda() && args.gpu_monitor > 0) {
-    monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
-        .devices = {dev.index},
-        .interval = std::chrono::milliseconds(int64_t(args.gpu_monitor * 1000)),
-        .metrics = metrics.get(),
-        .step = [&current_iter] { return current_iter.load(); }});
-    if (!monitor->available()) std::fprintf(stderr, "no GPU monitor: %s\n", monitor->reason().c_str());
-  }
+  const std::unique_ptr<observe::GpuMonitor> monitor =
+      observe::monitor_training(metrics.get(), dev, args.gpu_monitor, [&current_iter] { return current_iter.load(); });
   const int64_t tokens_per_iter = args.batch_size * args.block_size;
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr, with the time left
   if (rank == 0 && args.iters > start_iter)

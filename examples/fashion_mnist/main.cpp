@@ -284,15 +284,8 @@ int run(const Args& args) {
     metrics = std::make_unique<observe::MetricsLogger>(args.run_dir, observe::MetricsLoggerOptions{.append = args.resume});
   // the GPU's utilization, memory, power, temperature and clocks into the same log, on a thread (NVML)
   std::atomic<int64_t> current_epoch{start_epoch};
-  std::unique_ptr<observe::GpuMonitor> monitor;
-  if (metrics && dev.is_cuda() && args.gpu_monitor > 0) {
-    monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
-        .devices = {dev.index},
-        .interval = std::chrono::milliseconds(int64_t(args.gpu_monitor * 1000)),
-        .metrics = metrics.get(),
-        .step = [&current_epoch] { return current_epoch.load(); }});
-    if (!monitor->available()) std::fprintf(stderr, "no GPU monitor: %s\n", monitor->reason().c_str());
-  }
+  const std::unique_ptr<observe::GpuMonitor> monitor =
+      observe::monitor_training(metrics.get(), dev, args.gpu_monitor, [&current_epoch] { return current_epoch.load(); });
   double accuracy = 0;
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
   for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {

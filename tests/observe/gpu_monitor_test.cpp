@@ -87,6 +87,19 @@ TEST(GpuMonitor, StopsWithinItsIntervalAndWithoutNvmlSaysWhy) {
   EXPECT_FALSE(none.available());
 }
 
+TEST(GpuMonitor, TrainersGetNoneWithoutMetricsOnTheCpuOrWhenOff) {
+  const fs::path dir = fs::temp_directory_path() / ("kiln_monitor_training_" + std::to_string(::getpid()));
+  {
+    MetricsLogger metrics(dir.string(), {.tensorboard = false});
+    auto step = [] { return int64_t(0); };
+    EXPECT_EQ(monitor_training(&metrics, Device::cpu(), 5, step), nullptr);
+    EXPECT_EQ(monitor_training(nullptr, Device::cuda(0), 5, step), nullptr);
+    EXPECT_EQ(monitor_training(&metrics, Device::cuda(0), 0, step), nullptr);
+    EXPECT_THROW(monitor_training(&metrics, Device::cuda(0), -1, step), Error);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(GpuMonitor, ClockEventReasonsInWords) {
   EXPECT_EQ(clock_event_reasons(0), "none");
   EXPECT_EQ(clock_event_reasons(0x4 | 0x40), "power cap, thermal (hardware)");
