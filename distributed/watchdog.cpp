@@ -86,7 +86,8 @@ void CollectiveWatchdog::poll() {
       bool done = false;
       std::string error;
       try {
-        trace("query", ticket);
+        if (ticket != last_queried_) trace("query", ticket);  // once a collective, not every tick
+        last_queried_ = ticket;
         done = is_done();
       } catch (const std::exception& e) {
         error = e.what();

@@ -69,6 +69,7 @@ class CollectiveWatchdog {
   std::string error_;          // set by the poller: an asynchronous error or a failed query
   bool stopping_ = false;
   bool debug_ = false;
+  uint64_t last_queried_ = UINT64_MAX;  // the poller's, for the trace
   std::thread poller_, monitor_;
 };
 

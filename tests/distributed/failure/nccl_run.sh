@@ -17,7 +17,9 @@ port=$(( 29700 + RANDOM % 200 ))
 start=$(date +%s)
 RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 "$program" nccl-kill &
 other=$!
-out=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 "$program" nccl-kill 2>&1)
+# rank 0 traces its watchdog (KILN_WATCHDOG_DEBUG): shown only if this test fails
+out=$(KILN_WATCHDOG_DEBUG=1 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 \
+  "$program" nccl-kill 2>&1)
 status=$?
 elapsed=$(( $(date +%s) - start ))
 wait $other
