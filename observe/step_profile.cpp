@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -16,12 +17,9 @@ double run_ms(int64_t steps, const std::function<void(int64_t)>& step, const std
   sync();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    if (in_ranges) {
-      profiler::Range range("step " + std::to_string(i));
-      step(i);
-    } else {
-      step(i);
-    }
+    std::optional<profiler::Range> range;
+    if (in_ranges) range.emplace("step " + std::to_string(i));
+    step(i);
   }
   sync();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

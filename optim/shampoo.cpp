@@ -154,6 +154,8 @@ struct Shampoo::Factor {
   Tensor factor, root;    // the state tensors (the root is written in place), set once the groups are stacked
   Tensor failures;        // the parameter's root_failures, and this factor's place in it
   int64_t position;
+  size_t block;           // which block and dim: the state tensors' names
+  int64_t dim;
   double scale;           // the bias correction 1 / (1 − β2ᵗ), or 1
   double epsilon;
   double exponent;        // the root p: 2 · the block's order
@@ -371,7 +373,7 @@ void Shampoo::step() {
       if (roots_due)
         for (size_t b = 0; b < blocks.size(); ++b)
           for (int64_t i = 0; i < k; ++i)
-            due.push_back({index, Tensor(), Tensor(), failures, int64_t(b) * k + i,
+            due.push_back({index, Tensor(), Tensor(), failures, int64_t(b) * k + i, b, i,
                            b2 < 1.0 ? 1.0 / (1.0 - std::pow(b2, double(t))) : 1.0, g.get("epsilon"), 2.0 * double(k)});
     }
     pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index, Tensor()});
@@ -397,14 +399,10 @@ void Shampoo::step() {
     }
     groups.emplace_back(&group, &members);
   }
-  for (Factor& f : due) {
-    auto& tensors = state(f.param).tensors;
-    // position = b · order + i, the order (factors a block) being half the root's exponent
-    const int64_t order = int64_t(std::llround(f.exponent / 2.0));
-    const size_t b = size_t(f.position / order);
-    const int64_t i = f.position % order;
-    f.factor = tensors.at(factor_name(b, i));
-    f.root = tensors.at(root_name(b, i));
+  for (Factor& f : due) {  // the state tensors as they are now (views of the groups' stacks)
+    const auto& tensors = state(f.param).tensors;
+    f.factor = tensors.at(factor_name(f.block, f.dim));
+    f.root = tensors.at(root_name(f.block, f.dim));
   }
   if (!due.empty()) update_roots(due);
 
