@@ -23,6 +23,13 @@ class WindowSampler {
   // One batch: {inputs, targets}, each (batch_size, block_size) i64.
   std::pair<Tensor, Tensor> sample(Generator& gen) const;
 
+  // Shard `shard` of `num_shards` equal slices of one global batch of num_shards·batch_size windows (data
+  // parallelism, as PyTorch's DistributedSampler splits one order): the generator draws every window's offset
+  // and only this shard's rows are built, so with the same generator state the shards of all ranks
+  // concatenate to the batch one process with batch size num_shards·batch_size draws, and the generator ends
+  // in the same state on every rank and at every world size (a checkpoint resumes at another one).
+  std::pair<Tensor, Tensor> sample(Generator& gen, int64_t shard, int64_t num_shards) const;
+
   int64_t num_tokens() const { return int64_t(tokens_.size()); }
   int64_t batch_size() const { return batch_; }
   int64_t block_size() const { return block_; }

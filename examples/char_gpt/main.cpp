@@ -25,9 +25,12 @@
 // iteration) over the time spent in training iterations only.
 //
 // Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 char_gpt --device cuda, or
-// mpirun; on the CPU mpirun alone), each rank samples its own windows (its generator seeded by --seed and its
-// rank) and DistributedDataParallel averages the gradients in the flat buffer; every rank evaluates the same
-// batches (the same figures), rank 0 alone prints and writes; tokens/s counts every rank's tokens.
+// mpirun; on the CPU mpirun alone), each iteration draws one global batch of world·B windows (--batch-size B
+// a rank) and each rank trains on its B (data::WindowSampler's shards); DistributedDataParallel averages the
+// gradients in the flat buffer; every rank evaluates the same batches (the same figures), rank 0 alone prints
+// and writes; tokens/s counts every rank's tokens. A checkpoint resumes at any world size: with world·B kept
+// (and --dropout 0, whose masks differ by rank) the losses go on as the saving run's would have, which
+// --print-loss shows (tests/distributed/resume/run.sh).
 //
 // The training step makes no host synchronization: the loss is read only at evaluation points, the
 // parameters and gradients live in flat buffers (optim::FlatParameters: one fill to zero the gradients, one
@@ -110,6 +113,7 @@ struct Args {
   uint64_t seed = 1337;
   int64_t sample = 500;
   int64_t profile = 0;
+  bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
@@ -122,6 +126,7 @@ void usage(std::ostream& os) {
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
         "                [--shampoo-frequency F] [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S]\n"
+        "                [--print-loss]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
@@ -129,7 +134,9 @@ void usage(std::ostream& os) {
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
         "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n"
         "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"
-        "                   into the run's metrics (default 5; 0: off)\n";
+        "                   into the run's metrics (default 5; 0: off)\n"
+        "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
+        "                the loss every iteration: for checks such as a resume at another world size, not speed)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -167,6 +174,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--checkpoint") a.checkpoint = r.value();
     else if (flag == "--resume") a.resume = true;
+    else if (flag == "--print-loss") a.print_loss = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sample") a.sample = r.i64();
@@ -300,8 +308,10 @@ int run(const Args& args) {
 
   const data::WindowSampler train_batches(corpus.train, args.batch_size, args.block_size, dev);
   const data::WindowSampler val_batches(corpus.val, args.batch_size, args.block_size, dev);
-  // training batches, each rank its own stream; the position (the same on every rank) goes into checkpoints
-  const uint64_t batch_seed = args.seed + uint64_t(rank) * 0x9E3779B97F4A7C15ull;
+  // training batches: one stream of global batches of world·B windows, each rank its shard; the position
+  // (the same on every rank and at every world size) goes into checkpoints, so a run saved at one world size
+  // resumes at another with the same global batches (--batch-size scaled to keep world·B)
+  const uint64_t batch_seed = args.seed;
   Generator batch_gen(batch_seed);
   int64_t start_iter = 0;
   double best_val = std::numeric_limits<double>::infinity();
@@ -359,7 +369,7 @@ int run(const Args& args) {
   // them back to back.
   auto train_step = [&](PhaseTimer& timer) {
     Tensor x, y, loss;
-    timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen); });
+    timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen, rank, world); });
     timer.time("forward", [&] {
       amp::Autocast autocast(dev, DType::bf16, amp_on);
       loss = model.loss(x, y);
@@ -375,6 +385,7 @@ int run(const Args& args) {
       opt.step();
       schedule.step();
     });
+    return loss;
   };
   PhaseTimer untimed(dev, /*enabled=*/false);
 
@@ -448,7 +459,13 @@ int run(const Args& args) {
     }
     if (last) break;
 
-    train_step(untimed);
+    const Tensor loss = train_step(untimed);
+    if (args.print_loss) {  // the mean over the global batch (every rank's B windows)
+      Tensor mean = loss.detach().to(DType::f32).clone();
+      if (group) group->all_reduce(mean, distributed::ReduceOp::avg);
+      const double value = mean.item<double>();
+      if (rank == 0) std::printf("iter %lld loss %.6f\n", (long long)iter, value);
+    }
     ++segment_iters;
     ++trained_iters;
     if (progress) progress->update(iter + 1 - start_iter);

@@ -50,6 +50,32 @@ TEST(WindowSampler, BatchesFollowTheGeneratorState) {
   EXPECT_EQ(sampler.sample(b).first.to_vector<int64_t>(), next);
 }
 
+TEST(WindowSampler, ShardsConcatenateToTheGlobalBatchAndLeaveTheSameGeneratorState) {
+  std::vector<int32_t> tokens(1000);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  const WindowSampler global(tokens, 12, 16);
+  Generator g(11);
+  global.sample(g);  // not the first batch: the shards follow any state
+  const auto state = g.state();
+  const auto whole = global.sample(g).first.to_vector<int64_t>();
+  for (const int64_t shards : {1, 2, 3, 4}) {
+    const WindowSampler part(tokens, 12 / shards, 16);
+    std::vector<int64_t> joined;
+    for (int64_t s = 0; s < shards; ++s) {
+      Generator r(0);
+      r.set_state(state);  // every rank holds the same state
+      const auto piece = part.sample(r, s, shards).first.to_vector<int64_t>();
+      joined.insert(joined.end(), piece.begin(), piece.end());
+      EXPECT_EQ(r.state().offset, g.state().offset) << "shard " << s << " of " << shards;
+    }
+    EXPECT_EQ(joined, whole) << shards << " shards";
+  }
+  Generator r(0);
+  EXPECT_THROW(global.sample(r, 2, 2), Error);
+  EXPECT_THROW(global.sample(r, -1, 2), Error);
+  EXPECT_THROW(global.sample(r, 0, 0), Error);
+}
+
 TEST(WindowSampler, RefusesSequencesTooShortAndBadSizes) {
   EXPECT_THROW(WindowSampler(std::vector<int32_t>(9, 0), 2, 8), Error);  // needs block_size + 2 = 10 tokens
   EXPECT_NO_THROW(WindowSampler(std::vector<int32_t>(10, 0), 2, 8));
