@@ -38,6 +38,14 @@ __global__ void cast_kernel(const void* src, DType st, StridedArg sa, D* dst, St
   }
 }
 
+// dst = cast(src) into an FP8 dtype: each value through core/float8.h's encoder (round to nearest even,
+// saturating), the code the CPU's cast writes. FP8 has no arithmetic type of its own: dst is its codes.
+template <class Format>
+__global__ void cast_to_fp8_kernel(const void* src, DType st, StridedArg sa, uint8_t* dst, StridedArg da, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[element_offset(da, i)] = fp8::encode<Format>(load_as_double(src, st, element_offset(sa, i)));
+}
+
 // Contiguous dst = cast(src) between f32 and a 2-byte float type (one of S, D is float): 8 elements a
 // thread, 16-byte accesses; the n % 8 tail element-wise. src and dst 16-byte aligned.
 template <class S, class D>
@@ -145,6 +153,16 @@ void device_copy(const Tensor& src, const Tensor& dst) {
     }
   }
   if (try_cast_float(src, dst)) return;
+  if (dst.dtype() == DType::f8e4m3 || dst.dtype() == DType::f8e5m2) {
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(n), 256, 0, current_stream()>>>(src.raw_data(), src.dtype(), strided_arg(src),
+                                                         static_cast<uint8_t*>(dst.raw_data()), strided_arg(dst), n);
+    };
+    if (dst.dtype() == DType::f8e4m3) launch(cast_to_fp8_kernel<fp8::E4M3>);
+    else launch(cast_to_fp8_kernel<fp8::E5M2>);
+    KILN_LAUNCH_CHECK("cast_to_fp8_kernel", "copy");
+    return;
+  }
   KILN_CUDA_DISPATCH_ALL(dst.dtype(), "copy", {
     using D = device_t<scalar_t>;
     cast_kernel<D><<<blocks_for(n), 256, 0, current_stream()>>>(src.raw_data(), src.dtype(), strided_arg(src),
