@@ -62,6 +62,7 @@ struct Args {
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
+  double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
   std::string device = "cuda";
   std::string amp = "bf16";
@@ -73,12 +74,13 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F]\n"
-        "                  [--sm-carveout N] [--trace FILE]\n"
+        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
         "  --trace FILE: 3 more steps under the profiler, written as a Chrome trace (Perfetto), a table to stderr\n"
         "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
+        "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
@@ -105,6 +107,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
+    else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
+    else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
     else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--device") a.device = r.value();
     else if (flag == "--amp") a.amp = r.value();
@@ -155,6 +159,8 @@ int run(const Args& args) {
       distributed::DistributedDataParallelOptions o;
       if (args.comm_bf16) o.comm_dtype = DType::bf16;
       o.sm_carveout = args.sm_carveout;
+      o.bucket_cap_mb = args.bucket_mb;
+      o.first_bucket_cap_mb = args.first_bucket_mb;
       ddp = std::make_unique<distributed::DistributedDataParallel>(model, group, o);
     }
     if (args.shampoo > 0) {  // the same betas, decay and lr, with roots every --shampoo steps
