@@ -4,6 +4,10 @@
 // scaled_dot_product_attention(causal) at the same shape. Prints BENCH lines (median of CUDA-event timings;
 // FLOPs as the flash benchmark counts them for attention, FA2's convention, so both rows share a yardstick)
 // and, per row, the peak memory the call allocated beyond its inputs.
+//   kiln_performer_bench [FILTER] [--profile]   (FILTER: a part of a row's tag, e.g. n8192; --profile: then 3
+//                                                 steps of the default performer under the profiler, its
+//                                                 table of ops and kernels, and its Chrome trace in
+//                                                 performer_trace_<T>.json)
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -12,6 +16,8 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
+#include <kiln/observe/step_profile.h>
+#include <kiln/observe/trace.h>
 
 #include "bench_util.h"
 
@@ -19,7 +25,12 @@ using namespace kiln;
 namespace F = kiln::nn::functional;
 
 int main(int argc, char** argv) {
-  const std::string only = argc > 1 ? argv[1] : "";
+  std::string only;
+  bool profile = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--profile") profile = true;
+    else only = argv[i];
+  }
   if (!cuda::is_available()) {
     std::printf("no CUDA device\n");
     return 1;
@@ -59,6 +70,17 @@ int main(int argc, char** argv) {
       ms_p = std::min(ms_p, measure(chunk == 256 ? "performer_fwdbwd" : ("performer_fwdbwd_c" + std::to_string(chunk)).c_str(), [&] {
                         return F::performer_attention(q, k, v, proj, true, F::RandomFeatureKernel::softmax, chunk);
                       }));
+    if (profile) {  // where the default performer's time goes
+      const observe::StepProfile p = observe::profile_steps(
+          3,
+          [&](int64_t) {
+            for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+            F::performer_attention(q, k, v, proj, true, F::RandomFeatureKernel::softmax, 256).backward(g);
+          },
+          [] { cuda::synchronize(); });
+      std::printf("%s\n%s", p.summary().c_str(), observe::profile_table(p.trace, 25).c_str());
+      observe::save_chrome_trace(p.trace, "performer_trace_" + std::to_string(T) + ".json");
+    }
     const double ms_f =
         measure("attention_fwdbwd", [&] { return F::scaled_dot_product_attention(q, k, v, /*causal=*/true); });
     std::printf("# T=%ld: performer is %.2fx faster than flash attention\n", long(T), ms_f / ms_p);

@@ -8,6 +8,12 @@ namespace kiln {
 
 namespace {
 
+// Whether a (B, R, C) operand is column-major in its last two dims: a transposed view of a contiguous
+// matrix (the saved input of matmul(x, y.transpose(-2, -1)) and the like).
+bool column_major(const Tensor& x) {
+  return x.size(1) > 1 && x.size(2) > 1 && x.stride(1) == 1 && x.stride(2) == x.size(1);
+}
+
 // (B, M, K) · (B, K, N) -> (B, M, N)
 Tensor bmm3(const Tensor& a, const Tensor& b) {
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
@@ -18,9 +24,18 @@ Tensor bmm3(const Tensor& a, const Tensor& b) {
   if (any_requires_grad({a, b}))
     record("matmul", {a, b}, {out}, [sa = SavedTensor(a), sb = SavedTensor(b), ra = a.requires_grad(),
                                      rb = b.requires_grad()](const Grads& g) {
-      // dA = G Bᵀ, dB = Aᵀ G
-      Tensor ga = ra ? bmm3(g[0], sb.unpack("matmul").transpose(1, 2)) : Tensor();
-      Tensor gb = rb ? bmm3(sa.unpack("matmul").transpose(1, 2), g[0]) : Tensor();
+      // dA = G Bᵀ, dB = Aᵀ G. A gradient takes its operand's layout: for a column-major operand the GEMM
+      // writes the transpose, dAᵀ = B Gᵀ (dBᵀ = Gᵀ A), so that the gradient of the contiguous matrix it is a
+      // transposed view of comes out contiguous, not as a strided view every later add or copy reads slowly.
+      Tensor ga, gb;
+      if (ra) {
+        const Tensor A = sa.unpack("matmul"), B = sb.unpack("matmul");
+        ga = column_major(A) ? bmm3(B, g[0].transpose(1, 2)).transpose(1, 2) : bmm3(g[0], B.transpose(1, 2));
+      }
+      if (rb) {
+        const Tensor A = sa.unpack("matmul"), B = sb.unpack("matmul");
+        gb = column_major(B) ? bmm3(g[0].transpose(1, 2), A).transpose(1, 2) : bmm3(A.transpose(1, 2), g[0]);
+      }
       return Grads{ga, gb};
     });
   return out;

@@ -183,3 +183,28 @@ TEST(Matmul, EmptyInnerDimGivesZeros) {
   EXPECT_EQ(c.sizes(), (Shape{2, 3}));
   EXPECT_EQ(c.to_vector<float>(), std::vector<float>(6, 0.0f));
 }
+
+// The gradient of a matrix used transposed comes out in the matrix's own (contiguous) layout: the backward's
+// GEMM writes the transpose rather than leaving a strided view for every later add or copy to read. (Seen on
+// a non-leaf, by a hook: a leaf's accumulated gradient is contiguous either way.)
+TEST(Matmul, GradientsOfTransposedOperandsKeepTheirLayout) {
+  for (const bool first : {true, false}) {
+    SCOPED_TRACE(first ? "k as the first operand, transposed (φ(K)ᵀV)" : "k as the second, transposed (Q Kᵀ)");
+    const Tensor leaf = rnd({3, 6, 4}, 1).requires_grad_();
+    const Tensor v = rnd({3, 6, 5}, 2), q = rnd({3, 5, 4}, 3);
+    const Tensor k = mul(leaf, 1.0);  // a non-leaf whose incoming gradient the hook sees as it is
+    Tensor seen;
+    k.register_hook([&](const Tensor& g) {
+      seen = g;
+      return g;
+    });
+    const Tensor out = first ? matmul(k.transpose(-2, -1), v)   // (3, 4, 5)
+                             : matmul(q, k.transpose(-2, -1));  // (3, 5, 6)
+    sum(out).backward();
+    ASSERT_TRUE(seen.defined());
+    EXPECT_TRUE(seen.is_contiguous()) << "strides " << shape_str(seen.strides());
+    // d sum(kᵀv)/dk[t, i] = Σ_j v[t, j]; d sum(q kᵀ)/dk[t, i] = Σ_s q[s, i]
+    const Tensor want = first ? sum(v, {2}, true).expand({3, 6, 4}) : sum(q, {1}, true).expand({3, 6, 4});
+    EXPECT_TRUE(AllClose(seen.contiguous().to_vector<double>(), want.contiguous().to_vector<double>(), 1e-12));
+  }
+}

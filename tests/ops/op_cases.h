@@ -115,6 +115,12 @@ inline std::vector<OpCase> cases() {
       {"matmul", {{2, 1, 3, 4}, {3, 4, 2}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
       {"matmul", {{4}, {4, 3}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
       {"matmul", {{2, 3, 4}, {4}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      // transposed (column-major) operands: their gradients are written transposed, in the operands' layout
+      {"matmul", {{2, 4, 3}, {2, 5, 4}}, [](const Inputs& x) {
+         return matmul(x[0].transpose(-2, -1), x[1].transpose(-2, -1));
+       }},
+      {"matmul", {{4, 3}, {5, 4}}, [](const Inputs& x) { return matmul(x[0].t(), x[1].t()); }},
+      {"matmul", {{2, 2, 4, 3}, {4, 5}}, [](const Inputs& x) { return matmul(x[0].transpose(-2, -1), x[1]); }},
       {"softmax", {{3, 5}}, [](const Inputs& x) { return softmax(x[0], -1); }},
       {"softmax", {{3, 5}}, [](const Inputs& x) { return softmax(x[0], 0); }},
       {"log_softmax", {{2, 3, 4}}, [](const Inputs& x) { return log_softmax(x[0], 1); }},
