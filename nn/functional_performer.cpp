@@ -16,9 +16,9 @@
 // broadcast gradients) is needed. The chunks' own sums are one batched GEMM, their exclusive running sums
 // over the chunks the cumsum kernel (in f32), and within a chunk the masked C x C products times [V_c | 1].
 // Time and memory are linear in T: the largest tensors are the
-// features (T x m per head) and the chunk states ((T / C) x m x D_v per head). C defaults to 256: on an H100
-// at m = 256, D = 64 it measured faster than 128 and 64 at T = 8192 (4.51 against 4.83 and 5.73 ms) and
-// 32768 (16.2 against 17.6 and 21.1 ms), with less memory: the states shrink as C grows while the C x C
+// features (T x m per head) and the chunk states ((T / C) x m x D_p per head). C defaults to 256: on an H200
+// at m = 256, D = 64 it measured faster than 128 and 64 at T = 8192 (2.76 against 3.08 and 3.87 ms) and
+// 32768 (9.44 against 10.8 and 13.9 ms), with less memory: the states shrink as C grows while the C x C
 // products grow (docs/sketched.md).
 #include <algorithm>
 #include <cmath>
