@@ -78,6 +78,15 @@ std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bo
 // ---- linear algebra ----
 // NumPy matmul: 1-D operands are promoted and the added dim removed; batch dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// FP8 product with per-tensor scales (PyTorch's torch._scaled_mm): scale_a · scale_b · (a · b) (+ bias),
+// accumulated in f32 and written in out_dtype (bf16, f16 or f32). a (M, K) row-major and b (K, N)
+// column-major (the transpose of a row-major (N, K) weight: w.t()), both f8e4m3 or f8e5m2 but not both
+// e5m2; scale_a, scale_b one-element f32 tensors (what each operand's codes are multiplied by to give its
+// values); bias (N) of out_dtype, bf16 or f16, or undefined. K and N multiples of 16 (cuBLASLt's FP8
+// layouts). use_fast_accum: Hopper's faster FP8 accumulation (fewer promotions to f32 along K; slightly less
+// accurate). Not differentiable (FP8 tensors carry no gradients; docs/fp8.md).
+Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                 DType out_dtype = DType::bf16, const Tensor& bias = Tensor(), bool use_fast_accum = false);
 
 // ---- softmax family (over one dim) ----
 Tensor softmax(const Tensor& a, int64_t dim);

@@ -87,4 +87,49 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out.reshape(result);
 }
 
+Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b, DType out_dtype,
+                 const Tensor& bias, bool use_fast_accum) {
+  const char* op = "scaled_mm";
+  KILN_CHECK(a.defined() && b.defined() && scale_a.defined() && scale_b.defined(), op,
+             ": a, b, scale_a and scale_b must be defined");
+  auto fp8 = [](DType t) { return t == DType::f8e4m3 || t == DType::f8e5m2; };
+  KILN_CHECK(fp8(a.dtype()) && fp8(b.dtype()) && !(a.dtype() == DType::f8e5m2 && b.dtype() == DType::f8e5m2), op,
+             ": expected FP8 operands (f8e4m3 or f8e5m2, not both f8e5m2), got ", a.str(), " and ", b.str());
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), op, ": expected a (M, K) and b (K, N), got ",
+             a.str(), " and ", b.str());
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  KILN_CHECK(K % 16 == 0 && N % 16 == 0, op, ": K and N must be multiples of 16 (FP8 layouts), got a ", a.str(),
+             " and b ", b.str());
+  KILN_CHECK((a.stride(1) == 1 || K == 1) && a.stride(0) >= K && a.stride(0) % 16 == 0, op,
+             ": a must be row-major with a row stride that is a multiple of 16, got ", a.str(), " with strides ",
+             shape_str(a.strides()));
+  KILN_CHECK(b.stride(0) == 1 && b.stride(1) >= K && b.stride(1) % 16 == 0, op,
+             ": b must be column-major (the transpose of a row-major (N, K) matrix: w.t()), got ", b.str(),
+             " with strides ", shape_str(b.strides()));
+  for (const Tensor* s : {&scale_a, &scale_b})
+    KILN_CHECK(s->numel() == 1 && s->dtype() == DType::f32, op, ": scales must be one-element f32 tensors, got ",
+               s->str());
+  KILN_CHECK(out_dtype == DType::bf16 || out_dtype == DType::f16 || out_dtype == DType::f32, op,
+             ": out_dtype must be bf16, f16 or f32, got ", dtype_name(out_dtype));
+  if (bias.defined())
+    KILN_CHECK(out_dtype != DType::f32 && bias.dim() == 1 && bias.size(0) == N && bias.dtype() == out_dtype, op,
+               ": bias must be (N) = (", N, ") of out_dtype ", dtype_name(out_dtype),
+               " (bf16 or f16: none with an f32 output), got ", bias.str());
+  for (const Tensor* t : {&b, &scale_a, &scale_b, &bias})
+    KILN_CHECK(!t->defined() || t->device() == a.device(), op, ": tensors on different devices: a ", a.str(), ", ",
+               t->str());
+  KILN_CHECK(!any_requires_grad({a, b, scale_a, scale_b, bias}), op,
+             ": not differentiable (its inputs require grad); FP8 training builds its own backward");
+  Tensor out = empty({M, N}, {.dtype = out_dtype, .device = a.device()});
+  if (out.numel() == 0) return out;
+  if (K == 0) {  // an empty inner dim: the product is zero
+    out.zero_();
+    if (bias.defined()) out.add_(bias);
+    return out;
+  }
+  kernels::scaled_gemm(a, b, scale_a.reshape({1}), scale_b.reshape({1}), bias.defined() ? bias.contiguous() : bias,
+                       out, use_fast_accum);
+  return out;
+}
+
 }  // namespace kiln

@@ -327,3 +327,117 @@ void kernels::gemm(const Tensor& a_in, const Tensor& b_in, double alpha, const T
 }
 
 }  // namespace kiln::cuda
+
+// ---- FP8: out = scale_a · scale_b · (a · b) (+ bias) ----
+//
+// cuBLASLt's FP8 matmul takes only the "TN" layout: its A transposed and its B not, in column-major terms.
+// With cuBLASLt's A = our b and B = our a (as above), that is b column-major ((N, K) row-major storage: a
+// weight, used as w.t()) and a row-major. The scales are device pointers (CUBLASLT_MATMUL_DESC_*_SCALE_POINTER,
+// one f32 each), so a scale computed on the GPU (an amax history's) is never read back by the host.
+
+namespace kiln::cuda {
+
+namespace {
+struct Fp8PlanKey {
+  int device, a_dtype, b_dtype, out_dtype;
+  int64_t m, n, k, lda, ldb;
+  bool bias, fast_accum;
+  int sm_target;
+  auto operator<=>(const Fp8PlanKey&) const = default;
+};
+
+cudaDataType_t fp8_type(DType t) { return t == DType::f8e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+Plan build_fp8_plan(const Fp8PlanKey& key, size_t workspace_bytes) {
+  Plan p;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+  const int8_t fast = key.fast_accum ? 1 : 0;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (key.sm_target > 0) {
+    int32_t sms = key.sm_target;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+  }
+  if (key.bias) {
+    const uint32_t kind = CUBLASLT_EPILOGUE_BIAS;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+    const cudaDataType_t bias_type = type_info(DType(key.out_dtype), false).data;
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
+  // cuBLASLt's A = our b: (K x N) column-major with leading dim ldb, op T; its B = our a: (K x M), ld lda, op N
+  p.la = make_layout(fp8_type(DType(key.b_dtype)), key.k, key.n, key.ldb, 1, 0);
+  p.lb = make_layout(fp8_type(DType(key.a_dtype)), key.k, key.m, key.lda, 1, 0);
+  p.lc = make_layout(type_info(DType(key.out_dtype), false).data, key.n, key.m, key.n, 1, 0);
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = workspace_bytes;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1,
+                                                           &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+      (st == CUBLAS_STATUS_SUCCESS && returned == 0))
+    return p;  // not found
+  KILN_CUBLAS_CHECK(st);
+  p.algo = result.algo;
+  p.workspace = result.workspaceSize;
+  p.found = true;
+  return p;
+}
+
+std::map<Fp8PlanKey, Plan>& fp8_plans() {
+  static auto* p = new std::map<Fp8PlanKey, Plan>();  // never destroyed, as plans()
+  return *p;
+}
+}  // namespace
+
+void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                          const Tensor& bias, const Tensor& out, bool fast_accum) {
+  NvtxRange range("scaled_gemm");
+  KILN_CHECK(a.device().is_cuda() && b.device() == a.device() && out.device() == a.device() &&
+                 scale_a.device() == a.device() && scale_b.device() == a.device() &&
+                 (!bias.defined() || bias.device() == a.device()),
+             "scaled_gemm: tensors on different devices: ", a.str(), ", ", b.str(), " -> ", out.str());
+  const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
+  // cuBLASLt's FP8 kernels read 16-byte aligned rows and columns
+  for (const Tensor* t : {&a, &b, &out})
+    KILN_CHECK(alignment_of(t->raw_data()) >= 16, "scaled_gemm: ", t->str(), " is not 16-byte aligned");
+  DeviceGuard guard(out.device().index);
+  size_t ws_bytes = 0;
+  void* ws = cublaslt_workspace(&ws_bytes);
+  Fp8PlanKey key{out.device().index, int(a.dtype()), int(b.dtype()), int(out.dtype()), M, N, K,
+                 a.stride(0), b.stride(1), bias.defined(), fast_accum, 0};
+  if (int carve = sm_carveout_count().load(std::memory_order_relaxed); carve > 0) {
+    int sms = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, key.device));
+    key.sm_target = std::max(1, sms - carve);
+  }
+  // the pointers live in the shared descriptor: set and launch under the lock
+  std::lock_guard<std::mutex> lock(plan_mutex());
+  auto it = fp8_plans().find(key);
+  if (it == fp8_plans().end()) it = fp8_plans().emplace(key, build_fp8_plan(key, ws_bytes)).first;
+  const Plan& plan = it->second;
+  KILN_CHECK(plan.found, "scaled_gemm: cuBLASLt has no FP8 algorithm for (", M, " x ", K, ") · (", K, " x ", N, ") ",
+             dtype_name(a.dtype()), " x ", dtype_name(b.dtype()), " -> ", dtype_name(out.dtype()),
+             bias.defined() ? " with a bias" : "");
+  // cuBLASLt's A is our b: its scale is scale_b
+  const void* sa = scale_b.raw_data();
+  const void* sb = scale_a.raw_data();
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  if (bias.defined()) {
+    const void* bp = bias.raw_data();
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, &alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb,
+                                   &beta, out.raw_data(), plan.lc, out.raw_data(), plan.lc, &plan.algo, ws,
+                                   plan.workspace, current_stream()));
+}
+
+}  // namespace kiln::cuda

@@ -26,3 +26,10 @@ grep -h '^#' "$out/bench_performer.txt"
 python3 "$(dirname "$0")/../bench/shampoo_torch.py" > "$out/bench_shampoo_torch.txt" 2>&1
 grep -h '^#' "$out/bench_shampoo_kiln.txt" | sed 's/^#/kiln /'
 grep -h '^#' "$out/bench_shampoo_torch.txt" | sed 's/^#/torch/'
+# FP8 GEMM (scaled_mm, cuBLASLt) against bf16, beside torch._scaled_mm; FP8 TFLOP/s against 1979.
+"$build/bench/kiln_fp8_bench" > "$out/bench_fp8_kiln.txt" 2>&1
+python3 "$(dirname "$0")/../bench/fp8_torch.py" > "$out/bench_fp8_torch.txt" 2>&1
+python3 "$(dirname "$0")/../bench/make_table.py" "$out/bench_fp8_kiln.txt" "$out/bench_fp8_torch.txt" | tee "$out/bench_fp8_table.txt"
+grep -h '^#' "$out/bench_fp8_kiln.txt" | sed 's/^#/kiln /'
+grep -h '^#' "$out/bench_fp8_torch.txt" | sed 's/^#/torch/'
+

@@ -118,4 +118,21 @@ void kernels::gemm(const Tensor& a, const Tensor& b, double alpha, const Tensor&
   if (acc.raw_data() != out.raw_data()) copy(acc, out);
 }
 
+// The reference: the FP8 codes decoded to double (exact), the product in double, scaled, the bias added,
+// rounded once into out.
+void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                          const Tensor& bias, const Tensor& out, bool /*fast_accum: a GPU mode*/) {
+  auto wide = [](const Tensor& t) {
+    Tensor w = empty(t.sizes(), {.dtype = DType::f64});
+    copy(t, w);
+    return w;
+  };
+  Tensor acc = empty(out.sizes(), {.dtype = DType::f64});
+  bmm(wide(a).unsqueeze(0), wide(b).unsqueeze(0), acc.unsqueeze(0));
+  const double scale = wide(scale_a).item<double>() * wide(scale_b).item<double>();  // f32 · f32: exact in double
+  unary(UnaryOp::mul_scalar, acc, acc, scale, 0.0);
+  if (bias.defined()) binary(BinaryOp::add, acc, wide(bias).unsqueeze(0).expand(acc.sizes()), acc);
+  copy(acc, out);
+}
+
 }  // namespace kiln::cpu

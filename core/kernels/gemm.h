@@ -14,3 +14,9 @@ KILN_CUDA_KERNEL(matmul_accumulate_f32, bool(const Tensor& a, const Tensor& b, c
 // b (accumulated in f32 and rounded once, after the scale and the bias); bias contiguous, of out's dtype.
 // On the GPU one cuBLASLt call (alpha and the BIAS epilogue).
 KILN_KERNEL(gemm, void(const Tensor& a, const Tensor& b, double alpha, const Tensor& bias, const Tensor& out));
+// out (M, N) contiguous = scale_a · scale_b · (a (M, K) · b (K, N)) (+ bias (N)): a row-major and b
+// column-major FP8 matrices (not both e5m2), row and column strides multiples of 16 bytes, K a multiple of
+// 16; scale_a, scale_b one-element f32; out bf16, f16 or f32; bias of out's dtype (bf16/f16) or undefined.
+// Accumulated in f32 (the CPU: in double). fast_accum: the GPU's faster FP8 accumulation (ignored on the CPU).
+KILN_KERNEL(scaled_gemm, void(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                              const Tensor& bias, const Tensor& out, bool fast_accum));

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include <kiln/core/float8.h>
 #include <kiln/core/half.h>
 #include <kiln/core/ops.h>
+#include <kiln/core/random.h>
 
 namespace kiln {
 namespace {
@@ -143,6 +146,68 @@ TEST(Float8, TensorsCastPrintAndRefusePromotion) {
   }
   EXPECT_EQ(x.to(DType::f8e4m3).to(DType::f32).to_vector<float>()[3], 448.0f);  // 1000 saturates
   EXPECT_THROW(promote_types(DType::f8e4m3, DType::f8e5m2), Error);
+}
+
+// scaled_mm on the CPU against the sum written out over the decoded codes: scale_a · scale_b · Σ_k a·b + bias,
+// in double, then rounded to the output dtype.
+TEST(ScaledMm, TheCpuProductIsTheDecodedSumScaled) {
+  manual_seed(81);
+  const int64_t M = 5, K = 32, N = 16;
+  for (const auto& [ta, tb] : {std::pair{DType::f8e4m3, DType::f8e4m3}, std::pair{DType::f8e4m3, DType::f8e5m2},
+                               std::pair{DType::f8e5m2, DType::f8e4m3}}) {
+    SCOPED_TRACE(std::string(dtype_name(ta)) + " x " + dtype_name(tb));
+    const Tensor a = mul(randn({M, K}), 8.0).to(ta);
+    const Tensor w = mul(randn({N, K}), 2.0).to(tb);  // a weight; b = wᵀ is column-major
+    const Tensor sa = full({}, 0.375, {.dtype = DType::f32}), sb = full({}, 3.0, {.dtype = DType::f32});
+    const Tensor bias = randn({N}).to(DType::bf16);
+    const auto av = a.to(DType::f64).to_vector<double>(), wv = w.to(DType::f64).to_vector<double>();
+    const auto bv = bias.to(DType::f64).to_vector<double>();
+    std::vector<double> want(size_t(M * N)), want_bias(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += av[size_t(i * K + k)] * wv[size_t(j * K + k)];
+        want[size_t(i * N + j)] = 0.375 * 3.0 * s;
+        want_bias[size_t(i * N + j)] = 0.375 * 3.0 * s + bv[size_t(j)];
+      }
+    const Tensor f32 = scaled_mm(a, w.t(), sa, sb, DType::f32);
+    ASSERT_EQ(f32.sizes(), (Shape{M, N}));
+    ASSERT_EQ(f32.dtype(), DType::f32);
+    const auto got = f32.to_vector<double>();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << i;
+    // bf16 with the bias: the exact value rounded once (to within bf16's half ulp, plus the double rounding of
+    // the CPU's cast through f32)
+    const auto gotb = scaled_mm(a, w.t(), sa, sb, DType::bf16, bias).to(DType::f64).to_vector<double>();
+    for (size_t i = 0; i < gotb.size(); ++i)
+      EXPECT_NEAR(gotb[i], want_bias[i], std::ldexp(std::fabs(want_bias[i]), -8) + 1e-30) << i;
+  }
+}
+
+TEST(ScaledMm, BadInputsAreErrors) {
+  const Tensor a = zeros({4, 32}).to(DType::f8e4m3), w = zeros({16, 32}).to(DType::f8e4m3);
+  const Tensor s = full({}, 1.0, {.dtype = DType::f32});
+  EXPECT_NO_THROW(scaled_mm(a, w.t(), s, s));
+  auto fails = [](const std::function<void()>& f, const std::string& part) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what()).find(part) != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), s, s, DType::f64); }, "out_dtype"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a.to(DType::f32), w.t(), s, s); }, "FP8 operands"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a.to(DType::f8e5m2), w.to(DType::f8e5m2).t(), s, s); }, "not both"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t().contiguous(), s, s); }, "column-major"));  // b row-major
+  EXPECT_TRUE(fails([&] { scaled_mm(a.narrow(1, 0, 24), w.narrow(1, 0, 24).t(), s, s); }, "multiples of 16"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, zeros({20, 32}).to(DType::f8e4m3).t(), s, s); }, "multiples of 16"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), s.to(DType::f64), s); }, "one-element f32"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), zeros({2}), s); }, "one-element f32"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), s, s, DType::f32, zeros({16})); }, "bias"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), s, s, DType::bf16, zeros({8}, {.dtype = DType::bf16})); }, "bias"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, zeros({32, 16}).to(DType::f8e4m3).t().t(), s, s); }, "column-major"));
+  EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), full({}, 1.0, {.dtype = DType::f32}).requires_grad_(), s); },
+                    "not differentiable"));
 }
 
 }  // namespace

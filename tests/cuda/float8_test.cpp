@@ -36,3 +36,50 @@ TEST(CudaFloat8, CastsMatchTheCpuBitForBit) {
     EXPECT_TRUE(same_values(x.to(DType::bf16).to(gpu()).to(t).cpu(), x.to(DType::bf16).to(t)));
   }
 }
+
+// scaled_mm on the GPU (cuBLASLt's FP8 kernels) against the CPU's decoded sum: odd M, every operand pairing
+// cuBLASLt takes, f32 / bf16 / f16 outputs, with and without the bias epilogue and fast accumulation. The
+// products of FP8 values are exact in f32; what differs is the order of the f32 sums (and, with fast
+// accumulation, how often they are promoted), then the output's rounding.
+TEST(CudaScaledMm, MatchesTheCpuProduct) {
+  KILN_REQUIRE_GPU();
+  manual_seed(89);
+  struct Shape3 {
+    int64_t m, k, n;
+  };
+  for (const Shape3 s : {Shape3{1, 16, 16}, Shape3{37, 64, 48}, Shape3{128, 256, 96}, Shape3{300, 1024, 512}}) {
+    for (const auto& [ta, tb] : {std::pair{DType::f8e4m3, DType::f8e4m3}, std::pair{DType::f8e4m3, DType::f8e5m2},
+                                 std::pair{DType::f8e5m2, DType::f8e4m3}}) {
+      const Tensor a = mul(randn({s.m, s.k}), 4.0).to(ta), w = mul(randn({s.n, s.k}), 0.5).to(tb);
+      const Tensor sa = full({}, 0.25, {.dtype = DType::f32}), sb = full({}, 1.5, {.dtype = DType::f32});
+      const Tensor ag = a.to(gpu()), wg = w.to(gpu()), sag = sa.to(gpu()), sbg = sb.to(gpu());
+      for (const DType out : {DType::f32, DType::bf16, DType::f16}) {
+        for (const bool with_bias : {false, true}) {
+          if (with_bias && out == DType::f32) continue;  // not offered (cuBLASLt, as PyTorch)
+          for (const bool fast : {false, true}) {
+            SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n) + " " +
+                         dtype_name(ta) + " x " + dtype_name(tb) + " -> " + dtype_name(out) +
+                         (with_bias ? " + bias" : "") + (fast ? ", fast accumulation" : ""));
+            const Tensor bias = with_bias ? randn({s.n}).to(out) : Tensor();
+            const Tensor want = scaled_mm(a, w.t(), sa, sb, out, bias);
+            const Tensor got = scaled_mm(ag, wg.t(), sag, sbg, out, with_bias ? bias.to(gpu()) : Tensor(), fast);
+            ASSERT_EQ(got.dtype(), out);
+            const double tol = out == DType::f32 ? (fast ? 2e-3 : 1e-6) : out == DType::bf16 ? 8e-3 : 1e-3;
+            EXPECT_LT(rel_err(got, want), tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaScaledMm, ScalesAreReadOnTheDevice) {
+  KILN_REQUIRE_GPU();
+  // the same codes under scales computed on the GPU: the product follows them without a host read
+  const Tensor a = randn({32, 64}).to(DType::f8e4m3).to(gpu()), w = randn({16, 64}).to(DType::f8e4m3).to(gpu());
+  const Tensor one = full({}, 1.0, {.dtype = DType::f32, .device = gpu()});
+  const Tensor base = scaled_mm(a, w.t(), one, one, DType::f32);
+  const Tensor scale = mul(one, 0.125);  // made by a kernel
+  EXPECT_LT(rel_err(scaled_mm(a, w.t(), scale, one, DType::f32), mul(base, 0.125)), 1e-7);
+  EXPECT_LT(rel_err(scaled_mm(a, w.t(), one, scale, DType::f32), mul(base, 0.125)), 1e-7);
+}

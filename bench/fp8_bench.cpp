@@ -1,0 +1,56 @@
+// FP8 GEMM against bf16 at 8192³ (and GPT-2's MLP shape, 8192 x 768 -> 3072): Kiln's scaled_mm (cuBLASLt's
+// FP8 kernels, e4m3 x e4m3, bf16 output, per-tensor scales read on the device), with and without fast
+// accumulation, beside Kiln's bf16 matmul. Prints BENCH lines (bench/make_table.py; bench/fp8_torch.py has
+// the PyTorch references, torch._scaled_mm and a @ b) and a summary: TFLOP/s, the FP8 / bf16 ratio, and each
+// against the H100/H200 datasheet's dense peaks (989 TFLOP/s bf16, 1979 TFLOP/s FP8).
+#include <cstdio>
+#include <string>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
+
+#include "bench_util.h"
+
+using namespace kiln;
+
+int main() {
+  if (!cuda::is_available()) {
+    std::printf("no CUDA device\n");
+    return 1;
+  }
+  NoGradGuard no_grad;
+  manual_seed(0);
+  const Device dev = Device::cuda(0);
+  struct Case {
+    const char* tag;
+    int64_t m, k, n;
+  };
+  for (const Case c : {Case{"8192", 8192, 8192, 8192}, Case{"8192x768x3072", 8192, 768, 3072}}) {
+    const double flops = 2.0 * double(c.m) * double(c.k) * double(c.n);
+    const Tensor a16 = randn({c.m, c.k}, {.dtype = DType::bf16, .device = dev});
+    const Tensor w16 = randn({c.n, c.k}, {.dtype = DType::bf16, .device = dev});
+    const Tensor a8 = a16.to(DType::f8e4m3), w8 = w16.to(DType::f8e4m3);
+    const Tensor one = full({}, 1.0, {.dtype = DType::f32, .device = dev});
+    const std::string tag = c.tag;
+    auto row = [&](const std::string& name, double ms, double bytes) {
+      bench::report(name, ms, bytes, flops);
+      return flops / (ms * 1e-3) / 1e12;
+    };
+    const double bf16 = row("gemm_bf16_" + tag, bench::median_ms([&] { matmul(a16, w16.t()); }, 3, 10, 2),
+                            2.0 * double(c.m * c.k + c.k * c.n + c.m * c.n));
+    const double fp8 = row("scaled_mm_e4m3_" + tag,
+                           bench::median_ms([&] { scaled_mm(a8, w8.t(), one, one, DType::bf16); }, 3, 10, 2),
+                           double(c.m * c.k + c.k * c.n) + 2.0 * double(c.m * c.n));
+    const double fast = row("scaled_mm_e4m3_fast_" + tag,
+                            bench::median_ms([&] { scaled_mm(a8, w8.t(), one, one, DType::bf16, Tensor(), true); },
+                                             3, 10, 2),
+                            double(c.m * c.k + c.k * c.n) + 2.0 * double(c.m * c.n));
+    std::printf("# %s: bf16 %.0f TFLOP/s (%.0f%% of 989), FP8 %.0f TFLOP/s (%.0f%% of 1979, %.2fx bf16), "
+                "FP8 fast accumulation %.0f TFLOP/s (%.0f%% of 1979, %.2fx bf16)\n",
+                c.tag, bf16, 100 * bf16 / 989, fp8, 100 * fp8 / 1979, fp8 / bf16, fast, 100 * fast / 1979, fast / bf16);
+    std::fflush(stdout);
+  }
+  return 0;
+}
