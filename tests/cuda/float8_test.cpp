@@ -39,8 +39,10 @@ TEST(CudaFloat8, CastsMatchTheCpuBitForBit) {
 
 // scaled_mm on the GPU (cuBLASLt's FP8 kernels) against the CPU's decoded sum: odd M, every operand pairing
 // cuBLASLt takes, f32 / bf16 / f16 outputs, with and without the bias epilogue and fast accumulation. The
-// products of FP8 values are exact in f32; what differs is the order of the f32 sums (and, with fast
-// accumulation, how often they are promoted), then the output's rounding.
+// products of FP8 values are exact; Hopper's FP8 tensor cores keep their running sums with fewer bits than
+// f32 and promote them to f32 every so many steps of K (fast accumulation: less often), so even the f32
+// output differs from the exact sum by ~1e-4 (measured on an H200: 1.2e-5 to 1.3e-4), then the output's
+// rounding.
 TEST(CudaScaledMm, MatchesTheCpuProduct) {
   KILN_REQUIRE_GPU();
   manual_seed(89);
@@ -64,7 +66,7 @@ TEST(CudaScaledMm, MatchesTheCpuProduct) {
             const Tensor want = scaled_mm(a, w.t(), sa, sb, out, bias);
             const Tensor got = scaled_mm(ag, wg.t(), sag, sbg, out, with_bias ? bias.to(gpu()) : Tensor(), fast);
             ASSERT_EQ(got.dtype(), out);
-            const double tol = out == DType::f32 ? (fast ? 2e-3 : 1e-6) : out == DType::bf16 ? 8e-3 : 1e-3;
+            const double tol = out == DType::f32 ? (fast ? 2e-3 : 5e-4) : out == DType::bf16 ? 8e-3 : 1e-3;
             EXPECT_LT(rel_err(got, want), tol);
           }
         }
