@@ -50,6 +50,7 @@ void detail::record(Event&& e) {
 bool records_shapes() { return session().options.record_shapes; }
 
 void start(const Options& options) {
+  KILN_CHECK(KILN_PROFILER, "profiler::start: this Kiln was built without the profiler (-DKILN_PROFILER=OFF)");
   KILN_CHECK(!is_enabled(), "profiler::start: the profiler is already running");
   Session& s = session();
   {

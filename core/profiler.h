@@ -51,7 +51,12 @@ int64_t now_ns();  // on the profiler's clock
 void record(Event&& e);
 }  // namespace detail
 
+#if !defined(KILN_PROFILER) || KILN_PROFILER
 inline bool is_enabled() { return detail::enabled.load(std::memory_order_relaxed); }
+#else
+// Built with -DKILN_PROFILER=OFF: every hook's test is a constant, and compiles away.
+constexpr bool is_enabled() { return false; }
+#endif
 
 // A counter's value from now on (Chrome's counter tracks): the caching allocators report the bytes they
 // have handed out after every allocation and free while the profiler runs (the memory timeline).
