@@ -1,4 +1,5 @@
-// Multi-tensor kernels: the fused AdamW step and the loss-scaler unscale, each covering many tensors
+// Multi-tensor kernels: the fused AdamW step, Shampoo's moments and update, and the loss-scaler unscale,
+// each covering many tensors
 // per launch. The host packs (tensor, chunk) work items into the kernel's argument block; a persistent
 // grid walks them, a block at a time on one chunk of kChunk elements of one tensor, with 4-element vector
 // accesses where every pointer of the tensor allows them.
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include <kiln/core/kernels/optim.h>
 #include <kiln/cuda/check.h>
@@ -29,7 +31,7 @@ constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 
 struct TensorList {
-  void* ptr[4][kMaxTensors];
+  void* ptr[5][kMaxTensors];
   int64_t size[kMaxTensors];
   bool vec[kMaxTensors];  // every pointer of the tensor aligned for 4-element vectors
   unsigned char chunk_tensor[kMaxChunks];
@@ -101,6 +103,77 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
       p[i] = convert<DP>(adamw_update(convert<S>(p[i]), convert<S>(g[i]), mi, vi, a));
       m[i] = mi;
       v[i] = vi;
+    }
+  }
+}
+
+struct MomentsArgs {
+  double beta1, bc1, bg, bcg, eps;
+  int grafting;  // 0: none / SGD, 2: AdaGrad, 3: Adam
+  bool first;    // a first moment (beta1 > 0)
+};
+
+// Lists: 0 gradients (P), 1 filtered (S), 2 first moments, 3 grafting statistics, 4 grafted directions (S;
+// the lists a step does not use hold the filtered tensors, untouched). Arithmetic in S.
+template <class P, class S>
+__global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
+                                                                  MomentsArgs a) {
+  using DP = device_t<P>;
+  for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
+    const int t = tl.chunk_tensor[c];
+    const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
+    const int64_t n = min(kChunk, tl.size[t] - base);
+    const DP* g = static_cast<const DP*>(tl.ptr[0][t]) + base;
+    S* f = static_cast<S*>(tl.ptr[1][t]) + base;
+    S* m = static_cast<S*>(tl.ptr[2][t]) + base;
+    S* v = static_cast<S*>(tl.ptr[3][t]) + base;
+    S* gr = static_cast<S*>(tl.ptr[4][t]) + base;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      const S gi = convert<S>(g[i]);
+      S fi = gi;
+      if (a.first) {
+        const S mi = S(a.beta1) * m[i] + (S(1) - S(a.beta1)) * gi;
+        m[i] = mi;
+        fi = mi / S(a.bc1);
+      }
+      f[i] = fi;
+      if (a.grafting == 3) {
+        const S vi = S(a.bg) * v[i] + (S(1) - S(a.bg)) * gi * gi;
+        v[i] = vi;
+        gr[i] = fi / (sqrt(vi / S(a.bcg)) + S(a.eps));
+      } else if (a.grafting == 2) {
+        const S vi = v[i] + gi * gi;
+        v[i] = vi;
+        gr[i] = fi / (sqrt(vi) + S(a.eps));
+      }
+    }
+  }
+}
+
+struct ApplyArgs {
+  double decay, lr, momentum;
+  bool nesterov;
+};
+
+// Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no momentum).
+template <class P, class S>
+__global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a) {
+  using DP = device_t<P>;
+  for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
+    const int t = tl.chunk_tensor[c];
+    const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
+    const int64_t n = min(kChunk, tl.size[t] - base);
+    DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
+    const S* d = static_cast<const S*>(tl.ptr[1][t]) + base;
+    S* b = static_cast<S*>(tl.ptr[2][t]) + base;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      S di = d[i];
+      if (a.momentum > 0.0) {
+        const S bi = S(a.momentum) * b[i] + di;
+        b[i] = bi;
+        di = a.nesterov ? di + S(a.momentum) * bi : bi;
+      }
+      p[i] = convert<DP>(convert<S>(p[i]) * S(a.decay) - S(a.lr) * di);
     }
   }
 }
@@ -215,6 +288,78 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
         auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
         kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
         KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
+      });
+    });
+  }
+}
+
+void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
+                              const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
+                              const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
+  NvtxRange range("shampoo_moments");
+  if (grads.empty()) return;
+  const bool first = h.beta1 > 0.0, graft = h.grafting == 2 || h.grafting == 3;
+  for (const auto* l : {&grads, &filtered}) check_list(*l, "shampoo_moments");
+  if (first) check_list(exp_avgs, "shampoo_moments");
+  if (graft) {
+    check_list(grafting_states, "shampoo_moments");
+    check_list(grafted, "shampoo_moments");
+  }
+  DeviceGuard guard(grads[0].device().index);
+  const MomentsArgs a{h.beta1, h.bias_correction1, h.grafting_beta2, h.grafting_bias_correction, h.grafting_epsilon,
+                      graft ? h.grafting : 0, first};
+  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    std::vector<std::vector<Tensor>> lists(5);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].dtype() != pd) continue;
+      lists[0].push_back(grads[i]);
+      lists[1].push_back(filtered[i]);
+      lists[2].push_back(first ? exp_avgs[i] : filtered[i]);
+      lists[3].push_back(graft ? grafting_states[i] : filtered[i]);
+      lists[4].push_back(graft ? grafted[i] : filtered[i]);
+    }
+    if (lists[0].empty()) continue;
+    KILN_DISPATCH_FLOATING(pd, "shampoo_moments", {
+      using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      for (const Tensor& t : lists[1])
+        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32),
+                   "shampoo_moments: state ", t.str(), " is not in the state dtype of ", dtype_name(pd), " gradients");
+      for_each_launch(lists, [&](const TensorList& tl) {
+        auto kernel = shampoo_moments_kernel<scalar_t, S>;
+        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
+        KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
+      });
+    });
+  }
+}
+
+void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
+                            const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h) {
+  NvtxRange range("shampoo_apply");
+  if (params.empty()) return;
+  const bool momentum = h.momentum > 0.0;
+  for (const auto* l : {&params, &directions}) check_list(*l, "shampoo_apply");
+  if (momentum) check_list(momentum_buffers, "shampoo_apply");
+  DeviceGuard guard(params[0].device().index);
+  const ApplyArgs a{1.0 - h.lr * h.weight_decay, h.lr, h.momentum, h.nesterov};
+  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    std::vector<std::vector<Tensor>> lists(3);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].dtype() != pd) continue;
+      lists[0].push_back(params[i]);
+      lists[1].push_back(directions[i]);
+      lists[2].push_back(momentum ? momentum_buffers[i] : directions[i]);
+    }
+    if (lists[0].empty()) continue;
+    KILN_DISPATCH_FLOATING(pd, "shampoo_apply", {
+      using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      for (const Tensor& t : lists[1])
+        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32),
+                   "shampoo_apply: direction ", t.str(), " is not in the state dtype of ", dtype_name(pd), " parameters");
+      for_each_launch(lists, [&](const TensorList& tl) {
+        auto kernel = shampoo_apply_kernel<scalar_t, S>;
+        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
+        KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
       });
     });
   }

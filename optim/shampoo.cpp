@@ -7,6 +7,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/optim/shampoo_blocks.h>
 
@@ -303,15 +304,58 @@ void Shampoo::step() {
     Tensor gradient;
   };
   std::map<GroupKey, std::vector<Member>> matrix_blocks;
+  // Pass 0: every parameter's step count, and its filtered gradient Ḡ (bias-corrected first moment) and the
+  // grafted method's direction, in one fused multi-tensor kernel per (group, step) (kernels::shampoo_moments)
+  struct Moments {
+    Tensor filtered, grafted;
+  };
+  std::map<int64_t, Moments> moments;
+  {
+    struct Batch {
+      std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted;
+      ShampooMomentsHyper h;
+    };
+    std::map<std::pair<const ParamGroup*, int64_t>, Batch> batches;
+    for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
+      const Tensor grad = p.grad();
+      if (!grad.defined()) return;
+      const DType sdt = state_dtype(p.dtype());
+      ParamState& st = state(index);
+      const int64_t t = ++st.step;
+      const double b1 = g.get("beta1");
+      const auto grafting = Grafting(int(g.get("grafting")));
+      const bool graft = grafting == Grafting::adam || grafting == Grafting::adagrad;
+      auto state_tensor = [&](const std::string& name) -> Tensor& {
+        Tensor& x = st.tensors[name];
+        if (!x.defined()) x = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
+        return x;
+      };
+      Batch& b = batches[{&g, t}];
+      b.h = {b1, 1.0 - std::pow(b1, double(t)), graft ? int(grafting) : 0, g.get("grafting_beta2"),
+             1.0 - std::pow(g.get("grafting_beta2"), double(t)), g.get("grafting_epsilon")};
+      Moments& mo = moments[index];
+      mo.filtered = empty(p.shape(), {.dtype = sdt, .device = p.device()});
+      mo.grafted = graft ? empty(p.shape(), {.dtype = sdt, .device = p.device()}) : mo.filtered;
+      b.grads.push_back(grad.contiguous());
+      b.filtered.push_back(mo.filtered);
+      if (b1 > 0.0) b.exp_avgs.push_back(state_tensor("exp_avg"));
+      if (graft) {
+        b.grafting_states.push_back(state_tensor("grafting_state"));
+        b.grafted.push_back(mo.grafted);
+      }
+    });
+    for (auto& [key, b] : batches)
+      kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, b.h);
+  }
+
   for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
     const Tensor grad = p.grad();
     if (!grad.defined()) return;
     const DType sdt = state_dtype(p.dtype());
     const Tensor g32 = cast(grad, sdt).contiguous();
-    const double b1 = g.get("beta1"), b2 = g.get("beta2");
-    const auto grafting = Grafting(int(g.get("grafting")));
+    const double b2 = g.get("beta2");
     ParamState& st = state(index);
-    const int64_t t = ++st.step;
+    const int64_t t = st.step;
     auto state_tensor = [&](const std::string& name, const Shape& shape, bool identity = false) -> Tensor& {
       Tensor& s = st.tensors[name];
       if (!s.defined())
@@ -319,27 +363,7 @@ void Shampoo::step() {
                      : zeros(shape, {.dtype = sdt, .device = p.device()});
       return s;
     };
-
-    // Ḡ: the filtered gradient, bias-corrected
-    Tensor filtered = g32;
-    if (b1 > 0.0) {
-      Tensor& m = state_tensor("exp_avg", p.shape());
-      m.mul_(b1).add_(g32, 1.0 - b1);
-      filtered = div(m, 1.0 - std::pow(b1, double(t)));
-    }
-    // the grafted method's direction
-    Tensor grafted = filtered;
-    const double geps = g.get("grafting_epsilon");
-    if (grafting == Grafting::adam) {
-      const double bg = g.get("grafting_beta2");
-      Tensor& v = state_tensor("grafting_state", p.shape());
-      v.mul_(bg).add_(mul(g32, g32), 1.0 - bg);
-      grafted = div(filtered, add(sqrt(div(v, 1.0 - std::pow(bg, double(t)))), geps));
-    } else if (grafting == Grafting::adagrad) {
-      Tensor& v = state_tensor("grafting_state", p.shape());
-      v.add_(mul(g32, g32));
-      grafted = div(filtered, add(sqrt(v), geps));
-    }
+    const Tensor filtered = moments.at(index).filtered, grafted = moments.at(index).grafted;
 
     ShampooBlocks blocks = ShampooBlocks::plan(p.shape(), int64_t(g.get("max_preconditioner_dim")));
     const bool pre = preconditioned(p.shape(), g);
@@ -450,6 +474,12 @@ void Shampoo::step() {
     }
   }
 
+  // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled
+  // weight decay, the step along the direction
+  struct Update {
+    std::vector<Tensor> params, directions, buffers;
+  };
+  std::map<const ParamGroup*, Update> updates;
   for (Pending& w : pending) {
     ParamGroup& g = *w.group;
     Tensor& p = w.param;
@@ -471,20 +501,18 @@ void Shampoo::step() {
     } else {
       direction = w.grafted;
     }
-    const double momentum = g.get("momentum");
-    if (momentum > 0.0) {
+    Update& u = updates[&g];
+    u.params.push_back(p);
+    u.directions.push_back(direction.contiguous());
+    if (g.get("momentum") > 0.0) {
       Tensor& buf = st.tensors["momentum_buffer"];
       if (!buf.defined()) buf = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
-      buf.mul_(momentum).add_(direction);
-      direction = g.get("nesterov") != 0.0 ? add(direction, mul(buf, momentum)) : buf;
+      u.buffers.push_back(buf);
     }
-    const double lr = g.get("lr"), wd = g.get("weight_decay");
-    const bool master = sdt != p.dtype();
-    Tensor weights = master ? cast(p, sdt) : p;
-    if (wd != 0.0) weights.mul_(1.0 - lr * wd);
-    weights.add_(direction, -lr);
-    if (master) p.copy_(weights);
   }
+  for (auto& [g, u] : updates)
+    kernels::shampoo_apply(u.params, u.directions, u.buffers,
+                           {g->get("lr"), g->get("weight_decay"), g->get("momentum"), g->get("nesterov") != 0.0});
 }
 
 }  // namespace kiln::optim

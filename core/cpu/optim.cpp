@@ -27,7 +27,80 @@ void adamw_typed(const Tensor& p_t, const Tensor& g_t, const Tensor& m_t, const 
   });
 }
 
+template <class P, class S>
+void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v_t, const Tensor& f_t,
+                           const Tensor& gr_t, const ShampooMomentsHyper& h) {
+  const P* g = static_cast<const P*>(g_t.raw_data());
+  S* m = m_t.defined() ? static_cast<S*>(m_t.raw_data()) : nullptr;
+  S* v = v_t.defined() ? static_cast<S*>(v_t.raw_data()) : nullptr;
+  S* f = static_cast<S*>(f_t.raw_data());
+  S* gr = gr_t.defined() ? static_cast<S*>(gr_t.raw_data()) : nullptr;
+  parallel_for(g_t.numel(), 8, [&](int64_t i) {
+    const double gi = double(g[i]);
+    double fi = gi;
+    if (m) {
+      m[i] = S(h.beta1 * double(m[i]) + (1.0 - h.beta1) * gi);
+      fi = double(m[i]) / h.bias_correction1;
+    }
+    f[i] = S(fi);
+    if (h.grafting == 3) {
+      v[i] = S(h.grafting_beta2 * double(v[i]) + (1.0 - h.grafting_beta2) * gi * gi);
+      gr[i] = S(double(f[i]) / (std::sqrt(double(v[i]) / h.grafting_bias_correction) + h.grafting_epsilon));
+    } else if (h.grafting == 2) {
+      v[i] = S(double(v[i]) + gi * gi);
+      gr[i] = S(double(f[i]) / (std::sqrt(double(v[i])) + h.grafting_epsilon));
+    }
+  });
+}
+
+template <class P, class S>
+void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t, const ShampooApplyHyper& h) {
+  P* p = static_cast<P*>(p_t.raw_data());
+  const S* d = static_cast<const S*>(d_t.raw_data());
+  S* b = b_t.defined() ? static_cast<S*>(b_t.raw_data()) : nullptr;
+  const double decay = 1.0 - h.lr * h.weight_decay;
+  parallel_for(p_t.numel(), 4, [&](int64_t i) {
+    double di = double(d[i]);
+    if (b) {
+      b[i] = S(h.momentum * double(b[i]) + di);
+      di = h.nesterov ? di + h.momentum * double(b[i]) : double(b[i]);
+    }
+    p[i] = P(double(p[i]) * decay - h.lr * di);
+  });
+}
+
 }  // namespace
+
+void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
+                              const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
+                              const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
+  const bool graft = h.grafting == 2 || h.grafting == 3;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor m = h.beta1 > 0.0 ? exp_avgs[i] : Tensor(), v = graft ? grafting_states[i] : Tensor();
+    const Tensor gr = graft ? grafted[i] : Tensor();
+    if (filtered[i].dtype() == DType::f64) {
+      KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
+                             shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, h));
+    } else {
+      KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
+                             shampoo_moments_typed<scalar_t, float>(grads[i], m, v, filtered[i], gr, h));
+    }
+  }
+}
+
+void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
+                            const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor b = h.momentum > 0.0 ? momentum_buffers[i] : Tensor();
+    if (directions[i].dtype() == DType::f64) {
+      KILN_DISPATCH_FLOATING(params[i].dtype(), "shampoo_apply",
+                             shampoo_apply_typed<scalar_t, double>(params[i], directions[i], b, h));
+    } else {
+      KILN_DISPATCH_FLOATING(params[i].dtype(), "shampoo_apply",
+                             shampoo_apply_typed<scalar_t, float>(params[i], directions[i], b, h));
+    }
+  }
+}
 
 void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,

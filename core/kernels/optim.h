@@ -11,6 +11,21 @@ struct AdamWHyper {
   double bias_correction1;       // 1 - beta1^t
   double bias_correction2_sqrt;  // sqrt(1 - beta2^t)
 };
+// One Shampoo step's elementwise moments (optim::Shampoo): the filtered gradient and the grafted method's
+// direction; bias corrections computed on the host in double.
+struct ShampooMomentsHyper {
+  double beta1;              // 0: no first moment (the filtered gradient is the gradient)
+  double bias_correction1;   // 1 - beta1^t
+  int grafting;              // 0: none or SGD (no second statistic), 2: AdaGrad, 3: Adam (optim::Grafting's values)
+  double grafting_beta2;     // Adam's
+  double grafting_bias_correction;  // Adam's 1 - grafting_beta2^t
+  double grafting_epsilon;
+};
+// The update of a Shampoo step from its directions.
+struct ShampooApplyHyper {
+  double lr, weight_decay, momentum;
+  bool nesterov;
+};
 }  // namespace kiln
 
 // Fused AdamW (all tensors contiguous, on one device). For each i, with g = grads[i] and m, v = exp_avgs[i],
@@ -25,3 +40,20 @@ KILN_KERNEL(adamw_step, void(const std::vector<Tensor>& params, const std::vecto
 // is set to 1 if any element of any tensor is not finite. inv_scale is an f32 scalar tensor on this device,
 // so no value crosses to the host.
 KILN_KERNEL(amp_unscale, void(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf));
+// Shampoo's moments over many tensors (contiguous, one device). For each i, with g = grads[i] (parameter
+// dtype) and the state tensors in the state dtype (f32, f64 for f64 parameters):
+//   first moment (beta1 > 0):  m ← β1 m + (1-β1) g,  f = m / bc1;   else f = g        (filtered[i] ← f)
+//   Adam grafting:             v ← βg v + (1-βg) g², grafted[i] ← f / (sqrt(v / bcg) + ε)
+//   AdaGrad grafting:          v ← v + g²,           grafted[i] ← f / (sqrt(v) + ε)
+// exp_avgs is empty without a first moment; grafting_states and grafted are empty for none / SGD grafting
+// (whose direction is f itself).
+KILN_KERNEL(shampoo_moments, void(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
+                                  const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
+                                  const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h));
+// Shampoo's update over many tensors: with d = directions[i] (state dtype),
+//   momentum μ > 0:  b ← μ b + d (momentum_buffers[i]);  d ← nesterov ? d + μ b : b
+//   p ← p (1 - lr·wd) - lr·d        computed in the state dtype, rounded once into p's dtype
+// momentum_buffers is empty when μ = 0.
+KILN_KERNEL(shampoo_apply, void(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
+                                const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h));
+

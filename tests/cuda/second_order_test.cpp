@@ -3,10 +3,13 @@
 // rounding and the eigensolvers' differences); the GPU's Shampoo roots use the batched cuSOLVER path and
 // the Newton iteration.
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <cstdio>
 #include <tuple>
 #include <vector>
 
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/conv2d.h>
@@ -123,3 +126,48 @@ TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
 }
 
 }  // namespace
+
+// Shampoo's fused multi-tensor kernels (kernels::shampoo_moments, kernels::shampoo_apply) on the GPU against
+// the CPU's: tensors of several sizes (one past a launch's chunk), f32 and bf16 parameters (f32 state), Adam
+// and AdaGrad grafting, with and without a first moment, Nesterov momentum and decay.
+TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(23);
+  for (const DType pd : {DType::f32, DType::bf16}) {
+    for (const int grafting : {3, 2}) {
+      for (const double b1 : {0.9, 0.0}) {
+        SCOPED_TRACE(std::string(dtype_name(pd)) + (grafting == 3 ? " adam" : " adagrad") + (b1 > 0 ? " beta1" : ""));
+        std::vector<Tensor> g, m, v, f, gr, p, b, gg, mg, vg, fg, grg, pg, bg;
+        for (const int64_t n : {5, 4096, 70001}) {
+          g.push_back(randn({n}).to(pd));
+          m.push_back(randn({n}));
+          v.push_back(abs(randn({n})));
+          f.push_back(empty({n}));
+          gr.push_back(empty({n}));
+          p.push_back(randn({n}).to(pd));
+          b.push_back(randn({n}));
+          for (auto [cpu, gpu_list] : {std::pair{&g, &gg}, std::pair{&m, &mg}, std::pair{&v, &vg}, std::pair{&f, &fg},
+                                       std::pair{&gr, &grg}, std::pair{&p, &pg}, std::pair{&b, &bg}})
+            gpu_list->push_back(cpu->back().to(gpu()));
+        }
+        const ShampooMomentsHyper h{b1, 1.0 - std::pow(b1, 3.0), grafting, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-6};
+        const std::vector<Tensor> none;
+        kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, h);
+        kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, h);
+        const ShampooApplyHyper a{0.01, 0.1, 0.5, true};
+        kernels::shampoo_apply(p, gr, b, a);
+        kernels::shampoo_apply(pg, grg, bg, a);
+        for (size_t i = 0; i < g.size(); ++i) {
+          EXPECT_LT(rel_err(fg[i].cpu(), f[i]), 1e-6);
+          EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6);
+          EXPECT_LT(rel_err(vg[i].cpu(), v[i]), 1e-6);
+          if (b1 > 0) {
+            EXPECT_LT(rel_err(mg[i].cpu(), m[i]), 1e-6);
+          }
+          EXPECT_LT(rel_err(bg[i].cpu(), b[i]), 1e-6);
+          EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6);
+        }
+      }
+    }
+  }
+}

@@ -166,6 +166,32 @@ TEST(Shampoo, OrderThreeTensorMatchesTheDirectReference) {
   EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
 }
 
+// AdaGrad grafting with a first moment, Nesterov momentum and decoupled decay on a 1-D parameter (which takes
+// the grafted direction), against the formulas step by step in double.
+TEST(Shampoo, AdaGradGraftingWithNesterovMomentumMatchesTheFormulas) {
+  Generator gen(5);
+  const int64_t n = 9;
+  Tensor p = randn({n}, kF64, &gen).requires_grad_();
+  const double lr = 0.03, b1 = 0.8, eps = 1e-6, wd = 0.05, mu = 0.7;
+  Shampoo opt({p}, {.lr = lr, .betas = {b1, 0.99}, .weight_decay = wd, .momentum = mu, .nesterov = true,
+                    .grafting = Grafting::adagrad, .grafting_epsilon = eps});
+  std::vector<double> w = p.detach().to_vector<double>(), m(n, 0.0), v(n, 0.0), buf(n, 0.0);
+  for (int t = 1; t <= 4; ++t) {
+    const Tensor g = randn({n}, kF64, &gen);
+    p.set_grad(g.clone());
+    opt.step();
+    const std::vector<double> gv = g.to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * gv[i];
+      v[i] += gv[i] * gv[i];
+      const double d = m[i] / (1 - std::pow(b1, t)) / (std::sqrt(v[i]) + eps);
+      buf[i] = mu * buf[i] + d;
+      w[i] = w[i] * (1 - lr * wd) - lr * (d + mu * buf[i]);
+    }
+  }
+  EXPECT_TRUE(kiln::test::AllClose(p.detach().to_vector<double>(), w, 1e-13));
+}
+
 // A 1-D parameter with Adam grafting and no momentum or decay steps exactly as Adam does.
 TEST(Shampoo, OneDimensionalParametersTakeTheGraftedDirection) {
   Generator gen(4);
