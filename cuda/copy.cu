@@ -6,6 +6,7 @@
 // permute of the outer dims, as in attention's head layouts) move one vector per index computation. In a
 // GPT-2 step, before these paths, casts and strided copies ran at 0.4-0.6 TB/s and took about a fifth of it.
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include <kiln/core/kernels/copy.h>
@@ -172,6 +173,82 @@ void device_copy(const Tensor& src, const Tensor& dst) {
 }
 
 }  // namespace
+
+namespace {
+
+// Up to kMaxMatrices (source, destination) matrices a launch, in the kernel's argument block (< 32 KiB).
+constexpr int kMaxMatrices = 512;
+struct MatrixPairs {
+  const char* src[kMaxMatrices];
+  char* dst[kMaxMatrices];
+  int64_t rows[kMaxMatrices], row_bytes[kMaxMatrices], src_ld[kMaxMatrices], dst_ld[kMaxMatrices];  // bytes
+  unsigned char word[kMaxMatrices];  // 16, 4 or 1: the widest unit every row start and row length allows
+};
+static_assert(sizeof(MatrixPairs) < 32000, "kernel parameters are limited to 32 KiB");
+
+// Block (x, y): matrix y, rows x, x + gridDim.x, ...; the threads along a row, in the pair's unit.
+__global__ void copy_matrices_kernel(const __grid_constant__ MatrixPairs m) {
+  const int k = int(blockIdx.y);
+  const int64_t width = m.row_bytes[k];
+  for (int64_t r = blockIdx.x; r < m.rows[k]; r += gridDim.x) {
+    const char* s = m.src[k] + r * m.src_ld[k];
+    char* d = m.dst[k] + r * m.dst_ld[k];
+    if (m.word[k] == 16) {
+      for (int64_t i = threadIdx.x; i < width / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    } else if (m.word[k] == 4) {
+      for (int64_t i = threadIdx.x; i < width / 4; i += blockDim.x)
+        reinterpret_cast<uint32_t*>(d)[i] = reinterpret_cast<const uint32_t*>(s)[i];
+    } else {
+      for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+    }
+  }
+}
+
+}  // namespace
+
+void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  NvtxRange range("copy_matrices");
+  KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
+  if (src.empty()) return;
+  DeviceGuard guard(dst[0].device().index);
+  auto pairs = std::make_unique<MatrixPairs>();
+  int count = 0;
+  int64_t most_rows = 0;
+  auto flush = [&] {
+    if (count == 0) return;
+    const dim3 grid(unsigned(std::min<int64_t>(most_rows, 64)), unsigned(count));
+    copy_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
+    KILN_LAUNCH_CHECK("copy_matrices_kernel", "copy_matrices");
+    count = 0;
+    most_rows = 0;
+  };
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor &s = src[i], &d = dst[i];
+    KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && s.dtype() == d.dtype() && s.device().is_cuda() &&
+                   s.device() == d.device(),
+               "copy_matrices: ", s.str(), " -> ", d.str(), ": expected 2-D matrices of one shape, dtype and device");
+    KILN_CHECK((s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1), "copy_matrices: ",
+               s.str(), " -> ", d.str(), ": rows must be contiguous");
+    if (s.numel() == 0) continue;
+    const int64_t es = int64_t(s.element_size());
+    MatrixPairs& p = *pairs;
+    p.src[count] = static_cast<const char*>(s.raw_data());
+    p.dst[count] = static_cast<char*>(d.raw_data());
+    p.rows[count] = s.size(0);
+    p.row_bytes[count] = s.size(1) * es;
+    p.src_ld[count] = (s.size(0) > 1 ? s.stride(0) : s.size(1)) * es;
+    p.dst_ld[count] = (d.size(0) > 1 ? d.stride(0) : d.size(1)) * es;
+    auto fits = [&](int64_t w) {
+      return (reinterpret_cast<uintptr_t>(p.src[count]) | reinterpret_cast<uintptr_t>(p.dst[count])) % uint64_t(w) == 0 &&
+             p.row_bytes[count] % w == 0 && p.src_ld[count] % w == 0 && p.dst_ld[count] % w == 0;
+    };
+    p.word[count] = fits(16) ? 16 : fits(4) ? 4 : 1;
+    most_rows = std::max(most_rows, s.size(0));
+    if (++count == kMaxMatrices) flush();
+  }
+  flush();
+}
 
 void kernels::copy(const Tensor& src, const Tensor& dst) {
   NvtxRange range("copy");

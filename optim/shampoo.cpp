@@ -7,8 +7,10 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/optim/shampoo_blocks.h>
 
 namespace kiln::optim {
@@ -65,6 +67,18 @@ Tensor mode_product(const Tensor& r, const Tensor& x, int64_t i) {
 }
 
 Tensor frobenius(const Tensor& x) { return sqrt(sum(mul(x, x))); }
+
+// Blocks of one shape (2-D views, rows contiguous) stacked into a new (B, m, n) tensor: one launch
+// (kernels::copy_matrices), where stack would copy them one by one.
+Tensor stack_blocks(const std::vector<Tensor>& blocks) {
+  const Tensor& first = blocks.front();
+  Tensor out = empty({int64_t(blocks.size()), first.size(0), first.size(1)},
+                     {.dtype = first.dtype(), .device = first.device()});
+  std::vector<Tensor> rows;
+  for (size_t j = 0; j < blocks.size(); ++j) rows.push_back(out.select(0, int64_t(j)));
+  kernels::copy_matrices(blocks, rows);
+  return out;
+}
 
 std::string factor_name(size_t b, int64_t i) { return "factor." + std::to_string(b) + "." + std::to_string(i); }
 std::string root_name(size_t b, int64_t i) { return "root." + std::to_string(b) + "." + std::to_string(i); }
@@ -282,8 +296,27 @@ Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t,
   return *g;
 }
 
+namespace {
+// cuda::allow_tf32 set to `value` for the lifetime of the guard where `active`, restored after.
+class Tf32Scope {
+ public:
+  Tf32Scope(bool active, bool value) : active_(active), before_(cuda::allow_tf32()) {
+    if (active_) cuda::set_allow_tf32(value);
+  }
+  ~Tf32Scope() {
+    if (active_) cuda::set_allow_tf32(before_);
+  }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool active_, before_;
+};
+}  // namespace
+
 void Shampoo::step() {
   NoGradGuard no_grad;
+  const Tf32Scope tf32_products(tf32, true);  // the statistics and preconditioning products below
   for (const auto& g : param_groups()) check_group(g);
   // Pass 1: statistics, and the factors whose roots are due; pass 2 (after the batched roots): directions.
   struct Pending {
@@ -415,7 +448,7 @@ void Shampoo::step() {
     const double b2 = std::get<4>(key);
     MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
                                       pending[members[0].pending].param.device(), b2);
-    const Tensor g = stack(gradients);
+    const Tensor g = stack_blocks(gradients);
     const Tensor outer[2] = {matmul(g, g.transpose(1, 2)), matmul(g.transpose(1, 2), g)};
     for (int i = 0; i < 2; ++i) {
       if (b2 == 1.0) group.factors[i].add_(outer[i]);
@@ -428,7 +461,10 @@ void Shampoo::step() {
     f.factor = tensors.at(factor_name(f.block, f.dim));
     f.root = tensors.at(root_name(f.block, f.dim));
   }
-  if (!due.empty()) update_roots(due);
+  if (!due.empty()) {
+    const Tf32Scope f32_roots(tf32, false);  // the roots' own products (Newton, the residual check) in f32
+    update_roots(due);
+  }
 
   auto started = [&](const Pending& w) {
     return w.preconditioned && state(w.index).step >= int64_t(w.group->get("start_preconditioning_step"));
@@ -459,19 +495,22 @@ void Shampoo::step() {
       grafted.push_back(w.blocks.block(w.grafted, mb.block));
       graft = graft || Grafting(int(w.group->get("grafting"))) != Grafting::none;
     }
-    const Tensor pb = matmul(matmul(r0, stack(filtered)), r1.transpose(1, 2));
+    const Tensor pb = matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2));
     Tensor scaled;
     if (graft) {  // the grafted method's step size, block by block
-      const Tensor d = stack(grafted);
+      const Tensor d = stack_blocks(grafted);
       scaled = mul(pb, div(sqrt(sum(mul(d, d), {1, 2}, /*keepdim=*/true)),
                            add(sqrt(sum(mul(pb, pb), {1, 2}, /*keepdim=*/true)), 1e-16)));
     }
+    std::vector<Tensor> from, to;  // each block's direction into its parameter's, one launch
     for (size_t r = 0; r < rows.size(); ++r) {
       const Member& mb = (*members)[rows[r]];
       Pending& w = pending[mb.pending];
       const bool own_graft = Grafting(int(w.group->get("grafting"))) != Grafting::none;
-      w.blocks.block(w.direction, mb.block).copy_((own_graft ? scaled : pb).select(0, int64_t(r)));
+      from.push_back((own_graft ? scaled : pb).select(0, int64_t(r)));
+      to.push_back(w.blocks.block(w.direction, mb.block));
     }
+    kernels::copy_matrices(from, to);
   }
 
   // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled

@@ -47,4 +47,13 @@ void kernels::copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
+  for (size_t i = 0; i < src.size(); ++i) {
+    KILN_CHECK(src[i].sizes() == dst[i].sizes() && src[i].dtype() == dst[i].dtype() && src[i].dim() == 2, "copy_matrices: ",
+               src[i].str(), " -> ", dst[i].str(), ": expected 2-D matrices of one shape and dtype");
+    copy(src[i], dst[i]);
+  }
+}
+
 }  // namespace kiln::cpu

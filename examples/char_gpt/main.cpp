@@ -94,6 +94,7 @@ struct Args {
   double gpu_monitor = 5;  // seconds between NVML samples into the metrics log (0: off)
   std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
+  bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t batch_size = 64;
@@ -125,7 +126,7 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S]\n"
+        "                [--shampoo-frequency F] [--shampoo-tf32] [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S]\n"
         "                [--print-loss]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
@@ -169,6 +170,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
+    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--trace") a.trace = r.value();
@@ -296,6 +298,7 @@ int run(const Args& args) {
     auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, o);
     o.weight_decay = 0.0;
     shampoo->add_param_group(groups.no_decay, o);
+    shampoo->tf32 = args.shampoo_tf32;
     optimizer = std::move(shampoo);
   }
   optim::Optimizer& opt = *optimizer;

@@ -59,6 +59,7 @@ struct Args {
   bool grad_checkpoint = false;
   bool zero = false;
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
+  bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
@@ -73,7 +74,7 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
-        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
@@ -83,6 +84,7 @@ void usage(std::ostream& os) {
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
+        "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
 }
@@ -104,6 +106,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--zero") a.zero = true;
     else if (flag == "--shampoo") a.shampoo = r.i64();
+    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
@@ -170,6 +173,7 @@ int run(const Args& args) {
       without_decay.weight_decay = 0.0;
       auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, s);
       shampoo->add_param_group(groups.no_decay, without_decay);
+      shampoo->tf32 = args.shampoo_tf32;
       opt = std::move(shampoo);
     } else {
       auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);

@@ -6,12 +6,16 @@
 #include <string>
 #include <vector>
 
+#include <kiln/core/kernels/copy.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 
+#include "compare_util.h"
 #include "cuda_test_util.h"
 
 using namespace kiln;
+using kiln::testing::gpu;
+using kiln::testing::same_values;
 
 namespace {
 
@@ -76,4 +80,31 @@ TEST(CudaCopy, PermutedCopiesMatchTheCpu) {
       dst.copy_(gpu);
       expect_same(dst.contiguous(), cpu, what + " into a permuted view");
     }
+}
+
+// kernels::copy_matrices: many 2-D matrices at once (each its own shape, row strides, alignment: the 16-, 4-
+// and 1-byte paths), more than one launch's worth, each destination equal to its source and nothing else
+// written.
+TEST(CudaCopy, CopyMatricesCopiesEveryPairAndNothingElse) {
+  KILN_REQUIRE_GPU();
+  manual_seed(31);
+  std::vector<Tensor> src, dst, big;
+  for (int i = 0; i < 700; ++i) {  // 700 > one launch's 512
+    const DType t = i % 3 == 0 ? DType::f32 : i % 3 == 1 ? DType::bf16 : DType::f8e4m3;
+    const int64_t rows = 1 + i % 7, cols = 1 + (i * 5) % 33;
+    // the source a block of a wider matrix (a row stride of its own), the destination a block of another
+    const Tensor a = randn({rows + 2, cols + 3}).to(t).to(gpu());
+    Tensor b = zeros({rows + 1, cols + 5}, {.dtype = t, .device = gpu()});
+    src.push_back(a.narrow(0, 1, rows).narrow(1, i % 3, cols));
+    dst.push_back(b.narrow(0, 1, rows).narrow(1, 1 + i % 4, cols));
+    big.push_back(b);
+  }
+  kernels::copy_matrices(src, dst);
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_TRUE(same_values(dst[i].cpu().to(DType::f32), src[i].cpu().to(DType::f32))) << i;
+    // everything around the destination block stays zero
+    const Tensor around = big[i].cpu().to(DType::f32);
+    EXPECT_EQ(sum(abs(around)).item<double>(), sum(abs(dst[i].cpu().to(DType::f32))).item<double>()) << i;
+  }
+  EXPECT_THROW(kernels::copy_matrices({src[0]}, {dst[1]}), Error);  // shapes differ
 }

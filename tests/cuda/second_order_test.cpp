@@ -12,6 +12,7 @@
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/runtime.h>
 #include <kiln/nn/conv2d.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
@@ -81,6 +82,34 @@ TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
     EXPECT_LT(err, 1e-4);
     EXPECT_EQ(gpu_opt.kept_roots(), 0);
   }
+}
+
+// Shampoo::tf32: the statistics and preconditioning products on TF32 tensor cores stay near the f32 run
+// (TF32 rounds the inputs to 10-bit mantissas) without matching it exactly (they did run in TF32), and the
+// process-wide TF32 setting is what it was before the step.
+TEST(CudaSecondOrder, ShampooTf32StaysNearF32AndRestoresTheSetting) {
+  KILN_REQUIRE_GPU();
+  manual_seed(102);
+  Net f32_net, tf32_net;
+  tf32_net.load_state_dict(f32_net.state_dict());
+  f32_net.to(gpu());
+  tf32_net.to(gpu());
+  const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
+  optim::Shampoo f32_opt(f32_net.parameters(), o), tf32_opt(tf32_net.parameters(), o);
+  tf32_opt.tf32 = true;
+  ASSERT_FALSE(cuda::allow_tf32());
+  const Batches data(6);
+  for (size_t i = 0; i < data.x.size(); ++i)
+    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&tf32_net, &tf32_opt}}) {
+      opt->zero_grad();
+      F::cross_entropy((*net)(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
+      opt->step();
+      EXPECT_FALSE(cuda::allow_tf32());
+    }
+  const double err = param_error(tf32_net, f32_net);
+  std::printf("shampoo with TF32 products: parameters' relative difference to f32 %.2e after 6 steps\n", err);
+  EXPECT_LT(err, 1e-2);
+  EXPECT_GT(err, 0.0);
 }
 
 TEST(CudaSecondOrder, KfacMatchesTheCpu) {
