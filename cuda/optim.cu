@@ -293,6 +293,33 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
   }
 }
 
+namespace {
+
+// The launches of a multi-tensor kernel over parameters of any floating dtype: tensors 0..n-1 grouped by
+// their parameter dtype P (f32, f16, bf16, f64), the state dtype S following it (f64 for f64, else f32);
+// list k of a launch holds entry(i, k), and list `state` is checked to be in S. launch(P(), S(), list)
+// launches the kernel.
+template <class DTypeOf, class Entry, class Launch>
+void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype_of, Entry entry, size_t state,
+                           Launch launch) {
+  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    std::vector<std::vector<Tensor>> l(lists);
+    for (size_t i = 0; i < n; ++i)
+      if (dtype_of(i) == pd)
+        for (size_t k = 0; k < lists; ++k) l[k].push_back(entry(i, k));
+    if (l[0].empty()) continue;
+    KILN_DISPATCH_FLOATING(pd, op, {
+      using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      for (const Tensor& t : l[state])
+        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32), op, ": ", t.str(),
+                   " is not in the state dtype of ", dtype_name(pd), " parameters");
+      for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); });
+    });
+  }
+}
+
+}  // namespace
+
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
                               const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
@@ -308,29 +335,23 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
   DeviceGuard guard(grads[0].device().index);
   const MomentsArgs a{h.beta1, h.bias_correction1, h.grafting_beta2, h.grafting_bias_correction, h.grafting_epsilon,
                       graft ? h.grafting : 0, first};
-  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
-    std::vector<std::vector<Tensor>> lists(5);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (grads[i].dtype() != pd) continue;
-      lists[0].push_back(grads[i]);
-      lists[1].push_back(filtered[i]);
-      lists[2].push_back(first ? exp_avgs[i] : filtered[i]);
-      lists[3].push_back(graft ? grafting_states[i] : filtered[i]);
-      lists[4].push_back(graft ? grafted[i] : filtered[i]);
+  // lists the step does not use hold the filtered tensors (untouched)
+  auto entry = [&](size_t i, size_t k) -> const Tensor& {
+    switch (k) {
+      case 0: return grads[i];
+      case 2: return first ? exp_avgs[i] : filtered[i];
+      case 3: return graft ? grafting_states[i] : filtered[i];
+      case 4: return graft ? grafted[i] : filtered[i];
+      default: return filtered[i];
     }
-    if (lists[0].empty()) continue;
-    KILN_DISPATCH_FLOATING(pd, "shampoo_moments", {
-      using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-      for (const Tensor& t : lists[1])
-        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32),
-                   "shampoo_moments: state ", t.str(), " is not in the state dtype of ", dtype_name(pd), " gradients");
-      for_each_launch(lists, [&](const TensorList& tl) {
-        auto kernel = shampoo_moments_kernel<scalar_t, S>;
-        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
-        KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
-      });
-    });
-  }
+  };
+  launch_by_param_dtype("shampoo_moments", grads.size(), 5, [&](size_t i) { return grads[i].dtype(); }, entry, 1,
+                        [&](auto p, auto st, const TensorList& tl) {
+                          auto kernel = shampoo_moments_kernel<decltype(p), decltype(st)>;
+                          kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
+                                   current_stream()>>>(tl, a);
+                          KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
+                        });
 }
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
@@ -342,27 +363,16 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
   if (momentum) check_list(momentum_buffers, "shampoo_apply");
   DeviceGuard guard(params[0].device().index);
   const ApplyArgs a{1.0 - h.lr * h.weight_decay, h.lr, h.momentum, h.nesterov};
-  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
-    std::vector<std::vector<Tensor>> lists(3);
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].dtype() != pd) continue;
-      lists[0].push_back(params[i]);
-      lists[1].push_back(directions[i]);
-      lists[2].push_back(momentum ? momentum_buffers[i] : directions[i]);
-    }
-    if (lists[0].empty()) continue;
-    KILN_DISPATCH_FLOATING(pd, "shampoo_apply", {
-      using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-      for (const Tensor& t : lists[1])
-        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32),
-                   "shampoo_apply: direction ", t.str(), " is not in the state dtype of ", dtype_name(pd), " parameters");
-      for_each_launch(lists, [&](const TensorList& tl) {
-        auto kernel = shampoo_apply_kernel<scalar_t, S>;
-        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
-        KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
-      });
-    });
-  }
+  auto entry = [&](size_t i, size_t k) -> const Tensor& {
+    return k == 0 ? params[i] : k == 1 || !momentum ? directions[i] : momentum_buffers[i];
+  };
+  launch_by_param_dtype("shampoo_apply", params.size(), 3, [&](size_t i) { return params[i].dtype(); }, entry, 1,
+                        [&](auto p, auto st, const TensorList& tl) {
+                          auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
+                          kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
+                                   current_stream()>>>(tl, a);
+                          KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
+                        });
 }
 
 void kernels::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) {
