@@ -2,14 +2,18 @@
 // FP8 kernels, e4m3 x e4m3, bf16 output, per-tensor scales read on the device), with and without fast
 // accumulation, beside Kiln's bf16 matmul. Prints BENCH lines (bench/make_table.py; bench/fp8_torch.py has
 // the PyTorch references, torch._scaled_mm and a @ b) and a summary: TFLOP/s, the FP8 / bf16 ratio, and each
-// against the H100/H200 datasheet's dense peaks (989 TFLOP/s bf16, 1979 TFLOP/s FP8).
+// against the H100/H200 datasheet's dense peaks (989 TFLOP/s bf16, 1979 TFLOP/s FP8). Then a whole layer,
+// forward and backward: functional::fp8_linear (quantization with current scales included) against the bf16
+// linear under autocast, both with f32 master weights, at GPT-2's MLP shapes.
 #include <cstdio>
 #include <string>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/nn/functional.h>
 
 #include "bench_util.h"
 
@@ -20,7 +24,6 @@ int main() {
     std::printf("no CUDA device\n");
     return 1;
   }
-  NoGradGuard no_grad;
   manual_seed(0);
   const Device dev = Device::cuda(0);
   struct Case {
@@ -28,6 +31,7 @@ int main() {
     int64_t m, k, n;
   };
   for (const Case c : {Case{"8192", 8192, 8192, 8192}, Case{"8192x768x3072", 8192, 768, 3072}}) {
+    NoGradGuard no_grad;
     const double flops = 2.0 * double(c.m) * double(c.k) * double(c.n);
     const Tensor a16 = randn({c.m, c.k}, {.dtype = DType::bf16, .device = dev});
     const Tensor w16 = randn({c.n, c.k}, {.dtype = DType::bf16, .device = dev});
@@ -50,6 +54,26 @@ int main() {
     std::printf("# %s: bf16 %.0f TFLOP/s (%.0f%% of 989), FP8 %.0f TFLOP/s (%.0f%% of 1979, %.2fx bf16), "
                 "FP8 fast accumulation %.0f TFLOP/s (%.0f%% of 1979, %.2fx bf16)\n",
                 c.tag, bf16, 100 * bf16 / 989, fp8, 100 * fp8 / 1979, fp8 / bf16, fast, 100 * fast / 1979, fast / bf16);
+    std::fflush(stdout);
+  }
+  // a layer forward and backward (3 products): bf16 linear under autocast against fp8_linear
+  for (const Case c : {Case{"8192x768x3072", 8192, 768, 3072}, Case{"8192x3072x768", 8192, 3072, 768}}) {
+    const double flops = 3 * 2.0 * double(c.m) * double(c.k) * double(c.n);
+    const Tensor x = randn({c.m, c.k}, {.dtype = DType::bf16, .device = dev}).requires_grad_();
+    const Tensor w = mul(randn({c.n, c.k}, {.device = dev}), 0.02).requires_grad_();
+    const Tensor b = zeros({c.n}, {.device = dev}).requires_grad_();
+    const Tensor g = randn({c.m, c.n}, {.dtype = DType::bf16, .device = dev});
+    auto layer = [&](bool fp8) {
+      for (const Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+      amp::Autocast autocast(dev, DType::bf16, !fp8);
+      const Tensor y = fp8 ? nn::functional::fp8_linear(x, w, b) : nn::functional::linear(x, w, b);
+      y.backward(g);
+    };
+    const double bf16 = bench::median_ms([&] { layer(false); }, 3, 10, 2);
+    const double fp8 = bench::median_ms([&] { layer(true); }, 3, 10, 2);
+    bench::report(std::string("linear_fwdbwd_bf16_") + c.tag, bf16, 0, flops);
+    bench::report(std::string("fp8_linear_fwdbwd_") + c.tag, fp8, 0, flops);
+    std::printf("# layer %s forward+backward: bf16 %.3f ms, FP8 %.3f ms (%.2fx)\n", c.tag, bf16, fp8, bf16 / fp8);
     std::fflush(stdout);
   }
   return 0;

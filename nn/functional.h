@@ -17,6 +17,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
 // for backward only when a gradient is needed.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// linear with its three products in FP8 (nn/functional_fp8.cpp, docs/fp8.md): x and w quantized to e4m3
+// and the output gradient to e5m2, each with its current per-tensor scale fp8_max / amax computed on the
+// device, then scaled_mm (cuBLASLt's FP8 kernels). Output and input gradient in x's dtype (bf16/f16; f32
+// stays f32), weight gradient accumulated in f32. in_features, out_features and the input's rows
+// multiples of 16.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 // The sketched linear layer (nn::SKLinear, ../shared/ALGORITHMS.md): over the last dim of x (..., in),
 //   y = 1/(2L) · Σ_i ( x · s1_i · u1_i + x · u2_i · s2_i ) + bias
 // with s1 (L, in, k), s2 (L, k, out) trained, u1 (L, k, out), u2 (L, in, k) fixed sketches (they take no

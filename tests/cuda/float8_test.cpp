@@ -9,6 +9,7 @@
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
 
 #include "compare_util.h"
 
@@ -84,4 +85,23 @@ TEST(CudaScaledMm, ScalesAreReadOnTheDevice) {
   const Tensor scale = mul(one, 0.125);  // made by a kernel
   EXPECT_LT(rel_err(scaled_mm(a, w.t(), scale, one, DType::f32), mul(base, 0.125)), 1e-7);
   EXPECT_LT(rel_err(scaled_mm(a, w.t(), one, scale, DType::f32), mul(base, 0.125)), 1e-7);
+}
+
+// functional::fp8_linear on the GPU against the CPU (whose path is the reference in double): bf16 input and
+// output with f32 master weights, forward and the three gradients.
+TEST(CudaFp8Linear, MatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(97);
+  const Tensor x = mul(randn({4, 64, 256}), 2.0).to(DType::bf16), w = mul(randn({384, 256}), 0.05), b = randn({384});
+  const Tensor g = randn({4, 64, 384}).to(DType::bf16);
+  Tensor cx = x.clone().requires_grad_(), cw = w.clone().requires_grad_(), cb = b.clone().requires_grad_();
+  Tensor gx = x.to(gpu()).requires_grad_(), gw = w.to(gpu()).requires_grad_(), gb = b.to(gpu()).requires_grad_();
+  const Tensor cy = nn::functional::fp8_linear(cx, cw, cb), gy = nn::functional::fp8_linear(gx, gw, gb);
+  ASSERT_EQ(gy.dtype(), DType::bf16);
+  EXPECT_LT(rel_err(gy, cy), 1e-2);
+  sum(mul(cy, g)).backward();
+  sum(mul(gy, g.to(gpu()))).backward();
+  EXPECT_LT(rel_err(gx.grad(), cx.grad()), 1e-2);
+  EXPECT_LT(rel_err(gw.grad(), cw.grad()), 1e-3);  // f32 out of the f32-accumulated product
+  EXPECT_LT(rel_err(gb.grad(), cb.grad()), 1e-4);
 }

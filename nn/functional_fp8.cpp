@@ -1,0 +1,95 @@
+// The FP8 linear layer with current per-tensor scaling (Transformer Engine's Float8CurrentScaling recipe):
+// every call scales each operand by fp8_max / amax(|t|), computed on the device just before (no value
+// crosses to the host), quantizes it (x and w to e4m3, the output gradient to e5m2), and runs the three
+// products as scaled_mm (cuBLASLt's FP8 kernels; on the CPU the reference in double):
+//   y  = (x_q · w_qᵀ) · (1/s_x)(1/s_w) + b        in x's dtype (bf16/f16; f32 stays f32)
+//   dx = (dy_q · w_q) · (1/s_dy)(1/s_w)            in x's dtype
+//   dw = (dy_qᵀ · x_q) · (1/s_dy)(1/s_x)           in f32, then the weight's dtype (f32 master weights)
+//   db = Σ_rows dy
+// scaled_mm takes a row-major first and a column-major second operand, so the backward's products read
+// transposed copies of the FP8 codes (w_qᵀ, dy_qᵀ, x_qᵀ: one byte an element).
+#include <cmath>
+
+#include <kiln/core/op.h>
+#include <kiln/nn/functional.h>
+
+namespace kiln::nn::functional {
+
+namespace {
+
+struct Quantized {
+  Tensor codes;      // FP8, t's shape
+  Tensor scale_inv;  // f32 scalar: codes · scale_inv ≈ t
+};
+
+// t → FP8 codes with the scale that maps amax(|t|) to the format's largest finite value (1 where t is all
+// zeros; a non-finite amax gives NaN codes and a NaN scale, which the caller's loss scaler sees).
+Quantized quantize(const Tensor& t, DType format) {
+  const double largest = format == DType::f8e4m3 ? 448.0 : 57344.0;
+  const Tensor wide = cast(t, DType::f32);
+  const Tensor a = amax(abs(wide));
+  const Tensor zero = zeros({}, {.dtype = DType::f32, .device = t.device()});
+  // largest / amax, or 1 for an all-zero t (amax 0: masked to 1 before the division)
+  const Tensor scale = rdiv(div(masked_fill(a, eq(a, zero), largest), largest), 1.0);
+  return {cast(mul(wide, scale), format), rdiv(scale, 1.0)};
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const char* op = "fp8_linear";
+  KILN_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
+  KILN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.str(),
+             " and weight ", weight.str(), " (out_features, in_features) do not fit");
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)), op, ": bias ", bias.str(),
+             " does not match weight ", weight.str());
+  KILN_CHECK(x.device() == weight.device() && (!bias.defined() || bias.device() == x.device()), op,
+             ": tensors on different devices: ", x.str(), ", ", weight.str(), ", ", bias.str());
+  KILN_CHECK(is_floating(x.dtype()) && is_floating(weight.dtype()) && (!bias.defined() || is_floating(bias.dtype())),
+             op, ": expected floating-point tensors, got ", x.str(), ", ", weight.str(), ", ", bias.str());
+  const int64_t K = weight.size(1), N = weight.size(0);
+  const int64_t M = x.numel() / std::max<int64_t>(K, 1);
+  // scaled_mm's FP8 layouts: the inner and outer dims of all three products multiples of 16
+  KILN_CHECK(K % 16 == 0 && N % 16 == 0 && M % 16 == 0, op, ": in_features (", K, "), out_features (", N,
+             ") and the rows of the input (", M, ", from ", x.str(), ") must be multiples of 16");
+  const DType out_dtype = x.dtype() == DType::bf16 || x.dtype() == DType::f16 ? x.dtype() : DType::f32;
+  Quantized xq, wq;
+  Tensor out;
+  {
+    NoGradGuard ng;
+    xq = quantize(x.reshape({M, K}), DType::f8e4m3);
+    wq = quantize(weight, DType::f8e4m3);
+    const bool fused_bias = bias.defined() && out_dtype != DType::f32;  // cuBLASLt's bias epilogue: 16-bit outputs
+    out = scaled_mm(xq.codes, wq.codes.t(), xq.scale_inv, wq.scale_inv, out_dtype,
+                    fused_bias ? cast(bias, out_dtype) : Tensor());
+    if (bias.defined() && !fused_bias) out = add(out, cast(bias, out_dtype));
+  }
+  Shape shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(N);
+  out = out.reshape(shape);
+  if (any_requires_grad({x, weight, bias})) {
+    const bool rx = x.requires_grad(), rw = weight.requires_grad(), rb = bias.defined() && bias.requires_grad();
+    record(op, {x, weight, bias}, {out},
+           [xq, wq, rx, rw, rb, M, K, N, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
+            bdt = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
+             NoGradGuard ng;
+             const Tensor dy = g[0].reshape({M, N});
+             const Quantized dq = quantize(dy, DType::f8e5m2);
+             Tensor dx, dw, db;
+             if (rx) {  // dy_q (M, N) · w_q (N, K): w_q as a column-major (N, K), the transpose of w_qᵀ's copy
+               const DType dt = xdt == DType::bf16 || xdt == DType::f16 ? xdt : DType::f32;
+               dx = cast(scaled_mm(dq.codes, wq.codes.t().contiguous().t(), dq.scale_inv, wq.scale_inv, dt), xdt)
+                        .reshape(xs);
+             }
+             if (rw)  // dy_qᵀ (N, M) · x_q (M, K)
+               dw = cast(scaled_mm(dq.codes.t().contiguous(), xq.codes.t().contiguous().t(), dq.scale_inv,
+                                   xq.scale_inv, DType::f32),
+                         wdt);
+             if (rb) db = cast(sum(cast(dy, DType::f32), {0}), bdt);
+             return Grads{dx, dw, db};
+           });
+  }
+  return out;
+}
+
+}  // namespace kiln::nn::functional
