@@ -7,9 +7,11 @@
 //   dw = (dy_qᵀ · x_q) · (1/s_dy)(1/s_x)           in f32, then the weight's dtype (f32 master weights)
 //   db = Σ_rows dy
 // scaled_mm takes a row-major first and a column-major second operand, so the backward's products read
-// transposed copies of the FP8 codes (w_qᵀ, dy_qᵀ, x_qᵀ: one byte an element).
+// transposed FP8 codes (w_qᵀ, dy_qᵀ, x_qᵀ), which the quantization writes in the same pass
+// (kernels::fp8_quantize; the scale from kernels::fp8_amax, on the device).
 #include <cmath>
 
+#include <kiln/core/kernels/fp8.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
@@ -18,20 +20,21 @@ namespace kiln::nn::functional {
 namespace {
 
 struct Quantized {
-  Tensor codes;      // FP8, t's shape
-  Tensor scale_inv;  // f32 scalar: codes · scale_inv ≈ t
+  Tensor codes, codes_t;  // FP8: t (M, K) and its transpose (K, M), the layouts scaled_mm's operands take
+  Tensor scale_inv;       // f32 scalar: codes · scale_inv ≈ t
 };
 
-// t → FP8 codes with the scale that maps amax(|t|) to the format's largest finite value (1 where t is all
-// zeros; a non-finite amax gives NaN codes and a NaN scale, which the caller's loss scaler sees).
+// t (M, K) → FP8 with the scale that maps amax(|t|) to the format's largest finite value (1 where t is all
+// zeros; a non-finite amax gives NaN codes, which the caller's loss scaler sees): two kernels, the amax and
+// one pass writing the codes and their transpose.
 Quantized quantize(const Tensor& t, DType format) {
-  const double largest = format == DType::f8e4m3 ? 448.0 : 57344.0;
-  const Tensor wide = cast(t, DType::f32);
-  const Tensor a = amax(abs(wide));
-  const Tensor zero = zeros({}, {.dtype = DType::f32, .device = t.device()});
-  // largest / amax, or 1 for an all-zero t (amax 0: masked to 1 before the division)
-  const Tensor scale = rdiv(div(masked_fill(a, eq(a, zero), largest), largest), 1.0);
-  return {cast(mul(wide, scale), format), rdiv(scale, 1.0)};
+  const Tensor x = t.dtype() == DType::f64 ? cast(t, DType::f32) : t.contiguous();
+  const TensorOptions f32{.dtype = DType::f32, .device = t.device()}, codes{.dtype = format, .device = t.device()};
+  const Tensor a = empty({}, f32);
+  Quantized q{empty({x.size(0), x.size(1)}, codes), empty({x.size(1), x.size(0)}, codes), empty({}, f32)};
+  kernels::fp8_amax(x, a);
+  kernels::fp8_quantize(x, a, format, q.codes, q.codes_t, q.scale_inv);
+  return q;
 }
 
 }  // namespace
@@ -76,15 +79,12 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              const Tensor dy = g[0].reshape({M, N});
              const Quantized dq = quantize(dy, DType::f8e5m2);
              Tensor dx, dw, db;
-             if (rx) {  // dy_q (M, N) · w_q (N, K): w_q as a column-major (N, K), the transpose of w_qᵀ's copy
+             if (rx) {  // dy_q (M, N) · w_q (N, K): w_q column-major, the transpose of its transposed codes
                const DType dt = xdt == DType::bf16 || xdt == DType::f16 ? xdt : DType::f32;
-               dx = cast(scaled_mm(dq.codes, wq.codes.t().contiguous().t(), dq.scale_inv, wq.scale_inv, dt), xdt)
-                        .reshape(xs);
+               dx = cast(scaled_mm(dq.codes, wq.codes_t.t(), dq.scale_inv, wq.scale_inv, dt), xdt).reshape(xs);
              }
              if (rw)  // dy_qᵀ (N, M) · x_q (M, K)
-               dw = cast(scaled_mm(dq.codes.t().contiguous(), xq.codes.t().contiguous().t(), dq.scale_inv,
-                                   xq.scale_inv, DType::f32),
-                         wdt);
+               dw = cast(scaled_mm(dq.codes_t, xq.codes_t.t(), dq.scale_inv, xq.scale_inv, DType::f32), wdt);
              if (rb) db = cast(sum(cast(dy, DType::f32), {0}), bdt);
              return Grads{dx, dw, db};
            });

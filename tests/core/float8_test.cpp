@@ -14,6 +14,7 @@
 
 #include <kiln/core/error.h>
 #include <kiln/core/float8.h>
+#include <kiln/core/kernels/fp8.h>
 #include <kiln/core/half.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -208,6 +209,36 @@ TEST(ScaledMm, BadInputsAreErrors) {
   EXPECT_TRUE(fails([&] { scaled_mm(a, zeros({32, 16}).to(DType::f8e4m3).t().t(), s, s); }, "column-major"));
   EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), full({}, 1.0, {.dtype = DType::f32}).requires_grad_(), s); },
                     "not differentiable"));
+}
+
+// The FP8 scaling kernels on the CPU: amax is max |x| (NaN wins); the codes are the encoder's of x · s with
+// s = largest / amax in f32, and codes_t is exactly their transpose; an all-zero x takes the scale 1.
+TEST(Fp8Kernels, AmaxAndQuantizeWithItsTranspose) {
+  manual_seed(3);
+  const Tensor x = mul(randn({5, 7}), 10.0);
+  const Tensor a = empty({}, {.dtype = DType::f32});
+  kernels::fp8_amax(x, a);
+  EXPECT_EQ(a.item<double>(), amax(abs(x)).item<double>());
+  for (const DType f : {DType::f8e4m3, DType::f8e5m2}) {
+    SCOPED_TRACE(dtype_name(f));
+    const Tensor codes = empty({5, 7}, {.dtype = f}), codes_t = empty({7, 5}, {.dtype = f});
+    const Tensor inv = empty({}, {.dtype = DType::f32});
+    kernels::fp8_quantize(x, a, f, codes, codes_t, inv);
+    const float s = (f == DType::f8e4m3 ? 448.0f : 57344.0f) / float(a.item<double>());
+    EXPECT_EQ(inv.item<double>(), double(1.0f / s));
+    const Tensor want = cast(mul(x, full({}, double(s), {.dtype = DType::f32})), f);
+    EXPECT_EQ(codes.to(DType::f32).to_vector<float>(), want.to(DType::f32).to_vector<float>());
+    EXPECT_EQ(codes_t.to(DType::f32).to_vector<float>(), want.t().contiguous().to(DType::f32).to_vector<float>());
+  }
+  Tensor with_nan = x.clone();
+  with_nan.narrow(0, 2, 1).narrow(1, 3, 1).fill_(NAN);
+  kernels::fp8_amax(with_nan, a);
+  EXPECT_TRUE(std::isnan(a.item<double>()));
+  kernels::fp8_amax(zeros({4, 4}), a);
+  EXPECT_EQ(a.item<double>(), 0.0);
+  const Tensor inv = empty({}, {.dtype = DType::f32});
+  kernels::fp8_quantize(zeros({4, 4}), a, DType::f8e4m3, empty({4, 4}, {.dtype = DType::f8e4m3}), Tensor(), inv);
+  EXPECT_EQ(inv.item<double>(), 1.0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/core/kernels/fp8.h>
 #include <kiln/nn/functional.h>
 
 #include "compare_util.h"
@@ -104,4 +105,38 @@ TEST(CudaFp8Linear, MatchesTheCpu) {
   EXPECT_LT(rel_err(gx.grad(), cx.grad()), 1e-2);
   EXPECT_LT(rel_err(gw.grad(), cw.grad()), 1e-3);  // f32 out of the f32-accumulated product
   EXPECT_LT(rel_err(gb.grad(), cb.grad()), 1e-4);
+}
+
+// The FP8 scaling kernels on the GPU give the CPU's bits: amax (with a NaN, and of zeros), the codes and their
+// transpose for f32 and bf16 inputs of odd shapes, both formats.
+TEST(CudaFp8Kernels, AmaxAndQuantizeMatchTheCpuBitForBit) {
+  KILN_REQUIRE_GPU();
+  manual_seed(7);
+  for (const DType in : {DType::f32, DType::bf16}) {
+    for (const Shape& s : {Shape{37, 50}, Shape{64, 33}, Shape{1, 1}}) {
+      const Tensor x = mul(randn(s), 30.0).to(in);
+      const Tensor a = empty({}, {.dtype = DType::f32}), ag = empty({}, {.dtype = DType::f32, .device = gpu()});
+      kernels::fp8_amax(x, a);
+      kernels::fp8_amax(x.to(gpu()), ag);
+      ASSERT_EQ(ag.cpu().item<double>(), a.item<double>());
+      for (const DType f : {DType::f8e4m3, DType::f8e5m2}) {
+        SCOPED_TRACE(std::string(dtype_name(in)) + " " + shape_str(s) + " -> " + dtype_name(f));
+        const Tensor c = empty(s, {.dtype = f}), ct = empty({s[1], s[0]}, {.dtype = f}), inv = empty({}, {.dtype = DType::f32});
+        const TensorOptions on{.dtype = f, .device = gpu()};
+        const Tensor cg = empty(s, on), ctg = empty({s[1], s[0]}, on), invg = empty({}, {.dtype = DType::f32, .device = gpu()});
+        kernels::fp8_quantize(x, a, f, c, ct, inv);
+        kernels::fp8_quantize(x.to(gpu()), ag, f, cg, ctg, invg);
+        EXPECT_TRUE(same_values(cg.cpu().to(DType::f32), c.to(DType::f32)));
+        EXPECT_TRUE(same_values(ctg.cpu().to(DType::f32), ct.to(DType::f32)));
+        EXPECT_EQ(invg.cpu().item<double>(), inv.item<double>());
+      }
+    }
+  }
+  Tensor with_nan = randn({300, 300}).to(gpu());
+  with_nan.narrow(0, 150, 1).narrow(1, 7, 1).fill_(NAN);
+  const Tensor ag = empty({}, {.dtype = DType::f32, .device = gpu()});
+  kernels::fp8_amax(with_nan, ag);
+  EXPECT_TRUE(std::isnan(ag.cpu().item<double>()));
+  kernels::fp8_amax(zeros({8, 8}, {.device = gpu()}), ag);
+  EXPECT_EQ(ag.cpu().item<double>(), 0.0);
 }

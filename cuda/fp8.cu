@@ -1,0 +1,124 @@
+// FP8 scaling and quantization on the GPU (core/kernels/fp8.h; the CPU's core/cpu/fp8.cpp gives the same
+// codes: the scale and the scaled values in f32, then core/float8.h's encoder).
+//   fp8_amax      max |x|: a grid-stride pass, the block's maximum by warp shuffles, one atomicMax on the
+//                 float's bits (non-negative floats order as unsigned integers, NaN above +inf: NaN wins)
+//   fp8_quantize  32 x 32 tiles: each element scaled and encoded once, written row-major (coalesced) and,
+//                 through shared memory, transposed (coalesced along the other dim): the FP8 operand and
+//                 its transpose for scaled_mm's layouts in one pass over x.
+#include <kiln/core/float8.h>
+#include <kiln/core/kernels/fp8.h>
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/dtype.cuh>
+#include <kiln/cuda/nvtx.h>
+#include <kiln/cuda/row_common.cuh>
+
+namespace kiln::cuda {
+
+namespace {
+
+// a NaN-propagating maximum of non-negative values
+__device__ __forceinline__ float max_nan(float m, float v) { return (v > m || isnan(v)) && !isnan(m) ? v : m; }
+
+template <class T>
+__global__ void fp8_amax_kernel(const T* x, int64_t n, unsigned* out) {
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    m = max_nan(m, fabsf(convert<float>(x[i])));
+  for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warps[32];
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warps[w]);
+    atomicMax(out, __float_as_uint(m));
+  }
+}
+
+template <class T, class F>
+__global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const float* amax, float largest,
+                                    uint8_t* codes, uint8_t* codes_t, float* scale_inv) {
+  __shared__ uint8_t tile[32][33];
+  const float a = *amax;
+  const float s = a == 0.0f ? 1.0f : largest / a;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
+  const int64_t row0 = int64_t(blockIdx.y) * 32, col0 = int64_t(blockIdx.x) * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t i = row0 + r, j = col0 + threadIdx.x;
+    if (i < M && j < K) {
+      const uint8_t c = fp8::encode<F>(double(convert<float>(x[i * K + j]) * s));
+      if (codes) codes[i * K + j] = c;
+      tile[r][threadIdx.x] = c;
+    }
+  }
+  if (!codes_t) return;
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t j = col0 + r, i = row0 + threadIdx.x;
+    if (i < M && j < K) codes_t[j * M + i] = tile[threadIdx.x][r];
+  }
+}
+
+void check_x(const Tensor& x, const char* op) {
+  KILN_CHECK(x.device().is_cuda() && x.is_contiguous() &&
+                 (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
+             op, ": expected a contiguous f32, bf16 or f16 CUDA tensor, got ", x.str());
+}
+
+}  // namespace
+
+void kernels::fp8_amax(const Tensor& x, const Tensor& out) {
+  NvtxRange range("fp8_amax");
+  check_x(x, "fp8_amax");
+  KILN_CHECK(out.numel() == 1 && out.dtype() == DType::f32 && out.device() == x.device(), "fp8_amax: output ",
+             out.str(), " must be one f32 on ", x.device().str());
+  DeviceGuard guard(x.device().index);
+  KILN_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, sizeof(float), current_stream()));
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  auto launch = [&](auto t) {
+    using T = decltype(t);
+    fp8_amax_kernel<T><<<std::min<unsigned>(blocks_for(n, 512), 4u * unsigned(sm_count())), 512, 0,
+                         current_stream()>>>(static_cast<const T*>(x.raw_data()), n,
+                                             static_cast<unsigned*>(out.raw_data()));
+  };
+  if (x.dtype() == DType::f32) launch(float());
+  else if (x.dtype() == DType::bf16) launch(__nv_bfloat16());
+  else launch(__half());
+  KILN_LAUNCH_CHECK("fp8_amax_kernel", "fp8_amax");
+}
+
+void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, const Tensor& codes,
+                           const Tensor& codes_t, const Tensor& scale_inv) {
+  NvtxRange range("fp8_quantize");
+  check_x(x, "fp8_quantize");
+  KILN_CHECK(x.dim() == 2 && (format == DType::f8e4m3 || format == DType::f8e5m2), "fp8_quantize: expected a 2-D x and an FP8 format, got ",
+             x.str(), " and ", dtype_name(format));
+  const int64_t M = x.size(0), K = x.size(1);
+  KILN_CHECK((!codes.defined() || (codes.sizes() == Shape{M, K} && codes.dtype() == format && codes.is_contiguous())) &&
+                 (!codes_t.defined() ||
+                  (codes_t.sizes() == Shape{K, M} && codes_t.dtype() == format && codes_t.is_contiguous())),
+             "fp8_quantize: codes ", codes.str(), " and codes_t ", codes_t.str(), " do not fit ", x.str());
+  DeviceGuard guard(x.device().index);
+  if (x.numel() == 0) return;
+  const dim3 grid(unsigned((K + 31) / 32), unsigned((M + 31) / 32)), block(32, 8);
+  const float largest = format == DType::f8e4m3 ? 448.0f : 57344.0f;
+  auto* c = codes.defined() ? static_cast<uint8_t*>(codes.raw_data()) : nullptr;
+  auto* ct = codes_t.defined() ? static_cast<uint8_t*>(codes_t.raw_data()) : nullptr;
+  auto launch = [&](auto t, auto f) {
+    using T = decltype(t);
+    fp8_quantize_kernel<T, decltype(f)><<<grid, block, 0, current_stream()>>>(
+        static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
+        static_cast<float*>(scale_inv.raw_data()));
+  };
+  auto by_format = [&](auto t) {
+    if (format == DType::f8e4m3) launch(t, fp8::E4M3());
+    else launch(t, fp8::E5M2());
+  };
+  if (x.dtype() == DType::f32) by_format(float());
+  else if (x.dtype() == DType::bf16) by_format(__nv_bfloat16());
+  else by_format(__half());
+  KILN_LAUNCH_CHECK("fp8_quantize_kernel", "fp8_quantize");
+}
+
+}  // namespace kiln::cuda
