@@ -4,7 +4,8 @@
 // the PyTorch references, torch._scaled_mm and a @ b) and a summary: TFLOP/s, the FP8 / bf16 ratio, and each
 // against the H100/H200 datasheet's dense peaks (989 TFLOP/s bf16, 1979 TFLOP/s FP8). Then a whole layer,
 // forward and backward: functional::fp8_linear (quantization with current scales included) against the bf16
-// linear under autocast, both with f32 master weights, at GPT-2's MLP shapes.
+// linear under autocast, both with f32 master weights, at GPT-2's MLP shapes (--profile: then each FP8 layer's
+// ops and kernels, and its Chrome trace in fp8_layer_<shape>.json).
 #include <cstdio>
 #include <string>
 
@@ -14,12 +15,15 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/nn/functional.h>
+#include <kiln/observe/step_profile.h>
+#include <kiln/observe/trace.h>
 
 #include "bench_util.h"
 
 using namespace kiln;
 
-int main() {
+int main(int argc, char** argv) {
+  const bool profile = argc > 1 && std::string(argv[1]) == "--profile";  // then the FP8 layer's trace
   if (!cuda::is_available()) {
     std::printf("no CUDA device\n");
     return 1;
@@ -75,6 +79,11 @@ int main() {
     bench::report(std::string("fp8_linear_fwdbwd_") + c.tag, fp8, 0, flops);
     std::printf("# layer %s forward+backward: bf16 %.3f ms, FP8 %.3f ms (%.2fx)\n", c.tag, bf16, fp8, bf16 / fp8);
     std::fflush(stdout);
+    if (profile) {  // where the FP8 layer's time goes: the ops and kernels of 3 calls, and a Chrome trace
+      const observe::StepProfile p = observe::profile_steps(3, [&](int64_t) { layer(true); }, [] { cuda::synchronize(); });
+      std::printf("%s\n%s", p.summary().c_str(), observe::profile_table(p.trace, 20).c_str());
+      observe::save_chrome_trace(p.trace, std::string("fp8_layer_") + c.tag + ".json");
+    }
   }
   return 0;
 }

@@ -91,6 +91,30 @@ KILN_FP8_HD inline uint8_t encode(double v) {
   return uint8_t(sign | code);
 }
 
+// The same code from an f32 value, in f32 arithmetic (what a GPU kernel quantizing floats wants: no double
+// math). Every step is exact for a float input (the quantum is a power of two within float's range, a /
+// quantum a scaling by it, the rounding to an integer exact), so the code is encode<F>(double(v))'s.
+template <class F>
+KILN_FP8_HD inline uint8_t encode_f32(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  const uint8_t sign = (u >> 31) ? 0x80 : 0x00;
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return uint8_t(sign | F::nan_code);
+  const float a = sign ? -v : v;
+  if (a >= float(decode<F>(F::max_code))) return uint8_t(sign | F::max_code);
+  if (a == 0) return sign;
+  int k = 0;
+  (void)::frexpf(a, &k);
+  const int unbiased = k - 1 < 1 - F::bias ? 1 - F::bias : k - 1;
+  const float quantum = ::ldexpf(1.0f, unbiased - F::mantissa_bits);
+  const float n = ::nearbyintf(a / quantum);
+  int code;
+  if (k - 1 < 1 - F::bias) code = int(n);
+  else code = ((unbiased + F::bias) << F::mantissa_bits) + (int(n) - (1 << F::mantissa_bits));
+  if (code > F::max_code) code = F::max_code;
+  return uint8_t(sign | code);
+}
+
 }  // namespace fp8
 
 // An FP8 value of format F (fp8::E4M3 or fp8::E5M2); conversions are explicit (storage, not arithmetic).

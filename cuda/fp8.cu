@@ -1,6 +1,6 @@
 // FP8 scaling and quantization on the GPU (core/kernels/fp8.h; the CPU's core/cpu/fp8.cpp gives the same
-// codes: the scale and the scaled values in f32, then core/float8.h's encoder).
-//   fp8_amax      max |x|: a grid-stride pass, the block's maximum by warp shuffles, one atomicMax on the
+// codes: the scale and the scaled values in f32, then core/float8.h's encoder, in its f32 form on the device).
+//   fp8_amax      max |x|: a grid-stride pass of 16-byte loads, the block's maximum by warp shuffles, one atomicMax on the
 //                 float's bits (non-negative floats order as unsigned integers, NaN above +inf: NaN wins)
 //   fp8_quantize  32 x 32 tiles: each element scaled and encoded once, written row-major (coalesced) and,
 //                 through shared memory, transposed (coalesced along the other dim): the FP8 operand and
@@ -20,11 +20,21 @@ namespace {
 // a NaN-propagating maximum of non-negative values
 __device__ __forceinline__ float max_nan(float m, float v) { return (v > m || isnan(v)) && !isnan(m) ? v : m; }
 
+// x read 16 bytes at a time where it is 16-byte aligned (the caching allocator's blocks are), the tail one by one
 template <class T>
 __global__ void fp8_amax_kernel(const T* x, int64_t n, unsigned* out) {
+  constexpr int V = 16 / sizeof(T);
   float m = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    m = max_nan(m, fabsf(convert<float>(x[i])));
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const int64_t packs = aligned ? n / V : 0;
+  for (int64_t p = first; p < packs; p += stride) {
+    const uint4 raw = reinterpret_cast<const uint4*>(x)[p];
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < V; ++e) m = max_nan(m, fabsf(convert<float>(v[e])));
+  }
+  for (int64_t i = packs * V + first; i < n; i += stride) m = max_nan(m, fabsf(convert<float>(x[i])));
   for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ float warps[32];
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = m;
@@ -46,7 +56,7 @@ __global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const floa
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
     const int64_t i = row0 + r, j = col0 + threadIdx.x;
     if (i < M && j < K) {
-      const uint8_t c = fp8::encode<F>(double(convert<float>(x[i * K + j]) * s));
+      const uint8_t c = fp8::encode_f32<F>(convert<float>(x[i * K + j]) * s);
       if (codes) codes[i * K + j] = c;
       tile[r][threadIdx.x] = c;
     }

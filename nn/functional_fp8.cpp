@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include <kiln/core/kernels/fp8.h>
+#include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
 
@@ -85,7 +86,14 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              }
              if (rw)  // dy_qᵀ (N, M) · x_q (M, K)
                dw = cast(scaled_mm(dq.codes_t, xq.codes_t.t(), dq.scale_inv, xq.scale_inv, DType::f32), wdt);
-             if (rb) db = cast(sum(cast(dy, DType::f32), {0}), bdt);
+             if (rb) {  // Σ_rows dy: an f32 column sum straight from 16-bit dy where the device has one
+               Tensor db32 = empty({N}, {.dtype = DType::f32, .device = dy.device()});
+               const bool half = dy.dtype() == DType::bf16 || dy.dtype() == DType::f16;
+               if (!half || !kernels::linear_backward_f32_params(dy.contiguous(), Tensor(), Tensor(), Tensor(),
+                                                                  Epilogue::bias, Tensor(), Tensor(), db32))
+                 db32 = sum(cast(dy, DType::f32), {0});
+               db = cast(db32, bdt);
+             }
              return Grads{dx, dw, db};
            });
   }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <limits>
@@ -209,6 +210,32 @@ TEST(ScaledMm, BadInputsAreErrors) {
   EXPECT_TRUE(fails([&] { scaled_mm(a, zeros({32, 16}).to(DType::f8e4m3).t().t(), s, s); }, "column-major"));
   EXPECT_TRUE(fails([&] { scaled_mm(a, w.t(), full({}, 1.0, {.dtype = DType::f32}).requires_grad_(), s); },
                     "not differentiable"));
+}
+
+// encode_f32 (the GPU quantizer's, f32 arithmetic) gives encode's code for every bf16 value and a million
+// random float bit patterns (NaNs, infinities, subnormals, both signs), in both formats.
+TEST(Float8, TheF32EncoderEqualsTheDoubleOne) {
+  std::vector<float> values;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint32_t u = b << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    values.push_back(f);
+  }
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 1000000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const uint32_t u = uint32_t(state >> 32);
+    float f;
+    std::memcpy(&f, &u, 4);
+    values.push_back(f);
+  }
+  int64_t differ = 0;
+  for (const float f : values) {
+    differ += fp8::encode_f32<fp8::E4M3>(f) != fp8::encode<fp8::E4M3>(double(f));
+    differ += fp8::encode_f32<fp8::E5M2>(f) != fp8::encode<fp8::E5M2>(double(f));
+  }
+  EXPECT_EQ(differ, 0);
 }
 
 // The FP8 scaling kernels on the CPU: amax is max |x| (NaN wins); the codes are the encoder's of x · s with
