@@ -2,9 +2,10 @@
 // codes: the scale and the scaled values in f32, then core/float8.h's encoder, in its f32 form on the device).
 //   fp8_amax      max |x|: a grid-stride pass of 16-byte loads, the block's maximum by warp shuffles, one atomicMax on the
 //                 float's bits (non-negative floats order as unsigned integers, NaN above +inf: NaN wins)
-//   fp8_quantize  32 x 32 tiles: each element scaled and encoded once, written row-major (coalesced) and,
-//                 through shared memory, transposed (coalesced along the other dim): the FP8 operand and
-//                 its transpose for scaled_mm's layouts in one pass over x.
+//   fp8_quantize  tiles: each element scaled and encoded once, written row-major (coalesced) and, through
+//                 shared memory, transposed (coalesced along the other dim): the FP8 operand and its
+//                 transpose for scaled_mm's layouts in one pass over x. Dims multiples of 16 (fp8_linear's):
+//                 64 x 64 tiles moved in 16-byte pieces; otherwise 32 x 32 tiles element by element.
 #include <kiln/core/float8.h>
 #include <kiln/core/kernels/fp8.h>
 #include <kiln/cuda/check.h>
@@ -69,6 +70,44 @@ __global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const floa
   }
 }
 
+// The same for M and K multiples of 16 and 16-byte aligned rows (what fp8_linear passes): 64 x 64 tiles, each
+// of 256 threads encoding 16 consecutive elements of a row (16-byte loads), writing them as one 16-byte
+// store, and, after the tile is in shared memory, 16 consecutive codes of a column of codes_t as another.
+template <class T, class F>
+__global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int64_t M, int64_t K, const float* amax,
+                                                                float largest, uint8_t* codes, uint8_t* codes_t,
+                                                                float* scale_inv) {
+  __shared__ uint8_t tile[64][64 + 16];  // rows of 80 bytes: 16-byte aligned, and the column reads spread
+  const float a = *amax;
+  const float s = a == 0.0f ? 1.0f : largest / a;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+  const int64_t row0 = int64_t(blockIdx.y) * 64, col0 = int64_t(blockIdx.x) * 64;
+  const int t = int(threadIdx.x), r = t / 4, c = (t % 4) * 16;
+  const int64_t i = row0 + r, j = col0 + c;
+  if (i < M && j < K) {  // K is a multiple of 16: a 16-wide piece is wholly in or out
+    constexpr int V = 16 / sizeof(T);
+    uint4 raw[16 / V];
+#pragma unroll
+    for (int q = 0; q < 16 / V; ++q) raw[q] = reinterpret_cast<const uint4*>(x + i * K + j)[q];
+    const T* v = reinterpret_cast<const T*>(raw);
+    alignas(16) uint8_t out[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) out[e] = fp8::encode_f32<F>(convert<float>(v[e]) * s);
+    if (codes) *reinterpret_cast<uint4*>(codes + i * K + j) = *reinterpret_cast<const uint4*>(out);
+    *reinterpret_cast<uint4*>(&tile[r][c]) = *reinterpret_cast<const uint4*>(out);
+  }
+  if (!codes_t) return;
+  __syncthreads();
+  // codes_t row (col0 + r) gets codes (row0 + c .. row0 + c + 15, col0 + r): column r of the tile, rows c..c+15
+  const int64_t ti = col0 + r, tj = row0 + c;
+  if (ti < K && tj < M) {
+    alignas(16) uint8_t out[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) out[e] = tile[c + e][r];
+    *reinterpret_cast<uint4*>(codes_t + ti * M + tj) = *reinterpret_cast<const uint4*>(out);
+  }
+}
+
 void check_x(const Tensor& x, const char* op) {
   KILN_CHECK(x.device().is_cuda() && x.is_contiguous() &&
                  (x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16),
@@ -111,15 +150,24 @@ void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, co
              "fp8_quantize: codes ", codes.str(), " and codes_t ", codes_t.str(), " do not fit ", x.str());
   DeviceGuard guard(x.device().index);
   if (x.numel() == 0) return;
+  const bool tiles = M % 16 == 0 && K % 16 == 0 && (reinterpret_cast<uintptr_t>(x.raw_data()) & 15) == 0 &&
+                     (!codes.defined() || (reinterpret_cast<uintptr_t>(codes.raw_data()) & 15) == 0) &&
+                     (!codes_t.defined() || (reinterpret_cast<uintptr_t>(codes_t.raw_data()) & 15) == 0);
   const dim3 grid(unsigned((K + 31) / 32), unsigned((M + 31) / 32)), block(32, 8);
+  const dim3 tile_grid(unsigned((K + 63) / 64), unsigned((M + 63) / 64));
   const float largest = format == DType::f8e4m3 ? 448.0f : 57344.0f;
   auto* c = codes.defined() ? static_cast<uint8_t*>(codes.raw_data()) : nullptr;
   auto* ct = codes_t.defined() ? static_cast<uint8_t*>(codes_t.raw_data()) : nullptr;
   auto launch = [&](auto t, auto f) {
     using T = decltype(t);
-    fp8_quantize_kernel<T, decltype(f)><<<grid, block, 0, current_stream()>>>(
-        static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
-        static_cast<float*>(scale_inv.raw_data()));
+    if (tiles)
+      fp8_quantize_tiles_kernel<T, decltype(f)><<<tile_grid, 256, 0, current_stream()>>>(
+          static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
+          static_cast<float*>(scale_inv.raw_data()));
+    else
+      fp8_quantize_kernel<T, decltype(f)><<<grid, block, 0, current_stream()>>>(
+          static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
+          static_cast<float*>(scale_inv.raw_data()));
   };
   auto by_format = [&](auto t) {
     if (format == DType::f8e4m3) launch(t, fp8::E4M3());

@@ -108,12 +108,12 @@ TEST(CudaFp8Linear, MatchesTheCpu) {
 }
 
 // The FP8 scaling kernels on the GPU give the CPU's bits: amax (with a NaN, and of zeros), the codes and their
-// transpose for f32 and bf16 inputs of odd shapes, both formats.
+// transpose for f32 and bf16 inputs of odd shapes and of multiples of 16 (the tiled kernel), both formats.
 TEST(CudaFp8Kernels, AmaxAndQuantizeMatchTheCpuBitForBit) {
   KILN_REQUIRE_GPU();
   manual_seed(7);
   for (const DType in : {DType::f32, DType::bf16}) {
-    for (const Shape& s : {Shape{37, 50}, Shape{64, 33}, Shape{1, 1}}) {
+    for (const Shape& s : {Shape{37, 50}, Shape{64, 33}, Shape{1, 1}, Shape{64, 48}, Shape{128, 32}, Shape{48, 80}, Shape{208, 160}}) {  // the last four: the 64 x 64 tiles
       const Tensor x = mul(randn(s), 30.0).to(in);
       const Tensor a = empty({}, {.dtype = DType::f32}), ag = empty({}, {.dtype = DType::f32, .device = gpu()});
       kernels::fp8_amax(x, a);
