@@ -23,7 +23,7 @@ step() {  # step NAME LOGFILE COMMAND...: runs, records pass/fail
 [ -d .data/fashion-mnist ] && export KILN_FASHION_MNIST_DIR=$PWD/.data/fashion-mnist
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 step configure configure.log cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_BENCH=ON
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_BENCH=ON -DKILN_BUILD_TESTS=ON -DKILN_PROFILER=ON
 step build build.log cmake --build build-gpu -j16
 step "ctest (all labels)" ctest.log bash -c "cd build-gpu && ctest -j8 --output-on-failure --timeout 900"
 if [ -x build-gpu/tests/kiln_cuda_tests ]; then
