@@ -7,6 +7,7 @@
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/nn/fp8_scaling.h>
 
 namespace kiln::nn::functional {
 
@@ -21,8 +22,11 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 // and the output gradient to e5m2, each with its current per-tensor scale fp8_max / amax computed on the
 // device, then scaled_mm (cuBLASLt's FP8 kernels). Output and input gradient in x's dtype (bf16/f16; f32
 // stays f32), weight gradient accumulated in f32. in_features, out_features and the input's rows
-// multiples of 16.
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// multiples of 16. With `scaling` (nn/fp8_scaling.h: Transformer Engine's delayed scaling), each scale
+// comes from its tensor's amax history instead, and the current amaxes are recorded there; the state
+// must outlive the backward pass.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                  Fp8ScalingState* scaling = nullptr);
 // The sketched linear layer (nn::SKLinear, ../shared/ALGORITHMS.md): over the last dim of x (..., in),
 //   y = 1/(2L) · Σ_i ( x · s1_i · u1_i + x · u2_i · s2_i ) + bias
 // with s1 (L, in, k), s2 (L, k, out) trained, u1 (L, k, out), u2 (L, in, k) fixed sketches (they take no

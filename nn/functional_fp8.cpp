@@ -28,19 +28,24 @@ struct Quantized {
 // t (M, K) → FP8 with the scale that maps amax(|t|) to the format's largest finite value (1 where t is all
 // zeros; a non-finite amax gives NaN codes, which the caller's loss scaler sees): two kernels, the amax and
 // one pass writing the codes and their transpose.
-Quantized quantize(const Tensor& t, DType format) {
+// With a delayed-scaling state the scale comes from the role's amax history instead, and the current amax
+// is recorded there (nn/fp8_scaling.h).
+Quantized quantize(const Tensor& t, DType format, Fp8ScalingState* scaling = nullptr,
+                   Fp8ScalingState::Role role = Fp8ScalingState::input) {
   const Tensor x = t.dtype() == DType::f64 ? cast(t, DType::f32) : t.contiguous();
   const TensorOptions f32{.dtype = DType::f32, .device = t.device()}, codes{.dtype = format, .device = t.device()};
   const Tensor a = empty({}, f32);
   Quantized q{empty({x.size(0), x.size(1)}, codes), empty({x.size(1), x.size(0)}, codes), empty({}, f32)};
   kernels::fp8_amax(x, a);
-  kernels::fp8_quantize(x, a, format, q.codes, q.codes_t, q.scale_inv);
+  const Tensor used = scaling ? scaling->scale_amax(role) : a;
+  kernels::fp8_quantize(x, used, format, q.codes, q.codes_t, q.scale_inv);
+  if (scaling) scaling->record(role, a, used, format == DType::f8e4m3 ? 448.0 : 57344.0);
   return q;
 }
 
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8ScalingState* scaling) {
   const char* op = "fp8_linear";
   KILN_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
   KILN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.str(),
@@ -61,8 +66,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out;
   {
     NoGradGuard ng;
-    xq = quantize(x.reshape({M, K}), DType::f8e4m3);
-    wq = quantize(weight, DType::f8e4m3);
+    if (scaling)
+      KILN_CHECK(scaling->device() == x.device(), op, ": the scaling state is on ", scaling->device().str(),
+                 ", the input on ", x.device().str());
+    xq = quantize(x.reshape({M, K}), DType::f8e4m3, scaling, Fp8ScalingState::input);
+    wq = quantize(weight, DType::f8e4m3, scaling, Fp8ScalingState::weight);
     const bool fused_bias = bias.defined() && out_dtype != DType::f32;  // cuBLASLt's bias epilogue: 16-bit outputs
     out = scaled_mm(xq.codes, wq.codes.t(), xq.scale_inv, wq.scale_inv, out_dtype,
                     fused_bias ? cast(bias, out_dtype) : Tensor());
@@ -74,11 +82,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (any_requires_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad(), rb = bias.defined() && bias.requires_grad();
     record(op, {x, weight, bias}, {out},
-           [xq, wq, rx, rw, rb, M, K, N, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
+           [xq, wq, rx, rw, rb, M, K, N, scaling, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
             bdt = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
              NoGradGuard ng;
              const Tensor dy = g[0].reshape({M, N});
-             const Quantized dq = quantize(dy, DType::f8e5m2);
+             const Quantized dq = quantize(dy, DType::f8e5m2, scaling, Fp8ScalingState::grad_output);
              Tensor dx, dw, db;
              if (rx) {  // dy_q (M, N) · w_q (N, K): w_q column-major, the transpose of its transposed codes
                const DType dt = xdt == DType::bf16 || xdt == DType::f16 ? xdt : DType::f32;

@@ -61,5 +61,75 @@ TEST(Fp8Linear, AllZeroInputsAndBadShapes) {
   EXPECT_KILN_ERROR(fp8_linear(zeros({16, 32}), w, zeros({8})), "fp8_linear", "bias");
 }
 
+// x's values as FP8 would carry them with the scale 448 / scale_amax (1 for 0), as the delayed recipe uses
+Tensor dequantized_with(const Tensor& t, double scale_amax) {
+  const float s = scale_amax == 0 ? 1.0f : float(448.0 / scale_amax);
+  return div(cast(cast(mul(cast(t, DType::f32), double(s)), DType::f8e4m3), DType::f64), double(s));
+}
+
+// Delayed scaling: the scale comes from the history of earlier steps (448 / its max), each call records the
+// current amax in the step's slot, growth shows as an overflow until recorded, the window drops old steps,
+// the margin divides the scale, a non-finite amax is counted and not recorded.
+TEST(Fp8Linear, DelayedScalingFollowsTheAmaxHistory) {
+  manual_seed(18);
+  Fp8ScalingState st({.history_len = 3, .margin = 1});
+  const Tensor w = mul(randn({16, 32}), 0.1);
+  const double aw = amax(abs(w)).item<double>();
+  // step 0: an empty history (scale 1), then x's amax 2 recorded
+  Tensor x = mul(randn({16, 32}), 1.0);
+  const double a0 = amax(abs(x)).item<double>();
+  Tensor y = fp8_linear(x, w, Tensor(), &st);
+  auto hist = [&](int role, int slot) { return st.amax_history().select(0, role).select(0, slot).item<double>(); };
+  EXPECT_EQ(hist(0, 0), a0);
+  EXPECT_EQ(hist(1, 0), aw);
+  EXPECT_TRUE(kiln::test::AllClose(y.to_vector<double>(),
+                                   matmul(dequantized_with(x, 0), dequantized_with(w, 0).t()).to_vector<double>(),
+                                   1e-9, 1e-6));
+  EXPECT_EQ(st.overflows()[0], 0);  // the empty history's scale 1: a0 is far below 448, nothing saturated
+  st.step();
+  // step 1: x grows 10x; its scale still comes from step 0's amax (times 2^margin)
+  const Tensor big = mul(x, 10.0);
+  const double a1 = amax(abs(big)).item<double>();
+  y = fp8_linear(big, w, Tensor(), &st);
+  EXPECT_TRUE(kiln::test::AllClose(
+      y.to_vector<double>(),
+      matmul(dequantized_with(big, 2 * a0), dequantized_with(w, 2 * aw).t()).to_vector<double>(), 1e-9, 1e-6));
+  EXPECT_EQ(st.overflows()[0], 1);  // 10 a0 > 2 a0: values saturated
+  EXPECT_EQ(st.overflows()[1], 0);  // the weight's amax stayed within its scale's
+  EXPECT_EQ(hist(0, 1), a1);
+  st.step();
+  st.step();  // slot 0 (step 0's) is reused and cleared: the max is now step 1's
+  EXPECT_EQ(st.scale_amax(Fp8ScalingState::input).item<double>(), 2 * a1);
+  st.step();  // and then slot 1: nothing left
+  EXPECT_EQ(st.scale_amax(Fp8ScalingState::input).item<double>(), 0.0);
+  // a non-finite input: counted, not recorded
+  Tensor bad = x.clone();
+  bad.narrow(0, 0, 1).narrow(1, 0, 1).fill_(INFINITY);
+  (void)fp8_linear(bad, w, Tensor(), &st);
+  EXPECT_EQ(st.non_finite()[0], 1);
+  EXPECT_EQ(hist(0, st.position()), 0.0);
+}
+
+// The gradient's role records dy's amax in backward; the state round-trips through save_state / load_state
+// and refuses a state of another history length or margin.
+TEST(Fp8Linear, DelayedScalingStateRecordsGradientsAndRoundTrips) {
+  manual_seed(19);
+  Fp8ScalingState st({.history_len = 4});
+  const Tensor x = randn({16, 32}).requires_grad_(), w = randn({16, 32}).requires_grad_();
+  const Tensor g = mul(randn({16, 16}), 3.0);
+  sum(mul(fp8_linear(x, w, Tensor(), &st), g)).backward();
+  EXPECT_EQ(st.amax_history().select(0, 2).select(0, 0).item<double>(), amax(abs(g)).item<double>());
+  st.step();
+  Fp8ScalingState other({.history_len = 4});
+  other.load_state(st.save_state());
+  EXPECT_EQ(other.position(), 1);
+  EXPECT_EQ(other.amax_history().to_vector<double>(), st.amax_history().to_vector<double>());
+  EXPECT_EQ(other.overflows(), st.overflows());
+  Fp8ScalingState shorter({.history_len = 2}), margin({.history_len = 4, .margin = 2});
+  EXPECT_THROW(shorter.load_state(st.save_state()), Error);
+  EXPECT_THROW(margin.load_state(st.save_state()), Error);
+  EXPECT_THROW(Fp8ScalingState({.history_len = 0}), Error);
+}
+
 }  // namespace
 }  // namespace kiln::nn::functional

@@ -1,0 +1,95 @@
+#include <kiln/nn/fp8_scaling.h>
+
+#include <cmath>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/error.h>
+#include <kiln/core/ops.h>
+
+namespace kiln::nn {
+
+Fp8ScalingState::Fp8ScalingState(const Fp8DelayedScalingOptions& options, Device device)
+    : options_(options), device_(device) {
+  KILN_CHECK(options.history_len >= 1, "Fp8ScalingState: history_len must be at least 1, got ", options.history_len);
+  KILN_CHECK(options.margin >= 0, "Fp8ScalingState: margin must be non-negative, got ", options.margin);
+  const TensorOptions f32{.dtype = DType::f32, .device = device};
+  history_ = zeros({kRoles, options.history_len}, f32);
+  overflows_ = zeros({kRoles}, f32);
+  non_finite_ = zeros({kRoles}, f32);
+}
+
+Tensor Fp8ScalingState::scale_amax(Role role) const {
+  NoGradGuard ng;
+  return mul(amax(history_.select(0, role)), std::ldexp(1.0, int(options_.margin)));
+}
+
+void Fp8ScalingState::record(Role role, const Tensor& current, const Tensor& used, double largest) {
+  NoGradGuard ng;
+  KILN_CHECK(current.numel() == 1 && current.device() == device_ && used.numel() == 1 && used.device() == device_,
+             "Fp8ScalingState::record: expected one-element amaxes on ", device_.str(), ", got ", current.str(), " and ",
+             used.str());
+  const Tensor cur = cast(current.reshape({}), DType::f32), finite = isfinite(cur);
+  Tensor slot = history_.select(0, role).narrow(0, position_, 1).reshape({});
+  // the slot keeps the largest finite amax of the step
+  slot.copy_(where(finite, maximum(slot, cur), slot));
+  const Tensor finite01 = cast(finite, DType::f32);  // 1 where finite
+  non_finite_.select(0, role).add_(rsub(finite01, 1.0));
+  const Tensor u = cast(used.reshape({}), DType::f32);
+  const Tensor limit = masked_fill(u, eq(u, zeros({}, {.dtype = DType::f32, .device = device_})), largest);
+  overflows_.select(0, role).add_(mul(cast(gt(cur, limit), DType::f32), finite01));
+}
+
+void Fp8ScalingState::step() {
+  position_ = (position_ + 1) % options_.history_len;
+  history_.narrow(1, position_, 1).zero_();
+}
+
+std::vector<int64_t> Fp8ScalingState::overflows() const {
+  std::vector<int64_t> out;
+  for (double v : overflows_.cpu().to_vector<double>()) out.push_back(int64_t(v));
+  return out;
+}
+
+std::vector<int64_t> Fp8ScalingState::non_finite() const {
+  std::vector<int64_t> out;
+  for (double v : non_finite_.cpu().to_vector<double>()) out.push_back(int64_t(v));
+  return out;
+}
+
+State Fp8ScalingState::save_state() const {
+  return {{"amax_history", history_},
+          {"overflows", overflows_},
+          {"non_finite", non_finite_},
+          {"position", position_},
+          {"margin", options_.margin}};
+}
+
+std::vector<std::string> Fp8ScalingState::check_state(const State& state) const {
+  std::vector<std::string> errors;
+  const Tensor* h = state_get<Tensor>(state, "amax_history", errors);
+  const Tensor* o = state_get<Tensor>(state, "overflows", errors);
+  const Tensor* n = state_get<Tensor>(state, "non_finite", errors);
+  const int64_t* p = state_get<int64_t>(state, "position", errors);
+  const int64_t* m = state_get<int64_t>(state, "margin", errors);
+  if (h && h->sizes() != history_.sizes())
+    errors.push_back("'amax_history' has shape " + shape_str(h->sizes()) + ", expected " + shape_str(history_.sizes()) +
+                     " (3 roles x history_len " + std::to_string(options_.history_len) + ")");
+  for (const Tensor* t : {o, n})
+    if (t && t->sizes() != Shape{kRoles}) errors.push_back("a counter has shape " + shape_str(t->sizes()) + ", expected [3]");
+  if (p && (*p < 0 || *p >= options_.history_len))
+    errors.push_back("'position' " + std::to_string(*p) + " is outside the history of " +
+                     std::to_string(options_.history_len));
+  if (m && *m != options_.margin)
+    errors.push_back("'margin' " + std::to_string(*m) + " differs from this layer's " + std::to_string(options_.margin));
+  return errors;
+}
+
+void Fp8ScalingState::apply_state(const State& state) {
+  NoGradGuard ng;
+  history_.copy_(std::get<Tensor>(state.at("amax_history")));
+  overflows_.copy_(std::get<Tensor>(state.at("overflows")));
+  non_finite_.copy_(std::get<Tensor>(state.at("non_finite")));
+  position_ = std::get<int64_t>(state.at("position"));
+}
+
+}  // namespace kiln::nn
