@@ -77,9 +77,9 @@ int main(int argc, char** argv) {
             const Tensor bias = kind == 0 ? Tensor() : kind == 1 ? keypad : shared_bias;
             if (kind == 2 && !bias.defined()) continue;
             const std::string suffix = tag + (kind == 1 ? "_keypad" : kind == 2 ? "_bias" : "");
-            auto fwd = [&] { kernels::attention_forward(q, k, v, bias, out, lse, causal, scale, 0.0, 0, 0); };
+            auto fwd = [&] { kernels::attention_forward(q, k, v, bias, out, lse, causal, scale, 0.0, {}); };
             auto bwd = [&] {
-              kernels::attention_backward(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, 0.0, 0, 0);
+              kernels::attention_backward(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, 0.0, {});
             };
             report("attention_fwd" + suffix, bench::median_ms(fwd, 3, iters, 1), 4 * tensor_bytes, fwd_flops);
             report("attention_fwdbwd" + suffix, bench::median_ms([&] { fwd(); bwd(); }, 3, iters, 1),

@@ -29,18 +29,20 @@ CachingAllocator::~CachingAllocator() {
   release_free_segments();
 }
 
-CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, uintptr_t stream, size_t size) {
+CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, int graph_pool, uintptr_t stream, size_t size) {
   Block key{stream, size, nullptr, false, false};
+  key.pool = graph_pool;
   auto it = pool.lower_bound(&key);
-  if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  if (it == pool.end() || (*it)->pool != graph_pool || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   pool.erase(it);
   return b;
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, uintptr_t stream, bool small) {
+CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, uintptr_t stream, bool small,
+                                                       int graph_pool) {
   void* p = source_.allocate(segment_size);
-  if (!p) {
+  if (!p && !capture_pool_) {  // during a capture nothing may wait or be released
     process_pending(/*wait=*/true);
     release_free_segments();
     p = source_.allocate(segment_size);
@@ -48,19 +50,31 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, uint
   if (!p) return nullptr;
   stats_.reserved += segment_size;
   stats_.num_segments++;
-  return new Block{stream, segment_size, static_cast<char*>(p), false, small};
+  Block* b = new Block{stream, segment_size, static_cast<char*>(p), false, small};
+  b->pool = graph_pool;
+  return b;
 }
 
 void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!pending_.empty()) process_pending(/*wait=*/false);
+  int graph_pool = 0;
+  if (capture_pool_) {
+    KILN_CHECK(stream == capture_stream_, device_name_, " allocator: a request for ", mib(nbytes), " on stream 0x",
+               std::hex, stream, " while a CUDA graph is being captured on stream 0x", capture_stream_, std::dec,
+               ": memory the graph's work uses must come from its pool, so allocate on the capturing stream (or "
+               "before capture_begin)");
+    graph_pool = capture_pool_;
+  } else if (!pending_.empty()) {
+    process_pending(/*wait=*/false);
+  }
   size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);
   bool small = size <= kSmallRequest;
   Pool& pool = small ? small_free_ : large_free_;
-  Block* b = find_free(pool, stream, size);
+  Block* b = find_free(pool, graph_pool, stream, size);
+  if (!b && graph_pool) b = adopt_free_segment(pool, graph_pool, stream, size);
   if (!b) {
     size_t segment = small ? kSmallSegment : round_up(size, kLargeRound);
-    b = new_segment(segment, stream, small);
+    b = new_segment(segment, stream, small, graph_pool);
     if (!b) {
       stats_.num_ooms++;
       KILN_FAIL(device_name_, " out of memory: tried to allocate ", mib(nbytes), " (", nbytes, " bytes); ",
@@ -72,6 +86,7 @@ void* CachingAllocator::allocate(size_t nbytes, uintptr_t stream) {
   size_t remaining = b->size - size;
   if ((b->small_pool && remaining >= kRound) || (!b->small_pool && remaining > kSmallRequest)) {
     Block* rest = new Block{stream, remaining, b->ptr + size, false, b->small_pool, b, b->next};
+    rest->pool = b->pool;
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
@@ -177,8 +192,59 @@ void CachingAllocator::release_free_segments() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(!capture_pool_, device_name_, " allocator: empty_cache during a CUDA graph capture (it would free memory "
+             "the graph uses and wait for the device)");
   process_pending(/*wait=*/true);
   release_free_segments();
+}
+
+CachingAllocator::Block* CachingAllocator::adopt_free_segment(Pool& pool, int graph_pool, uintptr_t stream,
+                                                             size_t size) {
+  // A wholly free segment of the general cache is nobody's: the graph's pool may take it (a segment
+  // partly in use stays where it is, as its blocks merge only with neighbours of their own pool).
+  Block key{stream, size, nullptr, false, false};
+  for (auto it = pool.lower_bound(&key); it != pool.end() && (*it)->pool == 0 && (*it)->stream == stream; ++it) {
+    Block* b = *it;
+    if (b->prev || b->next) continue;
+    pool.erase(it);
+    b->pool = graph_pool;
+    return b;
+  }
+  return nullptr;
+}
+
+void CachingAllocator::begin_capture_pool(int pool, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(pool > 0, device_name_, " allocator: graph pools are numbered from 1, got ", pool);
+  KILN_CHECK(!capture_pool_, device_name_, " allocator: a CUDA graph capture is already under way (pool ", capture_pool_,
+             "); captures on one device do not nest");
+  capture_pool_ = pool;
+  capture_stream_ = stream;
+}
+
+void CachingAllocator::end_capture_pool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_pool_ = 0;
+  capture_stream_ = 0;
+}
+
+void CachingAllocator::release_pool(int pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KILN_CHECK(pool != capture_pool_, device_name_, " allocator: release_pool of the pool being captured");
+  for (Pool* free_set : {&small_free_, &large_free_}) {
+    std::vector<Block*> mine;
+    for (Block* b : *free_set)
+      if (b->pool == pool) mine.push_back(b);
+    for (Block* b : mine) {
+      free_set->erase(b);
+      b->pool = 0;
+    }
+    for (Block* b : mine) free_set->insert(b);  // re-keyed: its neighbours in the segment are of the same pool
+  }
+  for (auto& [ptr, b] : live_)
+    if (b->pool == pool) b->pool = 0;
+  for (PendingFree& p : pending_)
+    if (p.block->pool == pool) p.block->pool = 0;
 }
 
 MemoryStats CachingAllocator::stats() const {

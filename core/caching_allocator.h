@@ -16,6 +16,9 @@
 // - When the device refuses a segment, every cached segment that is wholly free is released and the
 //   request is retried once; if it still fails, a kiln::Error gives the requested, allocated and
 //   reserved bytes.
+// - CUDA graphs (cuda/graph.h): while a graph is captured, requests on the capturing stream come from the
+//   graph's private pool, whose blocks no other request is given (a replay rewrites them); a request on
+//   another stream is refused. The pool goes back to the general cache when the graph is destroyed.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -70,6 +73,18 @@ class CachingAllocator {
   void empty_cache();
   MemoryStats stats() const;
   void reset_peak_stats();
+
+  // CUDA graph capture. From begin_capture_pool to end_capture_pool, requests on `stream` are served from
+  // private pool `pool` (> 0) and blocks freed there return to it, so captured work reuses memory only
+  // within its own graph (the pool adopts wholly free segments of the general cache before it asks the
+  // device); a request on any other stream is refused with a kiln::Error (its memory would be outside the
+  // graph's). Meanwhile no event is polled and no segment released (both are illegal while
+  // a stream captures): a request the pool cannot serve takes a new segment or fails.
+  void begin_capture_pool(int pool, uintptr_t stream);
+  void end_capture_pool();
+  // Hands every block of `pool` to the general cache (its graph is gone): free blocks are reusable at
+  // once, live ones once freed.
+  void release_pool(int pool);
   std::string summary() const;
 
  private:
@@ -82,6 +97,7 @@ class CachingAllocator {
     Block* prev = nullptr;  // neighbours within the segment
     Block* next = nullptr;
     std::vector<uintptr_t> stream_uses = {};  // other streams that use it (record_stream)
+    int pool = 0;                             // 0: the general cache; > 0: a CUDA graph's private pool
   };
   struct PendingFree {
     Block* block;
@@ -89,6 +105,7 @@ class CachingAllocator {
   };
   struct BlockOrder {
     bool operator()(const Block* a, const Block* b) const {
+      if (a->pool != b->pool) return a->pool < b->pool;
       if (a->stream != b->stream) return a->stream < b->stream;
       if (a->size != b->size) return a->size < b->size;
       return a->ptr < b->ptr;
@@ -96,8 +113,9 @@ class CachingAllocator {
   };
   using Pool = std::set<Block*, BlockOrder>;
 
-  Block* find_free(Pool& pool, uintptr_t stream, size_t size);
-  Block* new_segment(size_t segment_size, uintptr_t stream, bool small);
+  Block* find_free(Pool& pool, int graph_pool, uintptr_t stream, size_t size);
+  Block* adopt_free_segment(Pool& pool, int graph_pool, uintptr_t stream, size_t size);
+  Block* new_segment(size_t segment_size, uintptr_t stream, bool small, int graph_pool);
   void release_free_segments();
   void update_peaks();
   void return_block(Block* b);  // to its pool, merged with free neighbours
@@ -111,6 +129,8 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> live_;
   std::vector<PendingFree> pending_;
   MemoryStats stats_;
+  int capture_pool_ = 0;  // > 0 while a CUDA graph captures
+  uintptr_t capture_stream_ = 0;
 };
 
 }  // namespace kiln

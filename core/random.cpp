@@ -4,6 +4,7 @@
 #include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/random.h>
 #include <kiln/core/shape.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln {
 
@@ -54,18 +55,25 @@ Generator& default_generator() {
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 
+PhiloxDraw draw_blocks(Generator& gen, uint64_t blocks, Device device) {
+  if (device.is_cuda())
+    if (cuda::Graph* graph = cuda::capturing_graph()) return graph->draw(gen, blocks);
+  const GeneratorState s = gen.reserve_blocks(blocks);
+  return {s.seed, s.offset, nullptr};
+}
+
 namespace {
 void fill_random(Tensor& t, Distribution dist, double a, double b, Generator* gen) {
   KILN_CHECK(is_floating(t.dtype()), "random: expected a floating-point tensor, got ", t.str());
   Generator& g = gen ? *gen : default_generator();
   uint64_t n = uint64_t(t.numel());
   uint64_t per_block = dist == Distribution::uniform ? 4 : 2;
-  const GeneratorState draw = g.reserve_blocks((n + per_block - 1) / per_block);
+  const PhiloxDraw draw = draw_blocks(g, (n + per_block - 1) / per_block, t.device());
   if (t.is_contiguous()) {
-    kernels::random(t, dist, a, b, draw.seed, draw.offset);
+    kernels::random(t, dist, a, b, draw);
   } else {
     Tensor tmp = empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
-    kernels::random(tmp, dist, a, b, draw.seed, draw.offset);
+    kernels::random(tmp, dist, a, b, draw);
     kernels::copy(tmp, t);
   }
   t.bump_version();

@@ -23,6 +23,16 @@ struct GeneratorState {
   uint64_t offset = 0;  // next unused 128-bit Philox block
 };
 
+// Where a kernel's random numbers start: Philox block `offset` of the stream keyed by `seed`. Under CUDA
+// graph capture (cuda/graph.h) `replay_base` is set: a device pointer to two words {seed, base} that each
+// replay writes before it runs; the kernel then uses that seed and adds base to `offset` (the offset inside
+// the graph), so every replay draws fresh numbers. nullptr: seed and offset as they are.
+struct PhiloxDraw {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  const uint64_t* replay_base = nullptr;
+};
+
 // Thread-safe: draws from several threads each claim their own blocks (a mutex guards the state), so no
 // two draws overlap and none is lost. Copies take a snapshot of the state.
 class Generator {
@@ -63,6 +73,10 @@ class Generator {
 
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+
+// Claims `blocks` Philox blocks of `gen` for a kernel on `device`: gen.reserve_blocks, or, while this thread
+// captures a CUDA graph and the kernel is on a GPU, blocks of that graph's draw (cuda::Graph::draw).
+PhiloxDraw draw_blocks(Generator& gen, uint64_t blocks, Device device);
 
 enum class Distribution : uint8_t { uniform, normal };
 

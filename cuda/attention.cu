@@ -102,8 +102,8 @@ __global__ void dq_convert_words_kernel(const float* acc, HeadView dq, int H, in
 
 // ------------------------------------------------------------------------------------------ launchers
 
-DropoutArgs dropout_args(double p, uint64_t seed, uint64_t offset) {
-  return {seed, offset, float(1.0 - p), p > 0.0 ? float(1.0 / (1.0 - p)) : 1.0f, p > 0.0};
+DropoutArgs dropout_args(double p, const PhiloxDraw& rng) {
+  return {rng.seed, rng.offset, rng.replay_base, float(1.0 - p), p > 0.0 ? float(1.0 / (1.0 - p)) : 1.0f, p > 0.0};
 }
 
 // Rows start on 16-byte boundaries (cp.async and ldmatrix need it).
@@ -159,13 +159,13 @@ void check_dims(const Tensor& q, const Tensor& k, const char* op) {
 }  // namespace
 
 void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                                 const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
-                                    uint64_t offset) {
+                                 const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p,
+                                 const PhiloxDraw& dropout_rng) {
   NvtxRange range("attention_forward");
   DeviceGuard guard(q.device().index);
   check_dims(q, k, "attention_forward");
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
-  const DropoutArgs drop = dropout_args(dropout_p, seed, offset);
+  const DropoutArgs drop = dropout_args(dropout_p, dropout_rng);
   if (int64_t(B) * H * Tq == 0) return;
   // scale > 0: the kernel takes row maxima on the raw scores (the fallback takes any scale)
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
@@ -183,13 +183,13 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
 
 void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
-                                     uint64_t offset) {
+                                     const Tensor& dv, bool causal, double scale, double dropout_p,
+                                  const PhiloxDraw& dropout_rng) {
   NvtxRange range("attention_backward");
   DeviceGuard guard(q.device().index);
   check_dims(q, k, "attention_backward");
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
-  const DropoutArgs drop = dropout_args(dropout_p, seed, offset);
+  const DropoutArgs drop = dropout_args(dropout_p, dropout_rng);
   if (int64_t(B) * H * Tk == 0) return;
   const bool tc = tensor_core_path(q, k, v) && rows_aligned(dk) && rows_aligned(dv);
   // dO in the tensor-core path must have aligned rows too (a gradient may arrive as any view)

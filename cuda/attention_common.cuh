@@ -42,8 +42,10 @@ __device__ __forceinline__ const S* bias_row(const BiasView& b, int64_t bh, int6
 
 // Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
 // offset + (bh·Tq + i)·ceil(Tk/4) + j/4 (kernels::attention_forward).
+// Under CUDA graph capture replay_base points at {seed, base offset} written before each replay (PhiloxDraw).
 struct DropoutArgs {
   uint64_t seed, offset;
+  const uint64_t* replay_base;
   float keep_below;  // keep when the uniform float < 1 - p (f32, as the CPU)
   float scale;       // 1 / (1 - p)
   bool on;
@@ -51,7 +53,9 @@ struct DropoutArgs {
 
 __device__ __forceinline__ uint4 dropout_block(const DropoutArgs& d, int64_t bh, int64_t Tq, int64_t Tk, int64_t i,
                                                int64_t j) {
-  return philox4x32(d.offset + uint64_t((bh * Tq + i) * ((Tk + 3) / 4) + j / 4), d.seed);
+  const uint64_t seed = d.replay_base ? d.replay_base[0] : d.seed;
+  const uint64_t base = d.replay_base ? d.replay_base[1] : 0;
+  return philox4x32(base + d.offset + uint64_t((bh * Tq + i) * ((Tk + 3) / 4) + j / 4), seed);
 }
 __device__ __forceinline__ float unit_float(uint32_t u) { return float(u >> 8) * (1.0f / 16777216.0f); }
 __device__ __forceinline__ uint32_t word(uint4 w, int k) { return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w; }

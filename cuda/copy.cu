@@ -12,6 +12,7 @@
 #include <kiln/core/kernels/copy.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/row_common.cuh>
@@ -265,6 +266,7 @@ void kernels::copy(const Tensor& src, const Tensor& dst) {
   size_t bytes = size_t(dst.numel()) * dst.element_size();
   if (bytes == 0) return;
   if (src.device().is_cpu()) {
+    check_not_capturing("a copy from host memory to the GPU (Tensor::to, copy_)");
     DeviceGuard guard(dst.device().index);
     Tensor host = src.contiguous();
     Tensor staging = dst.is_contiguous() ? dst : empty(dst.sizes(), {.dtype = dst.dtype(), .device = dst.device()});
@@ -274,6 +276,7 @@ void kernels::copy(const Tensor& src, const Tensor& dst) {
     if (!host.is_pinned()) KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     if (!staging.is_same(dst)) device_copy(staging, dst);
   } else {
+    check_not_capturing("a copy from the GPU to the host (item(), Tensor::to, copy_)");
     DeviceGuard guard(src.device().index);
     Tensor dev = src.is_contiguous() ? src : empty(src.sizes(), {.dtype = src.dtype(), .device = src.device()});
     if (!dev.is_same(src)) device_copy(src, dev);

@@ -15,6 +15,7 @@
 #include <kiln/core/tensor.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln::cuda {
 
@@ -76,7 +77,10 @@ void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tens
                                            vb, n, type, wb, type, work, device_bytes, host.data(), host_bytes,
                                            static_cast<int*>(info.raw_data()) + b));
       // the host workspace may be read while the call runs: the next matrix reuses it only after
-      if (host_bytes) KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+      if (host_bytes) {
+        check_not_capturing("eigh (cuSOLVER with a host workspace)");
+        KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+      }
     }
     if (work) alloc.free(work);
     return;
@@ -90,7 +94,10 @@ void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tens
                                              type, v.raw_data(), n, type, w.raw_data(), type, work, device_bytes,
                                              host.data(), host_bytes, static_cast<int*>(info.raw_data()), batch));
   // cuSOLVER may read the host workspace while the call runs on the stream: keep it until then
-  if (host_bytes) KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  if (host_bytes) {
+    check_not_capturing("eigh (cuSOLVER with a host workspace)");
+    KILN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+  }
   if (work) alloc.free(work);  // stream-ordered: the block is reused only by later work on this stream
 }
 

@@ -61,9 +61,16 @@ __device__ __forceinline__ C adamw_update(C p, C g, C& m, C& v, const AdamWArgs&
 }
 
 // P: parameter (and gradient) type, S: state type (f32, or f64 for f64 parameters); arithmetic in S.
+// hyper (CUDA graphs): AdamWHyper's seven values in device memory, which replace a.
 template <class P, class S>
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ TensorList tl, AdamWArgs a) {
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ TensorList tl, AdamWArgs a,
+                                                        const double* hyper) {
   using DP = device_t<P>;
+  if (hyper) {  // lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt
+    const double lr = hyper[0];
+    // rounded as the host rounds AdamWArgs (no fused multiply-add), so a replay equals the uncaptured step
+    a = AdamWArgs{hyper[1], hyper[2], hyper[3], __dsub_rn(1.0, __dmul_rn(lr, hyper[4])), lr / hyper[5], hyper[6]};
+  }
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
     const int t = tl.chunk_tensor[c];
     const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
@@ -286,7 +293,8 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
     KILN_DISPATCH_FLOATING(pd, "adamw_step", {
       for_each_launch(lists, [&](const TensorList& tl) {
         auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
-        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a);
+        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a,
+                                                                                                       h.device_hyper);
         KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
       });
     });

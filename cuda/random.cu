@@ -9,6 +9,7 @@
 // Normal values can differ in the last place of the double, where CUDA's log and cos (1-2 ulp) differ
 // from glibc's: after rounding into f32/f16/bf16 that is at most 1 ulp of the dtype, and rarely that.
 // One thread per Philox block (4 uniform or 2 normal outputs). Bytes moved: n · element size, written.
+// Under CUDA graph capture the seed and a base offset come from device memory at run time (PhiloxDraw).
 #include <cmath>
 
 #include <kiln/core/half.h>
@@ -47,7 +48,11 @@ __device__ __forceinline__ uint32_t word(const uint4& w, int k) {
 // uniform: a + diff · u, values that would round to b replaced by top (clamp_top: b > a).
 template <class D>
 __global__ void uniform_kernel(D* out, int64_t n, double a, double b, double diff, double top, bool clamp_top,
-                               uint64_t seed, uint64_t offset) {
+                               uint64_t seed, uint64_t offset, const uint64_t* replay_base) {
+  if (replay_base) {
+    seed = replay_base[0];
+    offset += replay_base[1];
+  }
   const int64_t blocks = (n + 3) / 4;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < blocks; j += int64_t(gridDim.x) * blockDim.x) {
     uint4 w = philox4x32(offset + uint64_t(j), seed);
@@ -65,7 +70,12 @@ __global__ void uniform_kernel(D* out, int64_t n, double a, double b, double dif
 }
 
 template <class D>
-__global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uint64_t seed, uint64_t offset) {
+__global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uint64_t seed, uint64_t offset,
+                              const uint64_t* replay_base) {
+  if (replay_base) {
+    seed = replay_base[0];
+    offset += replay_base[1];
+  }
   const int64_t blocks = (n + 1) / 2;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < blocks; j += int64_t(gridDim.x) * blockDim.x) {
     uint4 w = philox4x32(offset + uint64_t(j), seed);
@@ -85,8 +95,7 @@ __global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uin
 
 }  // namespace
 
-void kernels::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed,
-                         uint64_t offset) {
+void kernels::random(const Tensor& out, Distribution dist, double a, double b, const PhiloxDraw& draw) {
   NvtxRange range("random");
   KILN_CHECK(out.device().is_cuda(), "random: expected a CUDA tensor, got ", out.str());
   KILN_CHECK(out.is_contiguous(), "random: output ", out.str(), " must be contiguous");
@@ -99,11 +108,12 @@ void kernels::random(const Tensor& out, Distribution dist, double a, double b, u
     using D = device_t<scalar_t>;
     D* p = static_cast<D*>(out.raw_data());
     if (dist == Distribution::uniform) {
-      uniform_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, current_stream()>>>(p, n, a, b, b - a, top, clamp_top, seed,
-                                                                                offset);
+      uniform_kernel<D><<<blocks_for((n + 3) / 4), 256, 0, current_stream()>>>(p, n, a, b, b - a, top, clamp_top, draw.seed,
+                                                                                draw.offset, draw.replay_base);
       KILN_LAUNCH_CHECK("uniform_kernel", "random");
     } else {
-      normal_kernel<D><<<blocks_for((n + 1) / 2), 256, 0, current_stream()>>>(p, n, a, b, seed, offset);
+      normal_kernel<D><<<blocks_for((n + 1) / 2), 256, 0, current_stream()>>>(p, n, a, b, draw.seed, draw.offset,
+                                                                            draw.replay_base);
       KILN_LAUNCH_CHECK("normal_kernel", "random");
     }
   });

@@ -8,6 +8,7 @@
 
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 
 namespace kiln::cuda {
@@ -21,7 +22,7 @@ void fail(const char* library, const char* error, const char* call, const char* 
 
 void after_launch(const char* kernel, const char* op, const char* file, int line) {
   cudaError_t e = cudaGetLastError();
-  bool checked = e == cudaSuccess && sync_check();
+  bool checked = e == cudaSuccess && sync_check() && !is_capturing();  // a capture cannot synchronize
   if (checked) {
     stage_device_error();
     e = cudaStreamSynchronize(current_stream());
@@ -81,7 +82,12 @@ DeviceContext& context(int device) {
                               cudaGetDevice(&prev_dev);
                               cudaSetDevice(device);
                               void* p = nullptr;
+                              // cudaMalloc is not stream-ordered, so a capture on this thread would refuse it;
+                              // the caching allocator keeps the segment for the graph (graph.h): allowed here.
+                              cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+                              cudaThreadExchangeStreamCaptureMode(&mode);
                               cudaError_t e = cudaMalloc(&p, n);
+                              cudaThreadExchangeStreamCaptureMode(&mode);
                               cudaSetDevice(prev_dev);
                               if (e == cudaErrorMemoryAllocation) {
                                 cudaGetLastError();  // clear: out of memory is reported by the allocator
@@ -142,6 +148,7 @@ void set_device(int index) {
 }
 
 void synchronize() {
+  check_not_capturing("cuda::synchronize");
   stage_device_error();
   KILN_CUDA_CHECK(cudaDeviceSynchronize());  // every stream of the device, as torch.cuda.synchronize()
   check_device_error();
@@ -176,6 +183,7 @@ MemoryStats memory_stats(int index) { return context(index).allocator->stats(); 
 void reset_peak_memory_stats(int index) { context(index).allocator->reset_peak_stats(); }
 std::string memory_summary(int index) { return context(index).allocator->summary(); }
 void empty_cache(int index) {
+  check_not_capturing("cuda::empty_cache");
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   context(index).allocator->empty_cache();
 }

@@ -1,6 +1,7 @@
 // Device discovery for builds without the CUDA backend (KILN_CUDA=OFF): there are no CUDA devices.
 #ifndef KILN_WITH_CUDA
 #include <kiln/core/error.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 
@@ -60,6 +61,25 @@ void Event::synchronize() const { no_cuda("Event::synchronize"); }
 bool Event::query() const { no_cuda("Event::query"); }
 double Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
 void record_stream(const Tensor&, const Stream&) { no_cuda("record_stream"); }
+
+struct Graph::Impl {};
+Graph::Graph() : impl_(std::make_unique<Impl>()) {}
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+void Graph::capture_begin() { no_cuda("Graph::capture_begin"); }
+void Graph::capture_end() { no_cuda("Graph::capture_end"); }
+void Graph::capture_abort() {}
+void Graph::replay() { no_cuda("Graph::replay"); }
+bool Graph::captured() const { return false; }
+size_t Graph::num_nodes() const { return 0; }
+int Graph::device() const { return -1; }
+void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
+PhiloxDraw Graph::draw(Generator&, uint64_t) { no_cuda("Graph::draw"); }
+Graph* capturing_graph() { return nullptr; }
+void check_not_capturing(const char*) {}
+Graph capture(const std::function<void()>&, int) { no_cuda("capture"); }
+void write_words(const Tensor&, const uint64_t*, int) { no_cuda("write_words"); }
 
 }  // namespace kiln::cuda
 #endif

@@ -4,6 +4,7 @@
 
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 
 namespace kiln::cuda {
@@ -47,7 +48,9 @@ Stream Stream::create(int device, int priority) {
   return make_stream(d, s);
 }
 
-void Stream::synchronize() const { KILN_CUDA_CHECK(cudaStreamSynchronize(raw(*this, "Stream::synchronize"))); }
+void Stream::synchronize() const {
+  check_not_capturing("Stream::synchronize");
+  KILN_CUDA_CHECK(cudaStreamSynchronize(raw(*this, "Stream::synchronize"))); }
 
 bool Stream::query() const { return KILN_CUDA_QUERY(cudaStreamQuery(raw(*this, "Stream::query"))); }
 
@@ -113,6 +116,7 @@ void Event::record(const Stream& stream) {
 }
 
 void Event::synchronize() const {
+  check_not_capturing("Event::synchronize");
   if (handle_) KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 }
 

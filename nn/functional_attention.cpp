@@ -142,7 +142,7 @@ struct AttentionStats {
   Tensor lse;
   Tensor bias;  // the kernels' additive mask (undefined: none); no grad_fn
   double scale = 0, p = 0;
-  uint64_t seed = 0, offset = 0;
+  PhiloxDraw dropout_rng;  // where the dropout mask's random numbers start
 };
 
 // The fused forward on 4-D (B, H, T, D) views of one dtype.
@@ -161,14 +161,12 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   st.p = training ? dropout_p : 0.0;
   if (st.p > 0.0) {
     Generator& g = gen ? *gen : default_generator();
-    const GeneratorState draw = g.reserve_blocks(uint64_t(B * H * Tq * ((Tk + 3) / 4)));
-    st.seed = draw.seed;
-    st.offset = draw.offset;
+    st.dropout_rng = draw_blocks(g, uint64_t(B * H * Tq * ((Tk + 3) / 4)), q.device());
   }
   NoGradGuard ng;
   f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
   st.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  kernels::attention_forward(q, k, v, bias, f.out, st.lse, causal, st.scale, st.p, st.seed, st.offset);
+  kernels::attention_forward(q, k, v, bias, f.out, st.lse, causal, st.scale, st.p, st.dropout_rng);
   return f;
 }
 
@@ -209,7 +207,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
              kernels::attention_backward(dout, qq, kk, vv, st.bias, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
-                                                     st.seed, st.offset);
+                                                     st.dropout_rng);
              return Grads{dq, dk, dv};
            });
   if (q_in.dim() == 4) return f.out;
@@ -252,8 +250,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
              Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
              kernels::attention_backward(
                  dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), st.bias, oo, st.lse,
-                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.seed,
-                 st.offset);
+                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.dropout_rng);
              return Grads{dqkv};
            });
   return f.out;

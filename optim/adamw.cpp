@@ -5,6 +5,8 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
+#include <cstring>
 #include <map>
 
 namespace kiln::optim {
@@ -20,6 +22,14 @@ void check_group(const ParamGroup& g, const std::string& type) {
   KILN_CHECK(b1 >= 0.0 && b1 < 1.0, type, ": invalid beta1 ", b1, " (needs 0 <= beta1 < 1)");
   KILN_CHECK(b2 >= 0.0 && b2 < 1.0, type, ": invalid beta2 ", b2, " (needs 0 <= beta2 < 1)");
   KILN_CHECK(wd >= 0.0, type, ": invalid weight_decay ", wd);
+}
+
+// The step's hyper-parameters at step t; decoupled = false (Adam) puts the decay in the gradient instead.
+AdamWHyper hyper_at(const ParamGroup& g, int64_t t, bool decoupled) {
+  const double beta1 = g.get("beta1"), beta2 = g.get("beta2");
+  // Bias corrections in double on the host, as PyTorch does with Python floats.
+  return {g.get("lr"), beta1, beta2, g.get("eps"), decoupled ? g.get("weight_decay") : 0.0,
+          1.0 - std::pow(beta1, double(t)), std::sqrt(1.0 - std::pow(beta2, double(t)))};
 }
 
 }  // namespace
@@ -52,9 +62,14 @@ void AdamW::step() {
   // One fused multi-tensor update per (group, device): all parameters with a gradient go through the
   // device's adamw_step kernel (the math is in core/kernels/optim.h). Parameters are updated in place in
   // their own dtype; the state is f32 (f64 for f64 parameters).
+  //
+  // Under CUDA graph capture (cuda/graph.h) the step counts advance and the hyper-parameters are read at
+  // each replay instead: a replay hook increments the steps of the parameters the graph updates, and writes
+  // the group's lr, betas, eps, decay and the bias corrections where the captured kernel reads them.
+  cuda::Graph* graph = cuda::capturing_graph();
   int64_t index = 0;
-  for (auto& g : param_groups()) {
-    const double lr = g.get("lr"), beta1 = g.get("beta1"), beta2 = g.get("beta2"), eps = g.get("eps");
+  for (size_t group_index = 0; group_index < param_groups().size(); ++group_index) {
+    auto& g = param_groups()[group_index];
     const double wd = g.get("weight_decay");
     std::map<std::pair<int, int>, std::vector<int64_t>> by_device;
     for (auto& p : g.params) {
@@ -64,12 +79,16 @@ void AdamW::step() {
       KILN_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), type(), ": gradient ", grad.str(),
                  " does not match parameter ", p.str());
       ParamState& st = state(i);
+      const bool captured = graph && p.device().is_cuda();
       if (!st.tensors.count("exp_avg")) {
+        KILN_CHECK(!captured, type(), ": parameter ", i, " ", p.str(), " has no state yet while a CUDA graph is "
+                   "captured (its moments would be zeroed again at every replay): run one step without capture "
+                   "first (cuda::capture's warm-up does)");
         const DType sdt = state_dtype(p.dtype());
         st.tensors["exp_avg"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
         st.tensors["exp_avg_sq"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
       }
-      ++st.step;
+      if (!captured) ++st.step;  // captured: at each replay
       by_device[{int(p.device().type), p.device().index}].push_back(i);
     }
     for (auto& [dev, indices] : by_device) {
@@ -88,9 +107,22 @@ void AdamW::step() {
           ms.push_back(state(i).tensors["exp_avg"]);
           vs.push_back(state(i).tensors["exp_avg_sq"]);
         }
-        // Bias corrections in double on the host, as PyTorch does with Python floats.
-        AdamWHyper h{lr, beta1, beta2, eps, decoupled_ ? wd : 0.0, 1.0 - std::pow(beta1, double(t)),
-                     std::sqrt(1.0 - std::pow(beta2, double(t)))};
+        AdamWHyper h = hyper_at(g, t, decoupled_);
+        if (graph && ps[0].device().is_cuda()) {
+          Tensor hyper = empty({7}, {.dtype = DType::f64, .device = ps[0].device()});  // the graph's pool
+          h.device_hyper = static_cast<const double*>(hyper.raw_data());
+          graph->on_replay([this, group_index, ids, hyper] {
+            const ParamGroup& group = param_groups()[group_index];
+            check_group(group, type());
+            for (int64_t i : ids) ++state(i).step;
+            const AdamWHyper r = hyper_at(group, state(ids[0]).step, decoupled_);
+            const double values[7] = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.bias_correction1,
+                                      r.bias_correction2_sqrt};
+            uint64_t words[7];
+            std::memcpy(words, values, sizeof(words));
+            cuda::write_words(hyper, words, 7);
+          });
+        }
         kernels::adamw_step(ps, gs, ms, vs, h);
         for (size_t k = 0; k < ids.size(); ++k) {
           Tensor p = param(ids[k]);

@@ -156,17 +156,19 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
 }  // namespace
 
 void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                                const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
-                                   uint64_t offset) {
-  DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
+                                const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p,
+                                const PhiloxDraw& dropout_rng) {
+  KILN_CHECK(!dropout_rng.replay_base, "attention_forward: a CUDA graph's draw given to the CPU kernel");
+  DropoutMask mask(dropout_p, dropout_rng.seed, dropout_rng.offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", forward_impl<scalar_t>(q, k, v, bias, out, lse, causal, scale, mask));
 }
 
 void kernels::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
-                                    uint64_t offset) {
-  DropoutMask mask(dropout_p, seed, offset, q.size(2), k.size(2));
+                                    const Tensor& dv, bool causal, double scale, double dropout_p,
+                                 const PhiloxDraw& dropout_rng) {
+  KILN_CHECK(!dropout_rng.replay_base, "attention_backward: a CUDA graph's draw given to the CPU kernel");
+  DropoutMask mask(dropout_p, dropout_rng.seed, dropout_rng.offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_backward",
                          backward_impl<scalar_t>(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, mask));
 }

@@ -105,6 +105,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
 void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const AdamWHyper& h) {
+  KILN_CHECK(!h.device_hyper, "adamw_step: device hyper-parameters (CUDA graphs) given to the CPU kernel");
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor &p = params[i], &g = grads[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
     if (m.dtype() == DType::f64) {

@@ -21,7 +21,9 @@ double rounded(DType t, double v) {
 
 }  // namespace
 
-void kernels::random(const Tensor& out, Distribution dist, double a, double b, uint64_t seed, uint64_t offset) {
+void kernels::random(const Tensor& out, Distribution dist, double a, double b, const PhiloxDraw& draw) {
+  KILN_CHECK(!draw.replay_base, "random: a CUDA graph's draw given to the CPU kernel (", out.str(), ")");
+  const uint64_t seed = draw.seed, offset = draw.offset;
   const DType dt = out.dtype();
   const double top = dist == Distribution::uniform && b > a ? largest_below(dt, b) : b;
   parallel_chunks(out.numel(), kChunk, [&](int64_t start, int64_t n) {

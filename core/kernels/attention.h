@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include <kiln/core/kernel.h>
+#include <kiln/core/random.h>
 
 // Fused scaled-dot-product attention (FlashAttention, Dao et al. 2022/2023), one (b, h) head at a time:
 //   S = scale · Q Kᵀ + bias, masked to -inf where causal and j > i (top-left aligned: query i sees keys
@@ -24,9 +25,9 @@
 // The CPU computes in double; the GPU in f32 (f64 for f64) with tensor cores for bf16/f16 at D = 64, 128.
 KILN_KERNEL(attention_forward, void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                     const Tensor& out,
-                                    const Tensor& lse, bool causal, double scale, double dropout_p, uint64_t seed,
-                                    uint64_t offset));
+                                    const Tensor& lse, bool causal, double scale, double dropout_p,
+                                    const PhiloxDraw& dropout_rng));
 KILN_KERNEL(attention_backward, void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, bool causal, double scale, double dropout_p, uint64_t seed,
-                                     uint64_t offset));
+                                     const Tensor& dv, bool causal, double scale, double dropout_p,
+                                     const PhiloxDraw& dropout_rng));

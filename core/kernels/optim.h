@@ -10,6 +10,9 @@ struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
   double bias_correction1;       // 1 - beta1^t
   double bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  // CUDA graphs: when set, the CUDA kernel reads the seven values above, in this order, from this device
+  // memory at run time (a replay hook writes each replay's), instead of the ones captured.
+  const double* device_hyper = nullptr;
 };
 // One Shampoo step's elementwise moments (optim::Shampoo): the filtered gradient and the grafted method's
 // direction; bias corrections computed on the host in double.

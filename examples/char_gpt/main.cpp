@@ -36,6 +36,11 @@
 // parameters and gradients live in flat buffers (optim::FlatParameters: one fill to zero the gradients, one
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
 // page-locked memory (data::WindowSampler).
+//
+// --cuda-graph (one GPU, AdamW): after 3 ordinary iterations the training step (zero_grad, forward,
+// backward, clipping, AdamW) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
+// its batch into the graph's input tensors and replays it: one launch instead of hundreds. Dropout masks,
+// AdamW's step count and the scheduled lr advance per replay as they would without the graph.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -58,6 +63,7 @@
 #include <kiln/core/data/window_sampler.h>
 #include <kiln/core/phase_timer.h>
 #include <kiln/core/profiler.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
@@ -115,6 +121,7 @@ struct Args {
   int64_t sample = 500;
   int64_t profile = 0;
   bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
+  bool cuda_graph = false;  // the step as one CUDA graph after 3 ordinary iterations
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
@@ -127,7 +134,7 @@ void usage(std::ostream& os) {
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
         "                [--shampoo-frequency F] [--shampoo-tf32] [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S]\n"
-        "                [--print-loss]\n"
+        "                [--print-loss] [--cuda-graph|--no-cuda-graph]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
@@ -137,7 +144,8 @@ void usage(std::ostream& os) {
         "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"
         "                   into the run's metrics (default 5; 0: off)\n"
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
-        "                the loss every iteration: for checks such as a resume at another world size, not speed)\n";
+        "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
+        "  --cuda-graph: one GPU and AdamW: the training step captured once as a CUDA graph and replayed\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -178,6 +186,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--print-loss") a.print_loss = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
+    else if (flag == "--cuda-graph") a.cuda_graph = true;
+    else if (flag == "--no-cuda-graph") a.cuda_graph = false;
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sample") a.sample = r.i64();
     else if (flag == "--profile") a.profile = r.i64();
@@ -197,6 +207,8 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
+  KILN_CHECK(!a.cuda_graph || (a.optimizer == "adamw" && !a.grad_checkpoint), "char_gpt: --cuda-graph needs "
+             "--optimizer adamw (Shampoo decides on the host when to compute roots) and no --grad-checkpoint");
   return a;
 }
 
@@ -245,6 +257,8 @@ int run(const Args& args) {
   const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
   if (group) dev = group->device();
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  KILN_CHECK(!args.cuda_graph || (dev.is_cuda() && !group), "char_gpt: --cuda-graph needs one GPU (--device cuda, "
+             "one rank)");
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,
                ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
@@ -370,9 +384,9 @@ int run(const Args& args) {
 
   // One training iteration, written once: `timer` times its phases under --profile; the untimed one runs
   // them back to back.
-  auto train_step = [&](PhaseTimer& timer) {
-    Tensor x, y, loss;
-    timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen, rank, world); });
+  // The step on a batch (x, y), the scheduler aside: what a CUDA graph captures under --cuda-graph.
+  auto compute_step = [&](const Tensor& x, const Tensor& y, PhaseTimer& timer) {
+    Tensor loss;
     timer.time("forward", [&] {
       amp::Autocast autocast(dev, DType::bf16, amp_on);
       loss = model.loss(x, y);
@@ -384,10 +398,27 @@ int run(const Args& args) {
     timer.time("clip", [&] {
       if (args.grad_clip > 0) flat.clip_grad_norm(args.grad_clip);
     });
-    timer.time("step", [&] {
-      opt.step();
-      schedule.step();
-    });
+    timer.time("step", [&] { opt.step(); });
+    return loss;
+  };
+  std::optional<cuda::Graph> graph;  // --cuda-graph: the captured step, its input batch and its loss
+  Tensor graph_x, graph_y, graph_loss;
+  // One training iteration, written once: `timer` times its phases under --profile; the untimed one runs
+  // them back to back.
+  auto train_step = [&](PhaseTimer& timer) {
+    Tensor x, y, loss;
+    timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen, rank, world); });
+    if (graph) {
+      timer.time("graph", [&] {
+        graph_x.copy_(x);
+        graph_y.copy_(y);
+        graph->replay();
+      });
+      loss = graph_loss;
+    } else {
+      loss = compute_step(x, y, timer);
+    }
+    schedule.step();
     return loss;
   };
   PhaseTimer untimed(dev, /*enabled=*/false);
@@ -462,6 +493,12 @@ int run(const Args& args) {
     }
     if (last) break;
 
+    if (args.cuda_graph && !graph && trained_iters == 3) {  // warm: optimizer state, workspaces, heuristics
+      graph_x = empty({args.batch_size, args.block_size}, {.dtype = DType::i64, .device = dev});
+      graph_y = empty_like(graph_x);
+      graph.emplace(cuda::capture([&] { graph_loss = compute_step(graph_x, graph_y, untimed); }, /*warmup=*/0));
+      if (rank == 0) std::fprintf(stderr, "captured the training step as a CUDA graph of %zu nodes\n", graph->num_nodes());
+    }
     const Tensor loss = train_step(untimed);
     if (args.print_loss) {  // the mean over the global batch (every rank's B windows)
       Tensor mean = loss.detach().to(DType::f32).clone();

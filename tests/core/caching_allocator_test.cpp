@@ -238,3 +238,67 @@ TEST(CachingAllocator, ReportsAllocatedBytesToTheProfiler) {
   EXPECT_GT(values[1], values[0] + (2 << 20) - 1);
   EXPECT_EQ(values[2], values[1] - 4096.0);
 }
+
+// CUDA graph pools (cuda/graph.h): while a pool captures, the capturing stream's requests are served from
+// the pool alone, other streams are refused, and the pool's blocks go back to the general cache on release.
+TEST(CachingAllocator, CapturePoolKeepsItsBlocksApartFromTheGeneralCache) {
+  FakeDevice dev(64 << 20);
+  CachingAllocator alloc("fake:0", dev.source());
+  void* outside = alloc.allocate(1000, /*stream=*/7);
+  alloc.free(outside);  // a free cached block of the general cache
+  alloc.begin_capture_pool(1, 7);
+  void* a = alloc.allocate(1000, 7);
+  EXPECT_EQ(a, outside) << "the pool adopts a wholly free segment of the general cache";
+  EXPECT_EQ(dev.mallocs, 1);
+  void* partly = alloc.allocate(1000, 7);  // same pool, same segment
+  EXPECT_NE(partly, a);
+  alloc.free(partly);
+  alloc.free(a);
+  void* b = alloc.allocate(900, 7);  // freed during capture: reused within the pool
+  EXPECT_EQ(b, a);
+  try {
+    alloc.allocate(1000, /*stream=*/8);
+    ADD_FAILURE() << "a request on another stream during capture must be refused";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("captured on stream"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(alloc.empty_cache(), kiln::Error);
+  EXPECT_THROW(alloc.begin_capture_pool(2, 7), kiln::Error);  // captures do not nest
+  alloc.end_capture_pool();
+  // After capture the pool's memory is the graph's: ordinary requests do not get it.
+  void* c = alloc.allocate(900, 7);
+  EXPECT_NE(c, b);
+  EXPECT_EQ(dev.mallocs, 2);
+  alloc.free(b);
+  void* d = alloc.allocate(900, 7);
+  EXPECT_NE(d, b) << "a block of a live graph's pool was handed out";
+  alloc.free(d);
+  alloc.free(c);
+  // Released (the graph is gone): its blocks serve the general cache again, no new segment needed.
+  // Two wholly free 2 MiB segments now: four 1 MiB requests fit without a device allocation.
+  alloc.release_pool(1);
+  const int mallocs = dev.mallocs;
+  std::vector<void*> halves;
+  for (int k = 0; k < 4; ++k) halves.push_back(alloc.allocate(1 << 20, 7));
+  EXPECT_EQ(dev.mallocs, mallocs);
+  for (void* h : halves) alloc.free(h);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.used, 0u);
+}
+
+TEST(CachingAllocator, CapturePoolBlockStillLiveAtReleaseReturnsToTheGeneralCacheWhenFreed) {
+  FakeDevice dev(64 << 20);
+  CachingAllocator alloc("fake:0", dev.source());
+  alloc.begin_capture_pool(3, 0);
+  void* out = alloc.allocate(4 << 20, 0);  // a graph output that outlives the graph
+  alloc.end_capture_pool();
+  alloc.release_pool(3);
+  alloc.free(out);
+  void* again = alloc.allocate(4 << 20, 0);
+  EXPECT_EQ(again, out);
+  EXPECT_EQ(dev.mallocs, 1);
+  alloc.free(again);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.used, 0u);
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+}

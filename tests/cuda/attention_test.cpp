@@ -59,12 +59,12 @@ Outputs run_backend(const Case& c, const Tensor& q, const Tensor& k, const Tenso
   o.out = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.out.fill_(NAN);  // poisoned: every element must be written
   o.lse = full({c.B, c.H, c.Tq}, NAN, {.dtype = stat_dtype(t), .device = dev});
-  kernels::attention_forward(q, k, v, bias, o.out, o.lse, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_forward(q, k, v, bias, o.out, o.lse, c.causal, scale, c.p, {1234, 77});
   o.dq = empty_bthd(c.B, c.H, c.Tq, c.D, t, dev);
   o.dk = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   o.dv = empty_bthd(c.B, c.H, c.Tk, c.D, t, dev);
   for (Tensor* g : {&o.dq, &o.dk, &o.dv}) g->fill_(NAN);
-  kernels::attention_backward(dout, q, k, v, bias, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, 1234, 77);
+  kernels::attention_backward(dout, q, k, v, bias, o.out, o.lse, o.dq, o.dk, o.dv, c.causal, scale, c.p, {1234, 77});
   return o;
 }
 

@@ -1,0 +1,222 @@
+// CUDA graphs (cuda/graph.h): stream capture into the caching allocator's private pool of the graph,
+// replay hooks, random draws whose seed and base offset each replay writes to the device.
+#include <atomic>
+#include <vector>
+
+#include <kiln/cuda/check.h>
+#include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
+#include <kiln/cuda/runtime.h>
+
+namespace kiln::cuda {
+
+namespace {
+
+thread_local Graph* t_capturing = nullptr;
+std::atomic<int> next_pool{1};  // the allocator's pool ids; 0 is the general cache
+
+struct Words {
+  uint64_t v[8];
+};
+
+__global__ void write_words_kernel(uint64_t* dst, Words w, int n) {
+  if (int(threadIdx.x) < n) dst[threadIdx.x] = w.v[threadIdx.x];
+}
+
+}  // namespace
+
+// One generator the capture drew from: where its replay base lives and how many blocks the graph draws.
+struct GeneratorDraws {
+  Generator* gen;
+  Tensor base;  // i64 (2): {seed, first block} of this replay's draws
+  uint64_t blocks = 0;
+};
+
+struct Graph::Impl {
+  int device = -1;
+  int pool = 0;
+  cudaStream_t stream = nullptr;  // the capturing stream
+  bool capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  size_t nodes = 0;
+  std::vector<std::function<void()>> hooks;
+  std::vector<GeneratorDraws> draws;
+  cudaStream_t last_replay = nullptr;
+
+  // Everything the capture made, dropped; the pool back to the general cache.
+  void release() noexcept {
+    hooks.clear();
+    draws.clear();
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    exec = nullptr;
+    graph = nullptr;
+    if (pool) {
+      try {
+        allocator(device).release_pool(pool);
+      } catch (...) {
+      }
+      pool = 0;
+    }
+  }
+};
+
+Graph::Graph() : impl_(std::make_unique<Impl>()) {}
+
+Graph::~Graph() {
+  if (!impl_) return;
+  if (impl_->capturing) capture_abort();
+  if (impl_->last_replay) {
+    DeviceGuard guard(impl_->device);
+    cudaStreamSynchronize(impl_->last_replay);  // its replays still use the pool's memory
+    cudaGetLastError();
+  }
+  impl_->release();
+}
+
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    Graph dying(std::move(*this));  // this graph's replays finish and its pool is released
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+void Graph::capture_begin() {
+  KILN_CHECK(impl_, "cuda::Graph: use of a moved-from graph");
+  KILN_CHECK(!t_capturing, "cuda::Graph::capture_begin: this thread is already capturing a graph (captures do not nest)");
+  KILN_CHECK(!impl_->exec && !impl_->capturing, "cuda::Graph::capture_begin: this graph was captured already; make a new one");
+  Impl& g = *impl_;
+  g.device = current_device();
+  g.stream = current_stream();
+  g.pool = next_pool.fetch_add(1);
+  allocator(g.device).begin_capture_pool(g.pool, uintptr_t(g.stream));
+  // Thread-local mode: what this thread does that a capture cannot hold fails loudly; other threads (a
+  // data loader, a GPU monitor) are unaffected.
+  cudaError_t e = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    allocator(g.device).end_capture_pool();
+    allocator(g.device).release_pool(g.pool);
+    g.pool = 0;
+    KILN_CUDA_CHECK(e);
+  }
+  g.capturing = true;
+  t_capturing = this;
+}
+
+void Graph::capture_end() {
+  KILN_CHECK(impl_ && impl_->capturing && t_capturing == this,
+             "cuda::Graph::capture_end: this graph is not being captured on this thread");
+  Impl& g = *impl_;
+  DeviceGuard guard(g.device);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(g.stream, &graph);
+  t_capturing = nullptr;
+  g.capturing = false;
+  allocator(g.device).end_capture_pool();
+  if (e != cudaSuccess || !graph) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    g.release();
+    KILN_FAIL("cuda::Graph::capture_end: the capture failed (CUDA error '", cudaGetErrorString(e),
+              "'): an operation inside it was not capturable (a synchronization, a copy to or from pageable host "
+              "memory, work on another stream that did not join the capture)");
+  }
+  g.graph = graph;
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes));
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+}
+
+void Graph::capture_abort() {
+  if (!impl_ || !impl_->capturing) return;
+  Impl& g = *impl_;
+  DeviceGuard guard(g.device);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(g.stream, &graph);  // an invalidated capture still ends here
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  if (t_capturing == this) t_capturing = nullptr;
+  g.capturing = false;
+  allocator(g.device).end_capture_pool();
+  g.release();
+}
+
+void Graph::replay() {
+  KILN_CHECK(impl_ && impl_->exec, "cuda::Graph::replay: nothing captured (capture_begin ... capture_end first)");
+  KILN_CHECK(!t_capturing, "cuda::Graph::replay: called while this thread captures a graph");
+  Impl& g = *impl_;
+  DeviceGuard guard(g.device);
+  for (auto& hook : g.hooks) hook();
+  for (GeneratorDraws& d : g.draws) {
+    const GeneratorState s = d.gen->reserve_blocks(d.blocks);  // advances the generator as the step would
+    const uint64_t words[2] = {s.seed, s.offset};
+    write_words(d.base, words, 2);
+  }
+  g.last_replay = current_stream();
+  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.last_replay));
+}
+
+bool Graph::captured() const { return impl_ && impl_->exec; }
+size_t Graph::num_nodes() const { return impl_ ? impl_->nodes : 0; }
+int Graph::device() const { return impl_ ? impl_->device : -1; }
+
+void Graph::on_replay(std::function<void()> hook) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::on_replay: only during capture");
+  impl_->hooks.push_back(std::move(hook));
+}
+
+PhiloxDraw Graph::draw(Generator& gen, uint64_t blocks) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::draw: only during capture");
+  GeneratorDraws* d = nullptr;
+  for (auto& x : impl_->draws)
+    if (x.gen == &gen) d = &x;
+  if (!d) {
+    // allocated on the capturing stream: from the graph's pool, alive as long as the graph
+    impl_->draws.push_back({&gen, empty({2}, {.dtype = DType::i64, .device = Device::cuda(impl_->device)}), 0});
+    d = &impl_->draws.back();
+  }
+  const uint64_t offset = d->blocks;
+  d->blocks += blocks;
+  return {gen.seed(), offset, static_cast<const uint64_t*>(d->base.raw_data())};
+}
+
+Graph* capturing_graph() { return t_capturing; }
+
+void check_not_capturing(const char* what) {
+  if (t_capturing)
+    KILN_FAIL(what, " cannot run while a CUDA graph is being captured: it waits for the device or moves data "
+              "through host memory, which a replay cannot repeat. Move it out of the captured code (after "
+              "replay() the graph's outputs hold their values)");
+}
+
+Graph capture(const std::function<void()>& step, int warmup) {
+  KILN_CHECK(warmup >= 0, "cuda::capture: warmup must be >= 0, got ", warmup);
+  for (int i = 0; i < warmup; ++i) step();
+  synchronize();  // the warm-up's frees settle before the capture (no event may be polled during it)
+  Graph graph;
+  graph.capture_begin();
+  try {
+    step();
+  } catch (...) {
+    graph.capture_abort();
+    throw;
+  }
+  graph.capture_end();
+  return graph;
+}
+
+void write_words(const Tensor& dst, const uint64_t* words, int n) {
+  KILN_CHECK(n >= 0 && n <= 8, "cuda::write_words: at most 8 words, got ", n);
+  KILN_CHECK(dst.device().is_cuda() && dst.is_contiguous() && dst.element_size() == 8 && dst.numel() >= n,
+             "cuda::write_words: needs a contiguous CUDA tensor of at least ", n, " 8-byte elements, got ", dst.str());
+  if (n == 0) return;
+  Words w{};
+  for (int i = 0; i < n; ++i) w.v[i] = words[i];
+  DeviceGuard guard(dst.device().index);
+  write_words_kernel<<<1, 32, 0, current_stream()>>>(static_cast<uint64_t*>(dst.raw_data()), w, n);
+  KILN_LAUNCH_CHECK("write_words_kernel", "cuda::write_words");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,262 @@
+// CUDA graphs (cuda/graph.h): a captured training step replays to the parameters of the same steps run
+// without capture; random draws inside a graph advance per replay exactly as uncaptured draws would;
+// operations a capture cannot hold fail with a kiln::Error and leave the stream usable; a graph's memory
+// pool goes back to the cache when the graph is destroyed.
+#include <string>
+#include <vector>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/cuda/graph.h>
+#include <kiln/cuda/stream.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/gpt.h>
+#include <kiln/optim/adamw.h>
+#include <kiln/optim/clip_grad.h>
+#include <kiln/optim/flat_parameters.h>
+#include <kiln/optim/lr_scheduler.h>
+
+#include "cuda_test_util.h"
+
+using namespace kiln;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// Bitwise equality of two tensors' values (on the host).
+void expect_identical(const Tensor& a, const Tensor& b, const std::string& what) {
+  Tensor x = a.detach().to(Device::cpu()).to(DType::f64).contiguous(), y = b.detach().to(Device::cpu()).to(DType::f64).contiguous();
+  ASSERT_EQ(x.sizes(), y.sizes()) << what;
+  const double *p = x.data_ptr<double>(), *q = y.data_ptr<double>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) differ += p[i] != q[i];
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << x.numel() << " values differ";
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A small GPT trained as char_gpt trains: flat parameters, bf16 autocast, clipping on the device, AdamW
+// with a cosine schedule; dropout on the residual branches and the attention weights.
+struct Trainer {
+  explicit Trainer(double dropout)
+      : model({.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .dropout = dropout,
+               .attn_dropout = dropout, .bias = true, .device = kGpu}),
+        flat(model.parameters()),
+        opt(model.parameters(), {.lr = 3e-3, .betas = {0.9, 0.99}, .weight_decay = 0.1}),
+        schedule(opt, 2, 12, 3e-4) {}
+
+  Tensor step(const Tensor& x, const Tensor& y) {
+    flat.zero_grad();
+    Tensor loss;
+    {
+      amp::Autocast autocast(kGpu, DType::bf16);
+      loss = model.loss(x, y);
+    }
+    loss.backward();
+    flat.clip_grad_norm(1.0);
+    opt.step();
+    return loss;
+  }
+
+  nn::GPT model;
+  optim::FlatParameters flat;
+  optim::AdamW opt;
+  optim::CosineWithWarmup schedule;
+};
+
+std::vector<std::pair<Tensor, Tensor>> batches(int n) {
+  Generator gen(99);
+  std::vector<std::pair<Tensor, Tensor>> b;
+  for (int i = 0; i < n; ++i)
+    b.emplace_back(randint(0, 64, {4, 32}, {.dtype = DType::i64}, &gen).to(kGpu),
+                   randint(0, 64, {4, 32}, {.dtype = DType::i64}, &gen).to(kGpu));
+  return b;
+}
+
+// Trains `steps` steps, the first `warmup` uncaptured and the rest as replays of one captured step (or all
+// uncaptured when warmup < 0); returns the losses.
+std::vector<double> train(Trainer& t, const std::vector<std::pair<Tensor, Tensor>>& data, int warmup) {
+  std::vector<double> losses;
+  const int steps = int(data.size());
+  if (warmup < 0) {
+    for (int i = 0; i < steps; ++i) {
+      losses.push_back(t.step(data[size_t(i)].first, data[size_t(i)].second).item<double>());
+      t.schedule.step();
+    }
+    return losses;
+  }
+  Tensor x = empty({4, 32}, {.dtype = DType::i64, .device = kGpu}), y = empty_like(x);  // the graph's inputs
+  for (int i = 0; i < warmup; ++i) {
+    losses.push_back(t.step(data[size_t(i)].first, data[size_t(i)].second).item<double>());
+    t.schedule.step();
+  }
+  Tensor loss;
+  cuda::Graph graph = cuda::capture([&] { loss = t.step(x, y); }, /*warmup=*/0);
+  EXPECT_GT(graph.num_nodes(), 50u);
+  for (int i = warmup; i < steps; ++i) {
+    x.copy_(data[size_t(i)].first);
+    y.copy_(data[size_t(i)].second);
+    graph.replay();
+    losses.push_back(loss.item<double>());
+    t.schedule.step();  // read by the next replay
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST(CudaGraph, CapturedTrainingStepReplaysToTheUncapturedParameters) {
+  KILN_REQUIRE_GPU();
+  const auto data = batches(8);
+  for (double dropout : {0.0, 0.2}) {
+    manual_seed(5);
+    Trainer eager(dropout);
+    const std::vector<double> eager_losses = train(eager, data, -1);
+    const uint64_t eager_offset = default_generator().state().offset;
+    manual_seed(5);
+    Trainer graphed(dropout);
+    const std::vector<double> graph_losses = train(graphed, data, 2);
+    const std::string what = dropout > 0 ? "with dropout" : "without dropout";
+    ASSERT_EQ(graph_losses.size(), eager_losses.size());
+    for (size_t i = 0; i < eager_losses.size(); ++i)
+      EXPECT_EQ(graph_losses[i], eager_losses[i]) << what << ", step " << i;
+    expect_identical(graphed.flat.data(), eager.flat.data(), "parameters " + what);
+    for (int64_t i = 0; i < eager.opt.num_params(); ++i) {
+      EXPECT_EQ(graphed.opt.state(i).step, eager.opt.state(i).step) << "AdamW step count of parameter " << i;
+      expect_identical(graphed.opt.state(i).tensors.at("exp_avg_sq"), eager.opt.state(i).tensors.at("exp_avg_sq"),
+                       "exp_avg_sq " + what);
+    }
+    EXPECT_EQ(default_generator().state().offset, eager_offset) << what << ": the generator must advance as far";
+    EXPECT_FALSE(cuda::is_capturing());
+  }
+}
+
+TEST(CudaGraph, DropoutMasksDifferBetweenReplaysAndMatchTheUncapturedDraws) {
+  KILN_REQUIRE_GPU();
+  Tensor x = ones({4096}, {.device = kGpu});
+  Generator ref(123);
+  const Tensor m1 = nn::functional::dropout(x, 0.5, true, &ref).to(Device::cpu());
+  const Tensor m2 = nn::functional::dropout(x, 0.5, true, &ref).to(Device::cpu());
+
+  Generator gen(123);
+  Tensor y;
+  cuda::Graph graph;
+  graph.capture_begin();
+  y = nn::functional::dropout(x, 0.5, true, &gen);
+  graph.capture_end();
+  EXPECT_EQ(gen.state().offset, 0u) << "capturing draws nothing";
+  graph.replay();
+  const Tensor r1 = y.to(Device::cpu());
+  graph.replay();
+  const Tensor r2 = y.to(Device::cpu());
+  expect_identical(r1, m1, "first replay's mask");
+  expect_identical(r2, m2, "second replay's mask");
+  EXPECT_GT(sum(ne(r1, r2)).item<double>(), 1000.0) << "the masks of two replays must differ";
+  EXPECT_EQ(gen.state().offset, ref.state().offset);
+}
+
+TEST(CudaGraph, AttentionDropoutInsideAGraphFollowsTheGenerator) {
+  KILN_REQUIRE_GPU();
+  Generator init(7);
+  Tensor q = randn({2, 2, 64, 64}, {.dtype = DType::bf16, .device = kGpu}, &init);
+  Tensor k = randn({2, 2, 64, 64}, {.dtype = DType::bf16, .device = kGpu}, &init);
+  Tensor v = randn({2, 2, 64, 64}, {.dtype = DType::bf16, .device = kGpu}, &init);
+  NoGradGuard no_grad;
+  Generator ref(11);
+  const Tensor o1 = nn::functional::scaled_dot_product_attention(q, k, v, true, std::nullopt, 0.3, true, &ref);
+  const Tensor o2 = nn::functional::scaled_dot_product_attention(q, k, v, true, std::nullopt, 0.3, true, &ref);
+  Generator gen(11);
+  Tensor o;
+  cuda::Graph graph;
+  graph.capture_begin();
+  o = nn::functional::scaled_dot_product_attention(q, k, v, true, std::nullopt, 0.3, true, &gen);
+  graph.capture_end();
+  graph.replay();
+  expect_identical(o, o1, "first replay");
+  graph.replay();
+  expect_identical(o, o2, "second replay");
+}
+
+TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamRecovers) {
+  KILN_REQUIRE_GPU();
+  Tensor x = ones({8}, {.device = kGpu});
+  for (int which = 0; which < 4; ++which) {
+    cuda::Graph graph;
+    graph.capture_begin();
+    Tensor y = add(x, 1.0);
+    const std::string e = error_of([&] {
+      if (which == 0) y.item<float>();
+      else if (which == 1) y.to(Device::cpu());
+      else if (which == 2) cuda::synchronize();
+      else ones({8}).to(kGpu);  // a copy from host memory
+    });
+    EXPECT_NE(e.find("while a CUDA graph is being captured"), std::string::npos) << which << ": " << e;
+    graph.capture_abort();
+    EXPECT_FALSE(cuda::is_capturing());
+    EXPECT_EQ(sum(add(x, 1.0)).item<double>(), 16.0) << "the stream works after an aborted capture";
+  }
+  // capture() aborts and rethrows
+  EXPECT_THROW(cuda::capture([&] { add(x, 1.0).item<float>(); }, 0), Error);
+  EXPECT_FALSE(cuda::is_capturing());
+  EXPECT_EQ(sum(x).item<double>(), 8.0);
+}
+
+TEST(CudaGraph, AllocationOnAnotherStreamAndNestedCapturesAreRefused) {
+  KILN_REQUIRE_GPU();
+  cuda::Stream side = cuda::Stream::create();
+  cuda::Graph graph;
+  graph.capture_begin();
+  std::string e = error_of([&] {
+    cuda::StreamGuard guard(side);
+    empty({1024}, {.device = kGpu});
+  });
+  EXPECT_NE(e.find("while a CUDA graph is being captured"), std::string::npos) << e;
+  cuda::Graph inner;
+  e = error_of([&] { inner.capture_begin(); });
+  EXPECT_NE(e.find("do not nest"), std::string::npos) << e;
+  graph.capture_abort();
+  EXPECT_EQ(sum(ones({4}, {.device = kGpu})).item<double>(), 4.0);
+}
+
+TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsRefused) {
+  KILN_REQUIRE_GPU();
+  Tensor w = ones({16}, {.device = kGpu, .requires_grad = true});
+  optim::AdamW opt({w});
+  w.set_grad(ones({16}, {.device = kGpu}));
+  const std::string e = error_of([&] { cuda::capture([&] { opt.step(); }, /*warmup=*/0); });
+  EXPECT_NE(e.find("no state yet"), std::string::npos) << e;
+  EXPECT_FALSE(cuda::is_capturing());
+}
+
+TEST(CudaGraph, AGraphsMemoryPoolReturnsToTheCacheWhenItIsDestroyed) {
+  KILN_REQUIRE_GPU();
+  Tensor x = randn({1 << 20}, {.device = kGpu});
+  auto work = [&] {
+    Tensor y = x;
+    for (int i = 0; i < 8; ++i) y = mul(add(y, 1.0), 0.5);  // temporaries of 4 MiB each
+    return y;
+  };
+  size_t reserved_after_first = 0;
+  for (int round = 0; round < 3; ++round) {
+    Tensor out;
+    {
+      cuda::Graph graph = cuda::capture([&] { out = work(); }, 0);
+      graph.replay();
+      expect_identical(out, work(), "replay against eager");
+    }
+    out = Tensor();
+    cuda::synchronize();
+    if (round == 0) reserved_after_first = cuda::memory_stats().reserved;
+    else EXPECT_EQ(cuda::memory_stats().reserved, reserved_after_first) << "round " << round;
+  }
+}
