@@ -28,9 +28,11 @@ __global__ void write_words_kernel(uint64_t* dst, Words w, int n) {
 // One generator the capture drew from: where its replay base lives and how many blocks the graph draws.
 struct GeneratorDraws {
   Generator* gen;
-  Tensor base;  // i64 (2): {seed, first block} of this replay's draws
+  uint64_t* base;  // 2 replay words: {seed, first block} of this replay's draws
   uint64_t blocks = 0;
 };
+
+constexpr int kSlabWords = 512;  // replay words come from 4 KiB slabs of their own
 
 struct Graph::Impl {
   int device = -1;
@@ -42,12 +44,17 @@ struct Graph::Impl {
   size_t nodes = 0;
   std::vector<std::function<void()>> hooks;
   std::vector<GeneratorDraws> draws;
+  std::vector<uint64_t*> slabs;  // replay words (cudaMalloc'ed, outside the caching allocator)
+  int slab_used = kSlabWords;
   cudaStream_t last_replay = nullptr;
 
   // Everything the capture made, dropped; the pool back to the general cache.
   void release() noexcept {
     hooks.clear();
     draws.clear();
+    for (uint64_t* s : slabs) cudaFree(s);
+    slabs.clear();
+    slab_used = kSlabWords;
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
     exec = nullptr;
@@ -167,19 +174,38 @@ void Graph::on_replay(std::function<void()> hook) {
   impl_->hooks.push_back(std::move(hook));
 }
 
+uint64_t* Graph::replay_words(int n) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::replay_words: only during capture");
+  KILN_CHECK(n >= 1 && n <= kSlabWords, "cuda::Graph::replay_words: 1 to ", kSlabWords, " words, got ", n);
+  Impl& g = *impl_;
+  if (g.slab_used + n > kSlabWords) {
+    DeviceGuard guard(g.device);
+    void* p = nullptr;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // cudaMalloc is not captured: allowed here
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaError_t e = cudaMalloc(&p, kSlabWords * sizeof(uint64_t));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    KILN_CUDA_CHECK(e);
+    g.slabs.push_back(static_cast<uint64_t*>(p));
+    g.slab_used = 0;
+  }
+  uint64_t* words = g.slabs.back() + g.slab_used;
+  g.slab_used += n;
+  return words;
+}
+
 PhiloxDraw Graph::draw(Generator& gen, uint64_t blocks) {
   KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::draw: only during capture");
   GeneratorDraws* d = nullptr;
   for (auto& x : impl_->draws)
     if (x.gen == &gen) d = &x;
   if (!d) {
-    // allocated on the capturing stream: from the graph's pool, alive as long as the graph
-    impl_->draws.push_back({&gen, empty({2}, {.dtype = DType::i64, .device = Device::cuda(impl_->device)}), 0});
+    impl_->draws.push_back({&gen, replay_words(2), 0});
     d = &impl_->draws.back();
   }
   const uint64_t offset = d->blocks;
   d->blocks += blocks;
-  return {gen.seed(), offset, static_cast<const uint64_t*>(d->base.raw_data())};
+  return {gen.seed(), offset, d->base};
 }
 
 Graph* capturing_graph() { return t_capturing; }
@@ -207,15 +233,13 @@ Graph capture(const std::function<void()>& step, int warmup) {
   return graph;
 }
 
-void write_words(const Tensor& dst, const uint64_t* words, int n) {
+void write_words(uint64_t* dst, const uint64_t* words, int n) {
   KILN_CHECK(n >= 0 && n <= 8, "cuda::write_words: at most 8 words, got ", n);
-  KILN_CHECK(dst.device().is_cuda() && dst.is_contiguous() && dst.element_size() == 8 && dst.numel() >= n,
-             "cuda::write_words: needs a contiguous CUDA tensor of at least ", n, " 8-byte elements, got ", dst.str());
+  KILN_CHECK(dst || n == 0, "cuda::write_words: null destination");
   if (n == 0) return;
   Words w{};
   for (int i = 0; i < n; ++i) w.v[i] = words[i];
-  DeviceGuard guard(dst.device().index);
-  write_words_kernel<<<1, 32, 0, current_stream()>>>(static_cast<uint64_t*>(dst.raw_data()), w, n);
+  write_words_kernel<<<1, 32, 0, current_stream()>>>(dst, w, n);
   KILN_LAUNCH_CHECK("write_words_kernel", "cuda::write_words");
 }
 

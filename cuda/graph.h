@@ -66,6 +66,10 @@ class Graph {
   // For Kiln's parts, during capture: `hook` runs on the host before each replay (in registration order)
   // and may queue small writes of this replay's values on the current stream (write_words).
   void on_replay(std::function<void()> hook);
+  // During capture: `n` <= 512 words of device memory that only hooks write (before the graph runs) and
+  // captured kernels read, valid as long as the graph. Not from the graph's pool: a pool block may have
+  // served a temporary of earlier captured work, which a replay would write over the hook's values.
+  uint64_t* replay_words(int n);
   // Where a captured random draw of `blocks` Philox blocks from `gen` starts: an offset inside the graph,
   // plus the replay base the kernel adds (every replay writes {seed, next offset} of `gen` there and
   // advances gen by all the graph's draws from it).
@@ -88,9 +92,9 @@ void check_not_capturing(const char* what);
 // An exception thrown during capture aborts it and propagates.
 Graph capture(const std::function<void()>& step, int warmup = 3);
 
-// Queues on the current stream a write of `n` <= 8 64-bit words into the contiguous CUDA tensor `dst` (8-byte
-// elements, at least n of them). The values travel as kernel arguments, so nothing on the host must outlive
+// Queues on the current stream of the current device a write of `n` <= 8 64-bit words to device memory at
+// `dst` (Graph::replay_words). The values travel as kernel arguments, so nothing on the host must outlive
 // the call: what replay hooks use to hand a graph this replay's values.
-void write_words(const Tensor& dst, const uint64_t* words, int n);
+void write_words(uint64_t* dst, const uint64_t* words, int n);
 
 }  // namespace kiln::cuda

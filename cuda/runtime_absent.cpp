@@ -79,7 +79,8 @@ PhiloxDraw Graph::draw(Generator&, uint64_t) { no_cuda("Graph::draw"); }
 Graph* capturing_graph() { return nullptr; }
 void check_not_capturing(const char*) {}
 Graph capture(const std::function<void()>&, int) { no_cuda("capture"); }
-void write_words(const Tensor&, const uint64_t*, int) { no_cuda("write_words"); }
+void write_words(uint64_t*, const uint64_t*, int) { no_cuda("write_words"); }
+uint64_t* Graph::replay_words(int) { no_cuda("Graph::replay_words"); }
 
 }  // namespace kiln::cuda
 #endif

@@ -109,8 +109,8 @@ void AdamW::step() {
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
         if (graph && ps[0].device().is_cuda()) {
-          Tensor hyper = empty({7}, {.dtype = DType::f64, .device = ps[0].device()});  // the graph's pool
-          h.device_hyper = static_cast<const double*>(hyper.raw_data());
+          uint64_t* hyper = graph->replay_words(7);
+          h.device_hyper = reinterpret_cast<const double*>(hyper);
           graph->on_replay([this, group_index, ids, hyper] {
             const ParamGroup& group = param_groups()[group_index];
             check_group(group, type());

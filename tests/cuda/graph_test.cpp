@@ -12,7 +12,11 @@
 #include <kiln/cuda/graph.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/nn/functional.h>
+#include <kiln/nn/activation.h>
+#include <kiln/nn/dropout.h>
 #include <kiln/nn/gpt.h>
+#include <kiln/nn/linear.h>
+#include <kiln/nn/sequential.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/clip_grad.h>
 #include <kiln/optim/flat_parameters.h>
@@ -36,6 +40,11 @@ void expect_identical(const Tensor& a, const Tensor& b, const std::string& what)
   EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << x.numel() << " values differ";
 }
 
+// Largest |a - b| over the elements.
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.detach().to(DType::f64), b.detach().to(DType::f64)))).item<double>();
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -52,7 +61,7 @@ struct Trainer {
       : model({.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .dropout = dropout,
                .attn_dropout = dropout, .bias = true, .device = kGpu}),
         flat(model.parameters()),
-        opt(model.parameters(), {.lr = 3e-3, .betas = {0.9, 0.99}, .weight_decay = 0.1}),
+        opt(model.parameters(), {.lr = 3e-3, .betas = {0.9, 0.99}, .eps = 1e-3, .weight_decay = 0.1}),
         schedule(opt, 2, 12, 3e-4) {}
 
   Tensor step(const Tensor& x, const Tensor& y) {
@@ -115,6 +124,12 @@ std::vector<double> train(Trainer& t, const std::vector<std::pair<Tensor, Tensor
 
 }  // namespace
 
+// The GPT's backward adds with atomics (embedding rows, attention's dQ), so a replay, which schedules the
+// kernels a little differently, differs from the uncaptured step in the last bits of some gradients (about
+// 4e-9). AdamW divides by sqrt(v) + eps: with eps = 1e-8 a gradient of 1e-7 turns such noise into a change
+// of lr's order (seen: 1e-2 with eps 1e-8, 6e-9 with eps 1e-3 on the same run), so this test uses eps =
+// 1e-3, and the run must then stay within 1e-5 of the uncaptured one, far below one step's change (lr =
+// 3e-3). The MLP test below checks a deterministic model bit for bit with the default eps.
 TEST(CudaGraph, CapturedTrainingStepReplaysToTheUncapturedParameters) {
   KILN_REQUIRE_GPU();
   const auto data = batches(8);
@@ -129,16 +144,71 @@ TEST(CudaGraph, CapturedTrainingStepReplaysToTheUncapturedParameters) {
     const std::string what = dropout > 0 ? "with dropout" : "without dropout";
     ASSERT_EQ(graph_losses.size(), eager_losses.size());
     for (size_t i = 0; i < eager_losses.size(); ++i)
-      EXPECT_EQ(graph_losses[i], eager_losses[i]) << what << ", step " << i;
-    expect_identical(graphed.flat.data(), eager.flat.data(), "parameters " + what);
+      EXPECT_NEAR(graph_losses[i], eager_losses[i], 1e-5) << what << ", step " << i;
+    EXPECT_LT(max_abs_diff(graphed.flat.data(), eager.flat.data()), 1e-5) << "parameters " << what;
     for (int64_t i = 0; i < eager.opt.num_params(); ++i) {
       EXPECT_EQ(graphed.opt.state(i).step, eager.opt.state(i).step) << "AdamW step count of parameter " << i;
-      expect_identical(graphed.opt.state(i).tensors.at("exp_avg_sq"), eager.opt.state(i).tensors.at("exp_avg_sq"),
-                       "exp_avg_sq " + what);
+      const Tensor& v = eager.opt.state(i).tensors.at("exp_avg_sq");
+      EXPECT_LE(max_abs_diff(graphed.opt.state(i).tensors.at("exp_avg_sq"), v), 1e-4 * amax(v).item<double>() + 1e-12)
+          << "exp_avg_sq of parameter " << i << " " << what;
     }
     EXPECT_EQ(default_generator().state().offset, eager_offset) << what << ": the generator must advance as far";
     EXPECT_FALSE(cuda::is_capturing());
   }
+}
+
+// A deterministic model (Linear layers, no atomics; dropout) with the gradients dropped by zero_grad
+// (set_to_none: the captured backward makes them in the graph's pool): replays equal the uncaptured steps
+// bit for bit, masks included.
+TEST(CudaGraph, ReplayedStepsOfADeterministicModelEqualTheUncapturedOnesBitForBit) {
+  KILN_REQUIRE_GPU();
+  auto make = [] {
+    manual_seed(3);
+    return std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 64), std::make_unique<nn::GELU>(),
+                                            std::make_unique<nn::Dropout>(0.3), std::make_unique<nn::Linear>(64, 8));
+  };
+  Generator gen(4);
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < 6; ++i) {
+    xs.push_back(randn({16, 32}, {.device = kGpu}, &gen));
+    ys.push_back(randn({16, 8}, {.device = kGpu}, &gen));
+  }
+  auto eager_net = make();
+  const uint64_t eager_start = default_generator().state().offset;
+  auto graph_net = make();
+  eager_net->to(kGpu);
+  graph_net->to(kGpu);
+  optim::AdamW eager_opt(eager_net->parameters(), {.lr = 1e-2}), graph_opt(graph_net->parameters(), {.lr = 1e-2});
+  auto step = [](nn::Module& net, optim::AdamW& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss = nn::functional::mse_loss(net.forward(x), y);
+    loss.backward();
+    optim::clip_grad_norm_async(net.parameters(), 0.5);
+    opt.step();
+    return loss;
+  };
+  std::vector<double> eager_losses, graph_losses;
+  manual_seed(3);  // both runs draw the same masks
+  default_generator().set_state({3, eager_start});
+  for (int i = 0; i < 6; ++i) {
+    eager_opt.param_groups()[0].set_lr(1e-2 / (i + 1));
+    eager_losses.push_back(step(*eager_net, eager_opt, xs[size_t(i)], ys[size_t(i)]).item<double>());
+  }
+  default_generator().set_state({3, eager_start});
+  Tensor x = xs[0].clone(), y = ys[0].clone(), loss;
+  graph_opt.param_groups()[0].set_lr(1e-2);
+  graph_losses.push_back(step(*graph_net, graph_opt, x, y).item<double>());  // the warm-up step
+  cuda::Graph graph = cuda::capture([&] { loss = step(*graph_net, graph_opt, x, y); }, 0);
+  for (int i = 1; i < 6; ++i) {
+    x.copy_(xs[size_t(i)]);
+    y.copy_(ys[size_t(i)]);
+    graph_opt.param_groups()[0].set_lr(1e-2 / (i + 1));  // read at the replay
+    graph.replay();
+    graph_losses.push_back(loss.item<double>());
+  }
+  EXPECT_EQ(graph_losses, eager_losses);
+  const auto pe = eager_net->parameters(), pg = graph_net->parameters();
+  for (size_t i = 0; i < pe.size(); ++i) expect_identical(pg[i], pe[i], "parameter " + std::to_string(i));
 }
 
 TEST(CudaGraph, DropoutMasksDifferBetweenReplaysAndMatchTheUncapturedDraws) {
@@ -195,7 +265,7 @@ TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamRecove
     graph.capture_begin();
     Tensor y = add(x, 1.0);
     const std::string e = error_of([&] {
-      if (which == 0) y.item<float>();
+      if (which == 0) sum(y).item<float>();
       else if (which == 1) y.to(Device::cpu());
       else if (which == 2) cuda::synchronize();
       else ones({8}).to(kGpu);  // a copy from host memory
@@ -206,7 +276,7 @@ TEST(CudaGraph, HostSynchronizationInsideACaptureIsAClearErrorAndTheStreamRecove
     EXPECT_EQ(sum(add(x, 1.0)).item<double>(), 16.0) << "the stream works after an aborted capture";
   }
   // capture() aborts and rethrows
-  EXPECT_THROW(cuda::capture([&] { add(x, 1.0).item<float>(); }, 0), Error);
+  EXPECT_THROW(cuda::capture([&] { sum(add(x, 1.0)).item<float>(); }, 0), Error);
   EXPECT_FALSE(cuda::is_capturing());
   EXPECT_EQ(sum(x).item<double>(), 8.0);
 }
