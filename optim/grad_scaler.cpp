@@ -5,8 +5,19 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln::optim {
+
+namespace {
+// The scale lives on the host and step() decides there whether to step: a CUDA graph would keep the scale
+// of its capture and could not skip, so a captured scaler is refused rather than silently wrong.
+void refuse_capture(const char* what) {
+  KILN_CHECK(!cuda::is_capturing(), "GradScaler::", what, " inside a CUDA graph capture: the scaler keeps its scale "
+             "and its skip decision on the host, which a replay would not follow. Capture bf16 steps (no scaler), "
+             "or run f16 steps with a GradScaler without a graph");
+}
+}  // namespace
 
 GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
   KILN_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale), "GradScaler: init_scale must be positive, got ",
@@ -20,12 +31,14 @@ GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
+  refuse_capture("scale");
   KILN_CHECK(is_floating(loss.dtype()), "GradScaler::scale: expected a floating-point loss, got ", loss.str());
   return mul(loss, state_.scale);
 }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!options_.enabled) return;
+  refuse_capture("unscale_");
   PerOptimizer& st = per_optimizer_[&optimizer];
   KILN_CHECK(!st.unscaled, "GradScaler::unscale_: already called for this optimizer since the last update()");
   KILN_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); call update() first");
@@ -66,6 +79,7 @@ bool GradScaler::step(Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  refuse_capture("step");
   PerOptimizer& st = per_optimizer_[&optimizer];
   KILN_CHECK(!st.stepped, "GradScaler::step: already called for this optimizer since the last update()");
   if (!st.unscaled) unscale_(optimizer);
@@ -78,6 +92,7 @@ bool GradScaler::step(Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
+  refuse_capture("update");
   bool found = false;
   for (auto& [opt, st] : per_optimizer_) {
     if (st.unscaled && !st.stepped) st.found = st.found_inf.item<float>() != 0.0f;

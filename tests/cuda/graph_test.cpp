@@ -20,6 +20,7 @@
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/clip_grad.h>
 #include <kiln/optim/flat_parameters.h>
+#include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
 
 #include "cuda_test_util.h"
@@ -305,6 +306,15 @@ TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsRefused) {
   w.set_grad(ones({16}, {.device = kGpu}));
   const std::string e = error_of([&] { cuda::capture([&] { opt.step(); }, /*warmup=*/0); });
   EXPECT_NE(e.find("no state yet"), std::string::npos) << e;
+  EXPECT_FALSE(cuda::is_capturing());
+}
+
+TEST(CudaGraph, AGradScalerInsideACaptureIsRefused) {
+  KILN_REQUIRE_GPU();
+  Tensor w = ones({16}, {.device = kGpu, .requires_grad = true});
+  optim::GradScaler scaler;
+  const std::string e = error_of([&] { cuda::capture([&] { scaler.scale(sum(w)).backward(); }, /*warmup=*/0); });
+  EXPECT_NE(e.find("GradScaler::scale inside a CUDA graph capture"), std::string::npos) << e;
   EXPECT_FALSE(cuda::is_capturing());
 }
 
