@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <kiln/core/kernels/dropout.h>
 #include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
+#include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
@@ -92,12 +94,30 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return fused_linear("linear_gelu", x, weight, bias, true);
 }
 
+namespace {
+// x masked and scaled by the draw's mask; its gradient is the gradient masked by the same draw, recorded
+// the same way (so it is differentiable again).
+Tensor dropout_with_draw(const Tensor& x, double p, const PhiloxDraw& draw) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  kernels::dropout_masked(x.contiguous(), out, p, draw);
+  if (any_requires_grad({x}))
+    record("dropout", {x}, {out}, [p, draw](const Grads& g) { return Grads{dropout_with_draw(g[0], p, draw)}; });
+  return out;
+}
+}  // namespace
+
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   KILN_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
   if (p == 1.0) return mul(x, 0.0);
-  // keep = (u < 1 - p) with u uniform from Philox: the same seed gives the same mask on every device.
-  Tensor u = rand(x.sizes(), {.dtype = DType::f32, .device = x.device()}, gen);
+  Generator& g = gen ? *gen : default_generator();
+  if (is_floating(x.dtype())) {
+    // keep = (u < 1 - p) with u uniform from Philox, drawn inside the kernel (core/kernels/dropout.h): the
+    // same seed gives the same mask on every device; backward draws it again instead of storing it.
+    return dropout_with_draw(x, p, draw_blocks(g, uint64_t((x.numel() + 3) / 4), x.device()));
+  }
+  // Integer inputs: the same mask through rand, the scaled mask in f32.
+  Tensor u = rand(x.sizes(), {.dtype = DType::f32, .device = x.device()}, &g);
   Tensor scale;
   {
     NoGradGuard ng;

@@ -154,8 +154,15 @@ TEST(CudaRandom, DropoutMaskIsTheSameOnCpuAndGpu) {
       Generator gc(1234), gg(1234);
       Tensor x = cast(add(rand({1000, 37}, {.dtype = DType::f64}, &gc), 0.5), t);  // nonzero everywhere
       gg.set_state(gc.state());
-      Tensor yc = nn::functional::dropout(x, p, true, &gc);
-      Tensor yg = nn::functional::dropout(x.to(kGpu), p, true, &gg);
+      Tensor xc = x.clone().requires_grad_(true), xg = x.to(kGpu).requires_grad_(true);
+      Tensor yc = nn::functional::dropout(xc, p, true, &gc);
+      Tensor yg = nn::functional::dropout(xg, p, true, &gg);
+      // backward masks the gradient by the same draw on both devices
+      Generator gd(5);
+      Tensor dy = cast(rand({1000, 37}, {.dtype = DType::f64}, &gd), t);
+      yc.backward(dy);
+      yg.backward(dy.to(kGpu));
+      EXPECT_EQ(xc.grad().to_vector<double>(), xg.grad().cpu().to_vector<double>()) << dtype_name(t) << " p=" << p;
       std::vector<double> c = yc.to_vector<double>(), g = yg.cpu().to_vector<double>();
       int64_t kept = 0, mask_diff = 0, value_diff = 0;
       for (size_t i = 0; i < c.size(); ++i) {

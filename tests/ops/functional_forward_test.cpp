@@ -422,6 +422,31 @@ TEST(FunctionalForward, Dropout) {
     }
     EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.01) << p;
   }
+  // The mask is rand()'s draw compared with 1 - p in f32, the survivors x / (1 - p) rounded once, and the
+  // gradient is masked and scaled by the same draw.
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    Generator g(77), h(77);
+    Tensor in = cast(add(rand({3, 1001}, {.dtype = DType::f64}, &g), 0.25), t).requires_grad_(true);
+    h.set_state(g.state());
+    Tensor y = F::dropout(in, 0.3, true, &g);
+    const std::vector<double> u = rand({3, 1001}, {.dtype = DType::f32}, &h).to_vector<double>();
+    const std::vector<double> xv = in.to_vector<double>(), yv = y.to_vector<double>();
+    y.backward(full({3, 1001}, 2.0, {.dtype = t}));
+    const std::vector<double> gv = in.grad().to_vector<double>();
+    const float scale = float(1.0 / 0.7);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < u.size(); ++i) {
+      const bool kept = float(u[i]) < float(0.7);
+      const double want = kept ? double(cast(full({}, double(float(xv[i]) * scale), {.dtype = t == DType::f64 ? DType::f64 : DType::f32}), t).item<double>()) : 0.0;
+      const double want_g = kept ? double(cast(full({}, double(2.0f * scale)), t).item<double>()) : 0.0;
+      if (t == DType::f64) {
+        wrong += yv[i] != (kept ? xv[i] * (1.0 / 0.7) : 0.0) || gv[i] != (kept ? 2.0 * (1.0 / 0.7) : 0.0);
+      } else {
+        wrong += yv[i] != want || gv[i] != want_g;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << dtype_name(t);
+  }
   // eval mode and p = 0 are the identity; p = 1 drops everything
   Tensor r = rnd({5, 5}, 90, DType::f32);
   EXPECT_EQ(F::dropout(r, 0.5, false).to_vector<float>(), r.to_vector<float>());
