@@ -3,6 +3,7 @@
 // backward through the replayed graph. Parameters used inside fn receive their gradients from that
 // nested pass; the inputs' gradients are returned to the outer one.
 #include <kiln/autograd/checkpoint.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/random.h>
@@ -22,6 +23,9 @@ bool is_recomputing() { return recomputing_depth > 0; }
 std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Tensor>& inputs) {
   if (!is_grad_enabled()) return fn(inputs);
   GeneratorState rng = default_generator().state();
+  // Under CUDA graph capture the draws are positions inside the graph: the recomputation goes back to this one.
+  const bool captured = cuda::is_capturing();
+  const uint64_t graph_rng = captured ? cuda::capturing_graph()->draw_position(default_generator()) : 0;
   std::vector<Tensor> outs;
   {
     NoGradGuard ng;
@@ -35,15 +39,20 @@ std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Te
   // Record even when no input requires grad: parameters inside fn may.
   std::vector<bool> needs;
   for (const auto& t : inputs) needs.push_back(t.defined() && t.requires_grad());
-  record("checkpoint", inputs, outs, [fn, rng, inputs, needs](const std::vector<Tensor>& grads) {
+  record("checkpoint", inputs, outs, [fn, rng, captured, graph_rng, inputs, needs](const std::vector<Tensor>& grads) {
     std::vector<Tensor> detached;
     for (size_t i = 0; i < inputs.size(); ++i) {
       Tensor d = inputs[i].defined() ? inputs[i].detach() : Tensor();
       if (needs[i]) d.requires_grad_(true);
       detached.push_back(d);
     }
+    cuda::Graph* graph = cuda::capturing_graph();
+    KILN_CHECK(captured == (graph != nullptr), "checkpoint: the forward pass was ", captured ? "" : "not ",
+               "captured in a CUDA graph and the backward pass is ", graph ? "" : "not", ": capture both or neither");
     GeneratorState now = default_generator().state();
+    const uint64_t graph_now = graph ? graph->draw_position(default_generator()) : 0;
     default_generator().set_state(rng);
+    if (graph) graph->set_draw_position(default_generator(), graph_rng);
     std::vector<Tensor> replay;
     {
       EnableGradGuard eg;
@@ -51,6 +60,7 @@ std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Te
       replay = fn(detached);
     }
     default_generator().set_state(now);
+    if (graph) graph->set_draw_position(default_generator(), graph_now);
     KILN_CHECK(replay.size() == grads.size(), "checkpoint: the replay returned ", replay.size(),
                " tensors where the forward pass returned ", grads.size());
     std::vector<Tensor> roots, root_grads;

@@ -208,6 +208,20 @@ PhiloxDraw Graph::draw(Generator& gen, uint64_t blocks) {
   return {gen.seed(), offset, d->base};
 }
 
+uint64_t Graph::draw_position(const Generator& gen) const {
+  if (impl_)
+    for (const auto& x : impl_->draws)
+      if (x.gen == &gen) return x.blocks;
+  return 0;
+}
+
+void Graph::set_draw_position(Generator& gen, uint64_t position) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::set_draw_position: only during capture");
+  draw(gen, 0);  // the generator's entry, made if it has none
+  for (auto& x : impl_->draws)
+    if (x.gen == &gen) x.blocks = position;
+}
+
 Graph* capturing_graph() { return t_capturing; }
 
 void check_not_capturing(const char* what) {

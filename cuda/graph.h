@@ -75,6 +75,10 @@ class Graph {
   // plus the replay base the kernel adds (every replay writes {seed, next offset} of `gen` there and
   // advances gen by all the graph's draws from it).
   PhiloxDraw draw(Generator& gen, uint64_t blocks);
+  // Where the graph's next draw from `gen` starts, and setting it back: gradient checkpointing draws a
+  // recomputed segment's numbers again (autograd/checkpoint.cpp), as it restores a generator uncaptured.
+  uint64_t draw_position(const Generator& gen) const;
+  void set_draw_position(Generator& gen, uint64_t position);
 
  private:
   struct Impl;

@@ -76,6 +76,8 @@ size_t Graph::num_nodes() const { return 0; }
 int Graph::device() const { return -1; }
 void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
 PhiloxDraw Graph::draw(Generator&, uint64_t) { no_cuda("Graph::draw"); }
+uint64_t Graph::draw_position(const Generator&) const { return 0; }
+void Graph::set_draw_position(Generator&, uint64_t) { no_cuda("Graph::set_draw_position"); }
 Graph* capturing_graph() { return nullptr; }
 void check_not_capturing(const char*) {}
 Graph capture(const std::function<void()>&, int) { no_cuda("capture"); }

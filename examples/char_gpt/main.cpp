@@ -37,7 +37,8 @@
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
 // page-locked memory (data::WindowSampler).
 //
-// --cuda-graph (one GPU, AdamW): after 3 ordinary iterations the training step (zero_grad, forward,
+// CUDA graph (default on one GPU with AdamW; --no-cuda-graph turns it off, and
+// --cuda-graph insists on it): after 3 ordinary iterations the training step (zero_grad, forward,
 // backward, clipping, AdamW) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
 // its batch into the graph's input tensors and replays it: one launch instead of hundreds. Dropout masks,
 // AdamW's step count and the scheduled lr advance per replay as they would without the graph.
@@ -121,7 +122,8 @@ struct Args {
   int64_t sample = 500;
   int64_t profile = 0;
   bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
-  bool cuda_graph = false;  // the step as one CUDA graph after 3 ordinary iterations
+  int cuda_graph = -1;  // the step as one CUDA graph after 3 ordinary iterations: 1 on, 0 off, -1 where it can
+  bool cuda_graph_asked = false;  // --cuda-graph given: an error where it cannot be
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
@@ -145,7 +147,8 @@ void usage(std::ostream& os) {
         "                   into the run's metrics (default 5; 0: off)\n"
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
         "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
-        "  --cuda-graph: one GPU and AdamW: the training step captured once as a CUDA graph and replayed\n";
+        "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
+        "                on one GPU with AdamW)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -186,8 +189,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--print-loss") a.print_loss = true;
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
-    else if (flag == "--cuda-graph") a.cuda_graph = true;
-    else if (flag == "--no-cuda-graph") a.cuda_graph = false;
+    else if (flag == "--cuda-graph") a.cuda_graph = 1, a.cuda_graph_asked = true;
+    else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sample") a.sample = r.i64();
     else if (flag == "--profile") a.profile = r.i64();
@@ -207,8 +210,9 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
-  KILN_CHECK(!a.cuda_graph || (a.optimizer == "adamw" && !a.grad_checkpoint), "char_gpt: --cuda-graph needs "
-             "--optimizer adamw (Shampoo decides on the host when to compute roots) and no --grad-checkpoint");
+  KILN_CHECK(a.cuda_graph != 1 || a.optimizer == "adamw", "char_gpt: --cuda-graph needs --optimizer adamw (Shampoo "
+             "decides on the host when to compute roots)");
+  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and one GPU: in run()
   return a;
 }
 
@@ -257,8 +261,9 @@ int run(const Args& args) {
   const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
   if (group) dev = group->device();
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
-  KILN_CHECK(!args.cuda_graph || (dev.is_cuda() && !group), "char_gpt: --cuda-graph needs one GPU (--device cuda, "
-             "one rank)");
+  KILN_CHECK(!args.cuda_graph_asked || (dev.is_cuda() && !group),
+             "char_gpt: --cuda-graph needs one GPU (--device cuda, one rank)");
+  const bool use_graph = args.cuda_graph == 1 && dev.is_cuda() && !group;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,
                ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
@@ -493,7 +498,7 @@ int run(const Args& args) {
     }
     if (last) break;
 
-    if (args.cuda_graph && !graph && trained_iters == 3) {  // warm: optimizer state, workspaces, heuristics
+    if (use_graph && !graph && trained_iters == 3) {  // warm: optimizer state, workspaces, heuristics
       graph_x = empty({args.batch_size, args.block_size}, {.dtype = DType::i64, .device = dev});
       graph_y = empty_like(graph_x);
       graph.emplace(cuda::capture([&] { graph_loss = compute_step(graph_x, graph_y, untimed); }, /*warmup=*/0));

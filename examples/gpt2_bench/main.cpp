@@ -16,7 +16,8 @@
 // --zero trains the ranks with distributed::ZeroAdamW (ZeRO-1: AdamW's moments sharded across the ranks)
 // instead of DDP + AdamW; peak_gib then shows the state it saves.
 //
-// --cuda-graph (one GPU, AdamW): after the warm-up the step (forward, zero_grad, backward, AdamW) is captured
+// CUDA graph (default on one GPU with AdamW; --no-cuda-graph turns it off, --cuda-graph insists): after the
+// warm-up the step (forward, zero_grad, backward, AdamW) is captured
 // once as a CUDA graph (cuda/graph.h) and every timed step copies its batch into the graph's inputs and
 // replays it.
 //
@@ -69,7 +70,7 @@ struct Args {
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
-  bool cuda_graph = false; // the step captured once as a CUDA graph and replayed
+  int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
@@ -83,7 +84,7 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]]\n"
-        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--cuda-graph]\n"
+        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
@@ -92,7 +93,8 @@ void usage(std::ostream& os) {
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
-        "  --cuda-graph: one GPU and AdamW: the step captured once as a CUDA graph, replayed after the warm-up\n"
+        "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
+        "                (default: on one GPU with AdamW)\n"
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
@@ -118,7 +120,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
-    else if (flag == "--cuda-graph") a.cuda_graph = true;
+    else if (flag == "--cuda-graph") a.cuda_graph = 1;
+    else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
     else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
@@ -130,7 +133,7 @@ Args parse_args(int argc, char** argv) {
     else r.unknown();
   }
   KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
-  KILN_CHECK(!a.cuda_graph || (a.shampoo == 0 && !a.zero), "gpt2_bench: --cuda-graph needs AdamW (not --shampoo "
+  KILN_CHECK(a.cuda_graph != 1 || (a.shampoo == 0 && !a.zero), "gpt2_bench: --cuda-graph needs AdamW (not --shampoo "
              "or --zero)");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
              "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
@@ -143,7 +146,8 @@ int run(const Args& args) {
   const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
   if (group) dev = group->device();
   const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
-  KILN_CHECK(!args.cuda_graph || (dev.is_cuda() && !group), "gpt2_bench: --cuda-graph needs one GPU (one rank)");
+  KILN_CHECK(args.cuda_graph != 1 || (dev.is_cuda() && !group), "gpt2_bench: --cuda-graph needs one GPU (one rank)");
+  const bool use_graph = args.cuda_graph != 0 && dev.is_cuda() && !group && args.shampoo == 0 && !args.zero;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
                "--device cpu runs a (slow) CPU smoke test");
@@ -228,7 +232,7 @@ int run(const Args& args) {
   for (int64_t i = 0; i < args.warmup; ++i) step(i);
   std::optional<cuda::Graph> graph;  // --cuda-graph: the step on the batch in (gx, gy), replayed
   Tensor gx, gy;
-  if (args.cuda_graph) {
+  if (use_graph) {
     if (args.warmup == 0) eager_step(0);  // AdamW's state must exist before the capture
     gx = batches[0].first.clone();
     gy = batches[0].second.clone();
@@ -308,7 +312,7 @@ int run(const Args& args) {
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s\n", tps, mfu, peak_gib,
               1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
               args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "",
-              args.cuda_graph ? " cuda_graph=1" : "");
+              use_graph ? " cuda_graph=1" : "");
   return 0;
 }
 

@@ -58,9 +58,9 @@ std::string error_of(const std::function<void()>& f) {
 // A small GPT trained as char_gpt trains: flat parameters, bf16 autocast, clipping on the device, AdamW
 // with a cosine schedule; dropout on the residual branches and the attention weights.
 struct Trainer {
-  explicit Trainer(double dropout)
+  explicit Trainer(double dropout, bool checkpoint = false)
       : model({.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .dropout = dropout,
-               .attn_dropout = dropout, .bias = true, .device = kGpu}),
+               .attn_dropout = dropout, .bias = true, .checkpoint = checkpoint, .device = kGpu}),
         flat(model.parameters()),
         opt(model.parameters(), {.lr = 3e-3, .betas = {0.9, 0.99}, .eps = 1e-3, .weight_decay = 0.1}),
         schedule(opt, 2, 12, 3e-4) {}
@@ -134,15 +134,17 @@ std::vector<double> train(Trainer& t, const std::vector<std::pair<Tensor, Tensor
 TEST(CudaGraph, CapturedTrainingStepReplaysToTheUncapturedParameters) {
   KILN_REQUIRE_GPU();
   const auto data = batches(8);
-  for (double dropout : {0.0, 0.2}) {
+  for (auto [dropout, checkpoint] : {std::pair{0.0, false}, {0.2, false}, {0.2, true}}) {
     manual_seed(5);
-    Trainer eager(dropout);
+    Trainer eager(dropout, checkpoint);
     const std::vector<double> eager_losses = train(eager, data, -1);
     const uint64_t eager_offset = default_generator().state().offset;
     manual_seed(5);
-    Trainer graphed(dropout);
+    Trainer graphed(dropout, checkpoint);
     const std::vector<double> graph_losses = train(graphed, data, 2);
-    const std::string what = dropout > 0 ? "with dropout" : "without dropout";
+    // checkpointing recomputes each block in backward, drawing its dropout masks again
+    const std::string what = std::string(dropout > 0 ? "with dropout" : "without dropout") +
+                             (checkpoint ? ", gradient checkpointing" : "");
     ASSERT_EQ(graph_losses.size(), eager_losses.size());
     for (size_t i = 0; i < eager_losses.size(); ++i)
       EXPECT_NEAR(graph_losses[i], eager_losses[i], 1e-5) << what << ", step " << i;
