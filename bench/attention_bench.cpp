@@ -89,5 +89,24 @@ int main(int argc, char** argv) {
           std::printf("BENCH_ERROR attention%s %s\n", tag.c_str(), e.what());
         }
       }
+  // char_gpt's shape (B 64, H 6, T 256, D 64, causal), with and without its attention dropout (p = 0.2)
+  if (only.empty() || std::string("_chargpt").find(only) != std::string::npos || only == "_chargpt") {
+    const int64_t B = 64, H = 6, N = 256, D = 64;
+    Tensor q = randn({B, H, N, D}, bf16), k = randn({B, H, N, D}, bf16), v = randn({B, H, N, D}, bf16);
+    Tensor dout = randn({B, H, N, D}, bf16);
+    Tensor out = empty({B, H, N, D}, bf16), lse = empty({B, H, N}, {.dtype = DType::f32, .device = kGpu});
+    Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+    const double scale = 1.0 / std::sqrt(double(D)), fwd_flops = 4.0 * double(B * H) * double(N * N * D) / 2.0;
+    const double tensor_bytes = double(B * H * N * D) * 2.0;
+    for (double p : {0.0, 0.2}) {
+      const PhiloxDraw rng{7, 0, nullptr};
+      auto fwd = [&] { kernels::attention_forward(q, k, v, Tensor(), out, lse, true, scale, p, rng); };
+      auto bwd = [&] { kernels::attention_backward(dout, q, k, v, Tensor(), out, lse, dq, dk, dv, true, scale, p, rng); };
+      const std::string tag = std::string("_d64_n256_chargpt_causal") + (p > 0 ? "_dropout" : "");
+      report("attention_fwd" + tag, bench::median_ms(fwd, 3, 20, 1), 4 * tensor_bytes, fwd_flops);
+      report("attention_fwdbwd" + tag, bench::median_ms([&] { fwd(); bwd(); }, 3, 20, 1), 13 * tensor_bytes,
+             3.5 * fwd_flops);
+    }
+  }
   return 0;
 }

@@ -68,16 +68,58 @@ __device__ __forceinline__ float dropout_z(const DropoutArgs& d, int64_t bh, int
 
 // The keep decisions of a thread's 32 accumulator elements of an (8 n8 tiles x 4) fragment, bit nt·4 + e,
 // element (row(e), col(nt, e)) with row(e) = r0 + (e >= 2 ? 8 : 0), col = c0 + nt·8 + (e & 1) (transposed:
-// the element's query is the col). A rolled loop: the Philox rounds stay out of the unrolled MMA code.
+// the element's query is the col), each as dropout_z decides it. Called by all 32 lanes of a warp together,
+// in the mma fragment layout: r0 = R + lane / 4 and c0 = C + 2·(lane % 4) with R and C multiples of 8.
+// A Philox block holds the decisions of 4 consecutive keys of one query, and these are spread over a
+// group of 4 lanes (the lanes of one row, or in the transposed layout the lanes of 4 consecutive keys), so
+// each lane draws 8 of its group's 32 blocks and the group exchanges their keep bits by shuffles: 8 Philox
+// calls a lane instead of 32. The draws run in a rolled loop: the rounds stay out of the unrolled MMA code.
 __device__ __forceinline__ uint32_t dropout_bits(const DropoutArgs& d, int64_t bh, int Tq, int Tk, int r0, int c0,
                                               bool transposed) {
-  uint32_t bits = 0;
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
+  const uint64_t seed = d.replay_base ? d.replay_base[0] : d.seed;
+  const uint64_t base = (d.replay_base ? d.replay_base[1] : 0) + d.offset;
+  const uint64_t row_blocks = uint64_t((Tk + 3) / 4);
+  // This lane's 8 blocks, 4 keep bits each (bit 4·b + key % 4).
+  uint32_t mine = 0;
 #pragma unroll 1
+  for (int b = 0; b < 8; ++b) {
+    int i, jb;  // the block's query and first key (a multiple of 4)
+    if (!transposed) {  // lane t4 draws for n8 tiles 2·t4 and 2·t4 + 1: rows r0, r0 + 8, key blocks 0, 1 of the tile
+      const int nt = 2 * t4 + (b >> 2), h = (b >> 1) & 1, blk = b & 1;
+      i = r0 + 8 * h;
+      jb = c0 - 2 * t4 + 8 * nt + 4 * blk;
+    } else {  // the lane with key r0 ≡ s (mod 4) draws queries 4s..4s+3 of its 16, keys r0 - s (+ 8)
+      const int s = g & 3, qn = 4 * s + (b >> 1), h = b & 1;
+      i = c0 + 8 * (qn >> 1) + (qn & 1);
+      jb = r0 - s + 8 * h;
+    }
+    if (i < Tq && jb < Tk) {
+      const uint4 w = philox4x32(base + uint64_t(bh * Tq + i) * row_blocks + uint64_t(jb >> 2), seed);
+      const uint32_t keep4 = uint32_t(unit_float(w.x) < d.keep_below) | uint32_t(unit_float(w.y) < d.keep_below) << 1 |
+                             uint32_t(unit_float(w.z) < d.keep_below) << 2 | uint32_t(unit_float(w.w) < d.keep_below) << 3;
+      mine |= keep4 << (4 * b);
+    }
+  }
+  uint32_t words[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+    words[t] = __shfl_sync(0xffffffffu, mine, transposed ? ((g & ~3) + t) * 4 + t4 : (lane & ~3) + t);
+  uint32_t bits = 0;
+#pragma unroll
   for (int k = 0; k < 32; ++k) {
-    const int nt = k / 4, e = k % 4;
-    const int row = r0 + (e >= 2 ? 8 : 0), col = c0 + nt * 8 + (e & 1);
+    const int nt = k / 4, e = k % 4, h = e >> 1;
+    const int row = r0 + 8 * h, col = c0 + nt * 8 + (e & 1);
     const int i = transposed ? col : row, j = transposed ? row : col;
-    if (i < Tq && j < Tk && dropout_z(d, bh, Tq, Tk, i, j) != 0.f) bits |= 1u << k;
+    uint32_t bit;
+    if (!transposed) {
+      const int cl = 2 * t4 + (e & 1);  // the column within the n8 tile
+      bit = words[nt >> 1] >> (4 * (((nt & 1) << 2) | (h << 1) | (cl >> 2)) + (cl & 3));
+    } else {
+      const int qn = 2 * nt + (e & 1);
+      bit = words[qn >> 2] >> (4 * (((qn & 3) << 1) | h) + (g & 3));
+    }
+    if (i < Tq && j < Tk && (bit & 1u)) bits |= 1u << k;
   }
   return bits;
 }
