@@ -46,13 +46,14 @@ int main() {
     std::printf("# %lld factors of %lld x %lld\n", (long long)n, (long long)d, (long long)d);
     matrices += n;
   }
-  for (auto method : {linalg::RootMethod::eigen, linalg::RootMethod::newton}) {
-    const char* name = method == linalg::RootMethod::eigen ? "eigen" : "newton";
+  for (int variant = 0; variant < 3; ++variant) {
+    const auto method = variant == 0 ? linalg::RootMethod::eigen : linalg::RootMethod::newton;
+    const char* name = variant == 0 ? "eigen" : variant == 1 ? "newton" : "newton_tf32";
     int64_t iterations = 0, fallbacks = 0;
     const double ms = bench::median_ms(
         [&] {
           for (const auto& [d, f] : factors) {
-            const auto r = linalg::inverse_root_ex(f, 4, {.epsilon = 1e-12, .method = method});
+            const auto r = linalg::inverse_root_ex(f, 4, {.epsilon = 1e-12, .method = method, .tf32 = variant == 2});
             iterations = std::max(iterations, r.iterations);
             fallbacks += r.fallbacks;
           }
@@ -61,6 +62,14 @@ int main() {
     bench::report(std::string("shampoo_roots_gpt2_124m_") + name, ms, 0, 0);
     std::printf("# all %lld roots of GPT-2 124M by %s: %.1f ms (newton: up to %lld iterations, %lld fallbacks)\n",
                 (long long)matrices, name, ms, (long long)iterations, (long long)fallbacks);
+  }
+  // how far the TF32 Newton roots are from the eigen ones (relative Frobenius distance, worst matrix)
+  for (const auto& [d, f] : factors) {
+    const Tensor re = linalg::inverse_root(f, 4, {.epsilon = 1e-12});
+    const Tensor rt = linalg::inverse_root(f, 4, {.epsilon = 1e-12, .method = linalg::RootMethod::newton, .tf32 = true});
+    const Tensor dist = div(sqrt(sum(square(sub(rt, re)), {-2, -1})), sqrt(sum(square(re), {-2, -1})));
+    std::printf("# %lld x %lld roots: newton_tf32 vs eigen, relative distance up to %.2e\n", (long long)d, (long long)d,
+                amax(dist).item<double>());
   }
   for (int64_t batch : {1, 48}) {
     const Tensor g = randn({batch, 768, 768}, f32);

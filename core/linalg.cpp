@@ -1,6 +1,7 @@
 // Matrix functions (core/linalg.h): the symmetric eigendecomposition through the linalg kernels, and the
 // inverse p-th roots composed from it or from batched GEMMs (the coupled Newton iteration).
 #include <kiln/core/linalg.h>
+#include <kiln/cuda/runtime.h>
 
 #include <cmath>
 #include <string>
@@ -115,7 +116,19 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
 
   KILN_CHECK(p == std::round(p) && p >= 1, op, ": the newton method needs an integer root, got p = ", p);
   KILN_CHECK(options.max_iterations >= 0, op, ": max_iterations must be non-negative, got ", options.max_iterations);
-  const double tolerance = options.tolerance > 0 ? options.tolerance : (a.dtype() == DType::f64 ? 1e-10 : 1e-4);
+  const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
+  const double tolerance =
+      options.tolerance > 0 ? options.tolerance : (a.dtype() == DType::f64 ? 1e-10 : tf32 ? 2e-3 : 1e-4);
+  // TF32 products for the iteration (the process setting restored on the way out, exceptions included)
+  struct Tf32Scope {
+    bool active, before;
+    explicit Tf32Scope(bool on) : active(on), before(on && cuda::allow_tf32()) {
+      if (active) cuda::set_allow_tf32(true);
+    }
+    ~Tf32Scope() {
+      if (active) cuda::set_allow_tf32(before);
+    }
+  } tf32_scope(tf32);
   const int64_t q = int64_t(p);
   const Tensor identity = eye(n, {.dtype = a.dtype(), .device = a.device()});
   const Tensor ridged = add(a3, mul(identity, options.epsilon));

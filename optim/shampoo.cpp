@@ -194,7 +194,8 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
     }
     bool done = false;
     try {
-      const Tensor roots = linalg::inverse_root(stacked, p, {.epsilon = eps, .method = root_method});
+      const Tensor roots =
+          linalg::inverse_root(stacked, p, {.epsilon = eps, .method = root_method, .tf32 = root_tf32});
       if (all_true(isfinite(roots))) {
         for (size_t j = 0; j < group.size(); ++j) group[j]->root.copy_(roots.select(0, int64_t(j)));
         done = true;

@@ -71,6 +71,26 @@ TEST(CudaLinalg, InverseRootsMatchTheCpuByBothMethods) {
     }
 }
 
+// The Newton iteration on TF32 tensor cores: converged to its tolerance (2e-3, no fallback) and within the
+// precision TF32 allows of the f64 roots; the process's TF32 setting is left as it was.
+TEST(CudaLinalg, NewtonRootsOnTf32TensorCores) {
+  KILN_REQUIRE_GPU();
+  manual_seed(43);
+  const bool before = cuda::allow_tf32();
+  for (int64_t n : {17, 768, 1024}) {
+    const Tensor a = spd(2, n, DType::f32);
+    const Tensor want = linalg::inverse_root(cast(a, DType::f64), 4, {.epsilon = 1e-12});
+    const auto r = linalg::inverse_root_ex(a.to(gpu()), 4, {.epsilon = 1e-12, .method = linalg::RootMethod::newton,
+                                                            .fallback = false, .tf32 = true});
+    const double err = max_abs(sub(cast(r.root.cpu(), DType::f64), want)) / max_abs(want);
+    std::printf("inverse_root newton tf32 n=%lld: relative error %.2e (%lld iterations)\n", (long long)n, err,
+                (long long)r.iterations);
+    EXPECT_LT(err, 3e-2) << n;
+    EXPECT_EQ(r.fallbacks, 0);
+    EXPECT_EQ(cuda::allow_tf32(), before);
+  }
+}
+
 TEST(CudaLinalg, IllConditionedAndSingularRootsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(43);
