@@ -16,6 +16,7 @@ Fp8ScalingState::Fp8ScalingState(const Fp8DelayedScalingOptions& options, Device
   history_ = zeros({kRoles, options.history_len}, f32);
   overflows_ = zeros({kRoles}, f32);
   non_finite_ = zeros({kRoles}, f32);
+  underflows_ = zeros({kRoles}, {.dtype = DType::f64, .device = device});
 }
 
 Tensor Fp8ScalingState::scale_amax(Role role) const {
@@ -39,6 +40,23 @@ void Fp8ScalingState::record(Role role, const Tensor& current, const Tensor& use
   overflows_.select(0, role).add_(mul(cast(gt(cur, limit), DType::f32), finite01));
 }
 
+void Fp8ScalingState::record_underflows(Role role, const Tensor& x, const Tensor& used, double largest,
+                                        double smallest_subnormal) {
+  NoGradGuard ng;
+  KILN_CHECK(x.device() == device_ && used.numel() == 1 && used.device() == device_,
+             "Fp8ScalingState::record_underflows: expected a tensor and a one-element amax on ", device_.str(), ", got ",
+             x.str(), " and ", used.str());
+  const Tensor u = cast(used.reshape({}), DType::f32);
+  const Tensor zero = zeros({}, {.dtype = DType::f32, .device = device_});
+  const Tensor scale = masked_fill(div(full({}, largest, {.dtype = DType::f32, .device = device_}), u), eq(u, zero), 1.0);
+  const Tensor xf = cast(x, DType::f32);
+  const Tensor flushed = mul(cast(ne(xf, zero), DType::f64),
+                             cast(le(mul(abs(xf), scale), full({}, smallest_subnormal / 2, {.dtype = DType::f32,
+                                                                                            .device = device_})),
+                                  DType::f64));
+  underflows_.select(0, role).add_(sum(flushed));
+}
+
 void Fp8ScalingState::step() {
   position_ = (position_ + 1) % options_.history_len;
   history_.narrow(1, position_, 1).zero_();
@@ -47,6 +65,12 @@ void Fp8ScalingState::step() {
 std::vector<int64_t> Fp8ScalingState::overflows() const {
   std::vector<int64_t> out;
   for (double v : overflows_.cpu().to_vector<double>()) out.push_back(int64_t(v));
+  return out;
+}
+
+std::vector<int64_t> Fp8ScalingState::underflows() const {
+  std::vector<int64_t> out;
+  for (double v : underflows_.cpu().to_vector<double>()) out.push_back(int64_t(v));
   return out;
 }
 
@@ -60,6 +84,7 @@ State Fp8ScalingState::save_state() const {
   return {{"amax_history", history_},
           {"overflows", overflows_},
           {"non_finite", non_finite_},
+          {"underflows", underflows_},
           {"position", position_},
           {"margin", options_.margin}};
 }
@@ -76,6 +101,11 @@ std::vector<std::string> Fp8ScalingState::check_state(const State& state) const 
                      " (3 roles x history_len " + std::to_string(options_.history_len) + ")");
   for (const Tensor* t : {o, n})
     if (t && t->sizes() != Shape{kRoles}) errors.push_back("a counter has shape " + shape_str(t->sizes()) + ", expected [3]");
+  // "underflows" came later: a state without it loads with zero counts
+  if (auto it = state.find("underflows"); it != state.end()) {
+    const Tensor* u = std::get_if<Tensor>(&it->second);
+    if (!u || u->sizes() != Shape{kRoles}) errors.push_back("'underflows' must be a tensor of shape [3]");
+  }
   if (p && (*p < 0 || *p >= options_.history_len))
     errors.push_back("'position' " + std::to_string(*p) + " is outside the history of " +
                      std::to_string(options_.history_len));
@@ -89,6 +119,8 @@ void Fp8ScalingState::apply_state(const State& state) {
   history_.copy_(std::get<Tensor>(state.at("amax_history")));
   overflows_.copy_(std::get<Tensor>(state.at("overflows")));
   non_finite_.copy_(std::get<Tensor>(state.at("non_finite")));
+  if (auto it = state.find("underflows"); it != state.end()) underflows_.copy_(std::get<Tensor>(it->second));
+  else underflows_.zero_();
   position_ = std::get<int64_t>(state.at("position"));
 }
 

@@ -6,7 +6,9 @@
 // current amax in this step's slot (the largest, if it runs several times a step); step() moves to the next
 // slot, dropping the oldest. A non-finite amax is not recorded but counted (its step's values are
 // non-finite anyway, which a GradScaler sees and skips); a current amax above the one its scale came from
-// (values that saturated at the format's largest) is counted as an overflow. All of it stays on the device:
+// (values that saturated at the format's largest) is counted as an overflow. With count_underflows, the
+// nonzero elements a quantization flushes to zero (|x|·scale at or below half the format's smallest
+// subnormal) are counted too, at the cost of one more pass over each quantized tensor. All of it stays on the device:
 // nothing is read back unless the counters are asked for. Checkpoints save it as a Stateful component.
 //
 //   nn::Fp8ScalingState scaling({.history_len = 16, .margin = 0}, device);
@@ -25,6 +27,7 @@ namespace kiln::nn {
 struct Fp8DelayedScalingOptions {
   int64_t history_len = 16;
   int64_t margin = 0;  // the scale is divided by 2^margin: headroom for amax growth within a step
+  bool count_underflows = false;  // count the nonzero elements each quantization flushes to zero (a pass more)
 };
 
 class Fp8ScalingState : public Stateful {
@@ -41,6 +44,10 @@ class Fp8ScalingState : public Stateful {
   // overflow when values saturated: amax above `used` (the amax the quantization's scale came from; with
   // `used` 0 the scale was 1, and the limit is the format's `largest`), or skipping it as non-finite.
   void record(Role role, const Tensor& amax, const Tensor& used, double largest);
+  // Adds to `role`'s underflow count the nonzero elements of x that quantize to zero with the scale derived
+  // from `used` (largest / used, 1 where used is 0): |x|·scale <= smallest_subnormal / 2 (round to nearest
+  // even sends the tie to 0).
+  void record_underflows(Role role, const Tensor& x, const Tensor& used, double largest, double smallest_subnormal);
   // The next step: its slot cleared.
   void step();
 
@@ -51,6 +58,7 @@ class Fp8ScalingState : public Stateful {
   // Counts so far, per role (read from the device).
   std::vector<int64_t> overflows() const;
   std::vector<int64_t> non_finite() const;
+  std::vector<int64_t> underflows() const;  // elements, not quantizations (0 unless count_underflows)
 
   State save_state() const override;
   std::vector<std::string> check_state(const State& state) const override;
@@ -64,6 +72,7 @@ class Fp8ScalingState : public Stateful {
   Tensor history_;     // (3, H) f32
   Tensor overflows_;   // (3) f32 counts
   Tensor non_finite_;  // (3) f32 counts
+  Tensor underflows_;  // (3) f64 counts of elements
   int64_t position_ = 0;
 };
 

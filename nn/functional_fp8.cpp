@@ -39,7 +39,13 @@ Quantized quantize(const Tensor& t, DType format, Fp8ScalingState* scaling = nul
   kernels::fp8_amax(x, a);
   const Tensor used = scaling ? scaling->scale_amax(role) : a;
   kernels::fp8_quantize(x, used, format, q.codes, q.codes_t, q.scale_inv);
-  if (scaling) scaling->record(role, a, used, format == DType::f8e4m3 ? 448.0 : 57344.0);
+  if (scaling) {
+    const double largest = format == DType::f8e4m3 ? 448.0 : 57344.0;
+    scaling->record(role, a, used, largest);
+    // e4m3's smallest subnormal is 2^-9, e5m2's 2^-16
+    if (scaling->options().count_underflows)
+      scaling->record_underflows(role, x, used, largest, std::ldexp(1.0, format == DType::f8e4m3 ? -9 : -16));
+  }
   return q;
 }
 

@@ -110,6 +110,44 @@ TEST(Fp8Linear, DelayedScalingFollowsTheAmaxHistory) {
   EXPECT_EQ(hist(0, st.position()), 0.0);
 }
 
+// With count_underflows, the nonzero elements that quantize to zero are counted per role: exactly those whose
+// code is 0, checked against the quantization itself (dequantized_with) on the same inputs.
+TEST(Fp8Linear, UnderflowsCountTheNonzeroElementsFlushedToZero) {
+  manual_seed(20);
+  Fp8ScalingState st({.history_len = 2, .count_underflows = true});
+  Tensor x = mul(randn({16, 32}), 0.01);  // the first step's scale is 1: e4m3 flushes |x| <= 2^-10 to zero
+  x.narrow(0, 0, 1).fill_(0.0);           // zeros are not underflows
+  const Tensor w = randn({16, 32});
+  (void)fp8_linear(x, w, Tensor(), &st);
+  auto flushed = [](const Tensor& t, double amax_used) {
+    const std::vector<double> v = t.to_vector<double>(), q = dequantized_with(t, amax_used).to_vector<double>();
+    int64_t n = 0;
+    for (size_t i = 0; i < v.size(); ++i) n += v[i] != 0.0 && q[i] == 0.0;
+    return n;
+  };
+  const int64_t want = flushed(x, 0);
+  EXPECT_GT(want, 20);  // the test means something: many of x's values are below 2^-10
+  EXPECT_EQ(st.underflows()[Fp8ScalingState::input], want);
+  EXPECT_EQ(st.underflows()[Fp8ScalingState::weight], flushed(w, 0));
+  // the next step scales by the recorded amax: far fewer flush
+  st.step();
+  const double a0 = amax(abs(x)).item<double>();
+  (void)fp8_linear(x, w, Tensor(), &st);
+  EXPECT_EQ(st.underflows()[Fp8ScalingState::input], want + flushed(x, a0));
+  EXPECT_LT(flushed(x, a0), want);
+  // counted only when asked for; kept through save and load
+  Fp8ScalingState quiet({.history_len = 2});
+  (void)fp8_linear(x, w, Tensor(), &quiet);
+  EXPECT_EQ(quiet.underflows()[Fp8ScalingState::input], 0);
+  Fp8ScalingState other({.history_len = 2, .count_underflows = true});
+  other.load_state(st.save_state());
+  EXPECT_EQ(other.underflows(), st.underflows());
+  State old_format = st.save_state();  // a state saved before the counter existed loads with zero counts
+  old_format.erase("underflows");
+  other.load_state(old_format);
+  EXPECT_EQ(other.underflows(), std::vector<int64_t>(3, 0));
+}
+
 // The gradient's role records dy's amax in backward; the state round-trips through save_state / load_state
 // and refuses a state of another history length or margin.
 TEST(Fp8Linear, DelayedScalingStateRecordsGradientsAndRoundTrips) {
