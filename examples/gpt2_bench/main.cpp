@@ -68,6 +68,7 @@ struct Args {
   bool zero = false;
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
+  bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
@@ -83,7 +84,8 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
-        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
+        "                  [--shampoo-newton-tf32]]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
@@ -96,6 +98,7 @@ void usage(std::ostream& os) {
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
         "                (default: on one GPU with AdamW)\n"
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
+        "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
 }
@@ -118,6 +121,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--zero") a.zero = true;
     else if (flag == "--shampoo") a.shampoo = r.i64();
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
+    else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true;
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--cuda-graph") a.cuda_graph = 1;
@@ -191,6 +195,10 @@ int run(const Args& args) {
       auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, s);
       shampoo->add_param_group(groups.no_decay, without_decay);
       shampoo->tf32 = args.shampoo_tf32;
+      if (args.shampoo_newton_tf32) {
+        shampoo->root_method = linalg::RootMethod::newton;
+        shampoo->root_tf32 = true;
+      }
       opt = std::move(shampoo);
     } else {
       auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);
