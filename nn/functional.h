@@ -169,6 +169,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     bool causal = false, std::optional<double> scale = std::nullopt,
                                     double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
+// Sparse attention patterns as bool masks for scaled_dot_product_attention (true: the key takes part).
+// sliding_window_mask (Tq, Tk): query i sees key j when i - window < j <= i (causal: each position its
+// `window` latest keys, Mistral's sliding window) or |i - j| < window (not causal); positions count from 0 for
+// queries and keys alike, as `causal` counts them. block_sparse_mask: `layout` (ceil(Tq / block),
+// ceil(Tk / block)) bool, true where a block of queries sees a block of keys (BigBird / Longformer layouts:
+// global, window and random blocks), expanded to (Tq, Tk); the last blocks may be partial. On the layout's
+// device (sliding_window_mask: on `device`). The fused kernels take such a mask as an additive bias: the
+// result is exact, but the masked tiles are still computed, so time is dense attention's (skipping them is
+// the next step for the kernels; docs/transformers.md).
+Tensor sliding_window_mask(int64_t Tq, int64_t Tk, int64_t window, bool causal, Device device = Device::cpu());
+Tensor block_sparse_mask(const Tensor& layout, int64_t block_size, int64_t Tq, int64_t Tk);
+
 // Self-attention over packed projections: qkv (B, T, 3, H, D), as one in_proj GEMM lays them out, holds
 // q, k and v as its slices (qkv.select(2, i).transpose(1, 2) is (B, H, T, D)). The same values as
 // scaled_dot_product_attention on those views, as one node whose backward writes dq, dk and dv into one

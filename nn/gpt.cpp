@@ -59,7 +59,8 @@ Tensor GPTMLP::forward(const Tensor& x) {
 GPTBlock::GPTBlock(const GPTConfig& c)
     : ln_1(c.n_embd, norm_options(c)),
       attn(c.n_embd, c.n_head,
-           {.dropout = c.attn_dropout, .bias = c.bias, .causal = true, .random_features = c.attention_features,
+           {.dropout = c.attn_dropout, .bias = c.bias, .causal = true, .window = c.attention_window,
+            .random_features = c.attention_features,
             .dtype = c.dtype, .device = c.device}),
       drop(c.dropout),
       ln_2(c.n_embd, norm_options(c)),

@@ -52,6 +52,8 @@ struct GPTConfig {
   double attn_dropout = 0.0;  // on the attention weights (nanoGPT uses `dropout` here too)
   bool bias = true;           // biases in the Linear layers and LayerNorms (nanoGPT's train.py: false)
   bool checkpoint = false;    // gradient checkpointing of whole blocks
+  int64_t attention_window = 0;    // > 0: sliding-window attention, each position its latest `attention_window`
+                                   // keys (MultiheadAttentionOptions::window)
   int64_t attention_features = 0;  // > 0: Performer random-feature attention (softmax kernel) with this many
                                    // features instead of exact attention (MultiheadAttentionOptions::random_features)
   DType dtype = DType::f32;

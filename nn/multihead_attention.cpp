@@ -33,6 +33,10 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, con
   reset_parameters();
   KILN_CHECK(options.random_features >= 0, "MultiheadAttention: random_features must be non-negative, got ",
              options.random_features);
+  KILN_CHECK(options.window >= 0, "MultiheadAttention: window must be non-negative (0: none), got ", options.window);
+  KILN_CHECK(options.window == 0 || options.random_features == 0,
+             "MultiheadAttention: a sliding window (", options.window, ") and random-feature attention (",
+             options.random_features, " features) do not combine");
   if (options.random_features > 0)
     projection = register_buffer("projection", functional::orthogonal_random_projection(
                                                    options.random_features, head_dim(), nullptr,
@@ -90,6 +94,15 @@ Tensor MultiheadAttention::score_bias(const Tensor& key_padding_mask, const Tens
     Tensor a = additive(attn_mask);
     a = shared ? a.view({1, 1, Tq, Tk}) : a.reshape({B, num_heads_, Tq, Tk});
     bias = bias.defined() ? add(bias, a) : a;
+  }
+  if (options_.window > 0) {
+    const Tensor& w = window_bias_;
+    if (!w.defined() || w.size(2) != Tq || w.size(3) != Tk || w.dtype() != o.dtype || w.device() != o.device) {
+      NoGradGuard ng;
+      const Tensor keep = functional::sliding_window_mask(Tq, Tk, options_.window, options_.causal, o.device);
+      window_bias_ = where(keep, full({}, 0.0, o), full({}, -INFINITY, o)).view({1, 1, Tq, Tk});
+    }
+    bias = bias.defined() ? add(bias, window_bias_) : window_bias_;
   }
   return bias;
 }

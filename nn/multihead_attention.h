@@ -22,6 +22,8 @@
 // (functional::performer_attention, docs/sketched.md): time and memory linear in T, the projection Ω (m, D)
 // a persistent buffer `projection` (a checkpoint restores the same features; redraw_projection() draws
 // new ones). It takes no masks (but causal), and attention dropout does not apply to it.
+// With window = w > 0 the sliding-window mask joins the other masks (made once per sequence lengths and
+// device, and kept, so a captured CUDA graph reuses it).
 #include <cstdint>
 
 #include <kiln/nn/functional.h>
@@ -34,6 +36,8 @@ struct MultiheadAttentionOptions {
   double dropout = 0.0;  // on the attention weights, in training mode
   bool bias = true;      // biases of in_proj and out_proj
   bool causal = false;   // position t attends to keys 0..t only
+  int64_t window = 0;    // w > 0: sliding-window attention, each query its w latest keys (causal) or the keys
+                         // within w - 1 positions either side (functional::sliding_window_mask)
   int64_t random_features = 0;  // m > 0: Performer attention with m random features
   functional::RandomFeatureKernel feature_kernel = functional::RandomFeatureKernel::softmax;
   DType dtype = DType::f32;
@@ -66,6 +70,7 @@ class MultiheadAttention : public Module {
 
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;
+  mutable Tensor window_bias_;  // the sliding window's additive bias (1, 1, Tq, Tk), for the last lengths seen
 
  public:
   Linear in_proj;   // E -> 3E: query, key and value projections stacked

@@ -1,0 +1,119 @@
+// Sparse attention patterns (nn/functional_sparse_attention.cpp): the sliding-window and block-sparse masks
+// against their definitions, attention under them equal to the reference composite with the same mask
+// (values and gradients, causal or not, odd lengths), each query seeing exactly its window, and
+// MultiheadAttention's window option equal to passing the mask by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
+#include <kiln/nn/gpt.h>
+#include <kiln/nn/multihead_attention.h>
+
+#include "nn_test_util.h"
+
+namespace kiln::nn {
+namespace {
+
+namespace F = kiln::nn::functional;
+using testing::expect_close;
+
+TEST(SparseAttention, SlidingWindowMaskIsItsDefinition) {
+  for (bool causal : {true, false})
+    for (int64_t window : {1, 3, 40}) {
+      const Tensor m = F::sliding_window_mask(7, 9, window, causal);
+      ASSERT_EQ(m.sizes(), (Shape{7, 9}));
+      const std::vector<double> v = cast(m, DType::f64).to_vector<double>();
+      for (int64_t i = 0; i < 7; ++i)
+        for (int64_t j = 0; j < 9; ++j) {
+          const bool want = causal ? (j <= i && i - j < window) : std::abs(i - j) < window;
+          EXPECT_EQ(v[size_t(i * 9 + j)] != 0.0, want) << "causal " << causal << " window " << window << " (" << i
+                                                       << ", " << j << ")";
+        }
+    }
+  EXPECT_THROW(F::sliding_window_mask(4, 4, 0, true), Error);
+  EXPECT_THROW(F::sliding_window_mask(-1, 4, 2, true), Error);
+}
+
+TEST(SparseAttention, BlockSparseMaskExpandsItsLayoutWithPartialBlocks) {
+  // 10 queries and 7 keys in blocks of 4: a 3 x 2 layout, the last blocks partial
+  Tensor layout = zeros({3, 2}, {.dtype = DType::boolean});
+  const std::vector<std::pair<int, int>> on = {{0, 0}, {1, 1}, {2, 0}, {2, 1}};
+  for (auto [r, c] : on) layout.narrow(0, r, 1).narrow(1, c, 1).fill_(1.0);
+  const Tensor m = F::block_sparse_mask(layout, 4, 10, 7);
+  ASSERT_EQ(m.sizes(), (Shape{10, 7}));
+  const std::vector<double> v = cast(m, DType::f64).to_vector<double>();
+  for (int64_t i = 0; i < 10; ++i)
+    for (int64_t j = 0; j < 7; ++j) {
+      bool want = false;
+      for (auto [r, c] : on) want |= i / 4 == r && j / 4 == c;
+      EXPECT_EQ(v[size_t(i * 7 + j)] != 0.0, want) << i << ", " << j;
+    }
+  EXPECT_THROW(F::block_sparse_mask(layout, 4, 13, 7), Error);  // the layout does not fit
+  EXPECT_THROW(F::block_sparse_mask(cast(layout, DType::f32), 4, 10, 7), Error);
+  EXPECT_THROW(F::block_sparse_mask(layout, 0, 10, 7), Error);
+}
+
+// The fused op under a window equals the reference composite with the same mask, forward and backward,
+// and a query's output depends on exactly the keys of its window.
+TEST(SparseAttention, WindowedAttentionEqualsTheReferenceAndSeesOnlyItsWindow) {
+  manual_seed(31);
+  for (bool causal : {true, false})
+    for (int64_t T : {13, 33}) {
+      const int64_t W = 5;
+      const Tensor q0 = randn({2, 3, T, 8}, {.dtype = DType::f64}), k0 = randn({2, 3, T, 8}, {.dtype = DType::f64});
+      const Tensor v0 = randn({2, 3, T, 8}, {.dtype = DType::f64}), w = randn({2, 3, T, 8}, {.dtype = DType::f64});
+      const Tensor mask = F::sliding_window_mask(T, T, W, causal);
+      auto grads = [&](bool fused) {
+        Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
+               v = v0.detach().requires_grad_(true);
+        Tensor out = fused ? F::scaled_dot_product_attention(q, k, v, mask)
+                           : F::scaled_dot_product_attention_reference(q, k, v, mask);
+        sum(mul(out, w)).backward();
+        return std::vector<Tensor>{out.detach(), q.grad(), k.grad(), v.grad()};
+      };
+      const auto fused = grads(true), ref = grads(false);
+      for (size_t i = 0; i < fused.size(); ++i) expect_close(fused[i], ref[i], 1e-12, "output and gradients");
+      // changing a key outside query i's window leaves row i unchanged; inside it, it does not
+      const int64_t i = T / 2, outside = i - W, inside = i - W + 1;
+      Tensor k1 = k0.clone();
+      k1.narrow(2, outside, 1).fill_(5.0);
+      const Tensor changed = F::scaled_dot_product_attention(q0, k1, v0, mask);
+      expect_close(changed.narrow(2, i, 1), fused[0].narrow(2, i, 1), 0.0, "a key outside the window");
+      Tensor k2 = k0.clone();
+      k2.narrow(2, inside, 1).fill_(5.0);
+      const Tensor moved = F::scaled_dot_product_attention(q0, k2, v0, mask);
+      EXPECT_GT(amax(abs(sub(moved.narrow(2, i, 1), fused[0].narrow(2, i, 1)))).item<double>(), 1e-6);
+    }
+}
+
+TEST(SparseAttention, MultiheadAttentionWindowEqualsTheMaskByHand) {
+  manual_seed(32);
+  for (bool causal : {true, false}) {
+    MultiheadAttention windowed(16, 2, {.causal = causal, .window = 4, .dtype = DType::f64});
+    MultiheadAttention plain(16, 2, {.causal = causal, .dtype = DType::f64});
+    plain.load_state_dict(windowed.state_dict());
+    const Tensor x = randn({3, 11, 16}, {.dtype = DType::f64});
+    // nn.MultiheadAttention's bool convention: true where a key is not attended
+    const Tensor not_attended = eq(cast(F::sliding_window_mask(11, 11, 4, causal), DType::f64), zeros({}, {.dtype = DType::f64}));
+    expect_close(windowed(x), plain(x, x, x, Tensor(), not_attended), 1e-12, "window option vs attn_mask");
+  }
+  EXPECT_THROW(MultiheadAttention(16, 2, {.window = -1}), Error);
+  EXPECT_THROW(MultiheadAttention(16, 2, {.window = 4, .random_features = 8}), Error);
+  // a GPT with a window runs, and differs from the dense one once T exceeds the window
+  manual_seed(33);
+  GPT dense({.vocab_size = 17, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16, .dtype = DType::f64});
+  manual_seed(33);
+  GPT local({.vocab_size = 17, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16, .attention_window = 3,
+             .dtype = DType::f64});
+  const Tensor idx = randint(0, 17, {2, 16});
+  const Tensor a = dense(idx), b = local(idx);
+  expect_close(a.narrow(1, 0, 3), b.narrow(1, 0, 3), 1e-12, "positions whose history fits the window");
+  EXPECT_GT(amax(abs(sub(a.narrow(1, 3, 13), b.narrow(1, 3, 13)))).item<double>(), 1e-6);
+}
+
+}  // namespace
+}  // namespace kiln::nn
