@@ -49,8 +49,17 @@ std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Te
     cuda::Graph* graph = cuda::capturing_graph();
     KILN_CHECK(captured == (graph != nullptr), "checkpoint: the forward pass was ", captured ? "" : "not ",
                "captured in a CUDA graph and the backward pass is ", graph ? "" : "not", ": capture both or neither");
-    GeneratorState now = default_generator().state();
-    const uint64_t graph_now = graph ? graph->draw_position(default_generator()) : 0;
+    // The generator (and inside a graph capture, the graph's draw position) goes back to the forward pass's
+    // for the recomputation and forward again after it, also when the recomputation throws.
+    struct RngRewind {
+      cuda::Graph* graph;
+      GeneratorState now = default_generator().state();
+      uint64_t graph_now = graph ? graph->draw_position(default_generator()) : 0;
+      ~RngRewind() {
+        default_generator().set_state(now);
+        if (graph) graph->set_draw_position(default_generator(), graph_now);
+      }
+    } rewind{graph};
     default_generator().set_state(rng);
     if (graph) graph->set_draw_position(default_generator(), graph_rng);
     std::vector<Tensor> replay;
@@ -59,8 +68,6 @@ std::vector<Tensor> checkpoint(const CheckpointMultiFn& fn, const std::vector<Te
       Recomputing flag;
       replay = fn(detached);
     }
-    default_generator().set_state(now);
-    if (graph) graph->set_draw_position(default_generator(), graph_now);
     KILN_CHECK(replay.size() == grads.size(), "checkpoint: the replay returned ", replay.size(),
                " tensors where the forward pass returned ", grads.size());
     std::vector<Tensor> roots, root_grads;

@@ -26,7 +26,7 @@ CachingAllocator::~CachingAllocator() {
   // only cached segments are returned.
   std::lock_guard<std::mutex> lock(mutex_);
   if (!pending_.empty() && source_.wait_event) process_pending(/*wait=*/true);
-  release_free_segments();
+  release_free_segments(/*graph_pools=*/true);
 }
 
 CachingAllocator::Block* CachingAllocator::find_free(Pool& pool, int graph_pool, uintptr_t stream, size_t size) {
@@ -108,6 +108,11 @@ void CachingAllocator::free(void* ptr) {
   KILN_CHECK(it != live_.end(), device_name_, " allocator: free of a pointer it did not allocate");
   Block* b = it->second;
   live_.erase(it);
+  if (!b->stream_uses.empty() && capture_pool_) {
+    // While a stream captures, an event recorded now could become part of the graph: record it at the end.
+    deferred_.push_back(b);
+    return;
+  }
   if (!b->stream_uses.empty()) {
     // Work queued on the other streams may still read or write it: reuse it once that work is done.
     PendingFree pending{b, {}};
@@ -176,11 +181,13 @@ void CachingAllocator::return_block(Block* b) {
   pool.insert(b);
 }
 
-void CachingAllocator::release_free_segments() {
+void CachingAllocator::release_free_segments(bool graph_pools) {
   for (Pool* pool : {&small_free_, &large_free_}) {
     std::vector<Block*> whole;
+    // a free block spanning its whole segment; a live graph's pool keeps its segments (its replays write
+    // them) unless the allocator itself is going away
     for (Block* b : *pool)
-      if (!b->prev && !b->next) whole.push_back(b);  // a free block spanning its whole segment
+      if (!b->prev && !b->next && (graph_pools || b->pool == 0)) whole.push_back(b);
     for (Block* b : whole) {
       pool->erase(b);
       source_.release(b->ptr);
@@ -226,6 +233,13 @@ void CachingAllocator::end_capture_pool() {
   std::lock_guard<std::mutex> lock(mutex_);
   capture_pool_ = 0;
   capture_stream_ = 0;
+  for (Block* b : deferred_) {  // frees of blocks other streams used, held back during the capture
+    PendingFree pending{b, {}};
+    for (uintptr_t s : b->stream_uses) pending.events.push_back(source_.record_event(s));
+    b->stream_uses.clear();
+    pending_.push_back(std::move(pending));
+  }
+  deferred_.clear();
 }
 
 void CachingAllocator::release_pool(int pool) {

@@ -18,7 +18,8 @@
 //   reserved bytes.
 // - CUDA graphs (cuda/graph.h): while a graph is captured, requests on the capturing stream come from the
 //   graph's private pool, whose blocks no other request is given (a replay rewrites them); a request on
-//   another stream is refused. The pool goes back to the general cache when the graph is destroyed.
+//   another stream is refused. The pool goes back to the general cache when the graph is destroyed; until
+//   then neither empty_cache nor an out-of-memory retry releases its segments.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -116,7 +117,7 @@ class CachingAllocator {
   Block* find_free(Pool& pool, int graph_pool, uintptr_t stream, size_t size);
   Block* adopt_free_segment(Pool& pool, int graph_pool, uintptr_t stream, size_t size);
   Block* new_segment(size_t segment_size, uintptr_t stream, bool small, int graph_pool);
-  void release_free_segments();
+  void release_free_segments(bool graph_pools = false);
   void update_peaks();
   void return_block(Block* b);  // to its pool, merged with free neighbours
   // Returns the pending blocks whose events have all completed (all of them, waiting, when wait).
@@ -128,6 +129,7 @@ class CachingAllocator {
   Pool small_free_, large_free_;
   std::unordered_map<void*, Block*> live_;
   std::vector<PendingFree> pending_;
+  std::vector<Block*> deferred_;  // freed during a capture with other streams' uses: events recorded at its end
   MemoryStats stats_;
   int capture_pool_ = 0;  // > 0 while a CUDA graph captures
   uintptr_t capture_stream_ = 0;

@@ -47,6 +47,7 @@ struct Graph::Impl {
   std::vector<uint64_t*> slabs;  // replay words (cudaMalloc'ed, outside the caching allocator)
   int slab_used = kSlabWords;
   cudaStream_t last_replay = nullptr;
+  cudaEvent_t replayed = nullptr;  // recorded after each launch: a replay on another stream waits for it
 
   // Everything the capture made, dropped; the pool back to the general cache.
   void release() noexcept {
@@ -57,8 +58,10 @@ struct Graph::Impl {
     slab_used = kSlabWords;
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
+    if (replayed) cudaEventDestroy(replayed);
     exec = nullptr;
     graph = nullptr;
+    replayed = nullptr;
     if (pool) {
       try {
         allocator(device).release_pool(pool);
@@ -82,11 +85,15 @@ Graph::~Graph() {
   impl_->release();
 }
 
-Graph::Graph(Graph&&) noexcept = default;
+// A graph moved while it captures stays the thread's capturing graph under its new address.
+Graph::Graph(Graph&& o) noexcept : impl_(std::move(o.impl_)) {
+  if (t_capturing == &o) t_capturing = this;
+}
 Graph& Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
     Graph dying(std::move(*this));  // this graph's replays finish and its pool is released
     impl_ = std::move(o.impl_);
+    if (t_capturing == &o) t_capturing = this;
   }
   return *this;
 }
@@ -100,8 +107,9 @@ void Graph::capture_begin() {
   g.stream = current_stream();
   g.pool = next_pool.fetch_add(1);
   allocator(g.device).begin_capture_pool(g.pool, uintptr_t(g.stream));
-  // Thread-local mode: what this thread does that a capture cannot hold fails loudly; other threads (a
-  // data loader, a GPU monitor) are unaffected.
+  // Thread-local mode: what this thread does that a capture cannot hold fails loudly. The capture takes
+  // whatever is queued on this stream, so other threads must not queue work on it meanwhile (a GPU monitor
+  // or a host-side data loader does not; a thread on a stream of its own that allocates is refused).
   cudaError_t e = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     allocator(g.device).end_capture_pool();
@@ -155,14 +163,20 @@ void Graph::replay() {
   KILN_CHECK(!t_capturing, "cuda::Graph::replay: called while this thread captures a graph");
   Impl& g = *impl_;
   DeviceGuard guard(g.device);
+  const cudaStream_t stream = current_stream();
+  // the hooks write this replay's words on this stream: a replay still running on another stream must be
+  // done with the previous ones first
+  if (g.last_replay && g.last_replay != stream) KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, g.replayed, 0));
   for (auto& hook : g.hooks) hook();
   for (GeneratorDraws& d : g.draws) {
     const GeneratorState s = d.gen->reserve_blocks(d.blocks);  // advances the generator as the step would
     const uint64_t words[2] = {s.seed, s.offset};
     write_words(d.base, words, 2);
   }
-  g.last_replay = current_stream();
-  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.last_replay));
+  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  if (!g.replayed) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&g.replayed, cudaEventDisableTiming));
+  KILN_CUDA_CHECK(cudaEventRecord(g.replayed, stream));
+  g.last_replay = stream;
 }
 
 bool Graph::captured() const { return impl_ && impl_->exec; }

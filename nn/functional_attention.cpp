@@ -5,6 +5,7 @@
 #include <kiln/core/kernels/attention.h>
 #include <kiln/core/kernels/layer_norm.h>
 #include <kiln/core/op.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
@@ -145,6 +146,13 @@ struct AttentionStats {
   PhiloxDraw dropout_rng;  // where the dropout mask's random numbers start
 };
 
+// A dropout mask drawn inside a CUDA graph lives in the graph's replay words: its backward must be captured
+// too (the words are rewritten by each replay and freed with the graph).
+void check_graph_draw(const AttentionStats& st, const char* op) {
+  KILN_CHECK(!st.dropout_rng.replay_base || cuda::is_capturing(), op, ": the forward pass was captured in a CUDA "
+             "graph with dropout and the backward pass is not: capture both or neither");
+}
+
 // The fused forward on 4-D (B, H, T, D) views of one dtype.
 struct AttentionForward {
   Tensor out;
@@ -201,6 +209,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
            [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), st = f.stats,
             causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention";
+             check_graph_draw(st, op);
              Tensor qq = sq.unpack(op), kk = sk.unpack(op), vv = sv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
@@ -244,6 +253,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
     record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
            [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention_qkvpacked";
+             check_graph_draw(st, op);
              Tensor packed = sqkv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              // The three gradients land in their slices of one packed gradient: nothing to zero or sum.

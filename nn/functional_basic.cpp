@@ -6,6 +6,7 @@
 #include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/nn/functional.h>
 
 namespace kiln::nn::functional {
@@ -101,7 +102,12 @@ Tensor dropout_with_draw(const Tensor& x, double p, const PhiloxDraw& draw) {
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   kernels::dropout_masked(x.contiguous(), out, p, draw);
   if (any_requires_grad({x}))
-    record("dropout", {x}, {out}, [p, draw](const Grads& g) { return Grads{dropout_with_draw(g[0], p, draw)}; });
+    record("dropout", {x}, {out}, [p, draw](const Grads& g) {
+      // a mask drawn inside a CUDA graph lives in the graph's replay words: its backward must be captured too
+      KILN_CHECK(!draw.replay_base || cuda::is_capturing(), "dropout: the forward pass was captured in a CUDA "
+                 "graph and the backward pass is not: capture both or neither");
+      return Grads{dropout_with_draw(g[0], p, draw)};
+    });
   return out;
 }
 }  // namespace

@@ -103,7 +103,8 @@ void AdamW::step() {
           Tensor grad = p.grad();
           ps.push_back(p.is_contiguous() ? p : p.contiguous());
           gs.push_back(grad.dtype() == p.dtype() ? grad.contiguous() : grad.to(p.dtype()).contiguous());
-          if (!decoupled_ && wd != 0.0) gs.back() = add(gs.back(), mul(ps.back(), wd));  // Adam: L2 in the gradient
+          // Adam: L2 in the gradient (under CUDA graph capture with the weight_decay of the capture)
+          if (!decoupled_ && wd != 0.0) gs.back() = add(gs.back(), mul(ps.back(), wd));
           ms.push_back(state(i).tensors["exp_avg"]);
           vs.push_back(state(i).tensors["exp_avg_sq"]);
         }
@@ -113,9 +114,9 @@ void AdamW::step() {
           h.device_hyper = reinterpret_cast<const double*>(hyper);
           graph->on_replay([this, group_index, ids, hyper] {
             const ParamGroup& group = param_groups()[group_index];
-            check_group(group, type());
+            check_group(group, type());  // before anything changes: a bad lr leaves the step counts as they were
+            const AdamWHyper r = hyper_at(group, state(ids[0]).step + 1, decoupled_);
             for (int64_t i : ids) ++state(i).step;
-            const AdamWHyper r = hyper_at(group, state(ids[0]).step, decoupled_);
             const double values[7] = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.bias_correction1,
                                       r.bias_correction2_sqrt};
             uint64_t words[7];

@@ -302,3 +302,20 @@ TEST(CachingAllocator, CapturePoolBlockStillLiveAtReleaseReturnsToTheGeneralCach
   EXPECT_EQ(dev.used, 0u);
   EXPECT_EQ(alloc.stats().allocated, 0u);
 }
+
+// A live graph's pool keeps its segments through empty_cache (its replays write them); released, they go.
+TEST(CachingAllocator, EmptyCacheKeepsALiveGraphPoolsSegments) {
+  FakeDevice dev(64 << 20);
+  CachingAllocator alloc("fake:0", dev.source());
+  alloc.begin_capture_pool(5, 0);
+  void* temp = alloc.allocate(3 << 20, 0);  // a captured temporary, freed within the capture
+  alloc.free(temp);
+  alloc.end_capture_pool();
+  alloc.empty_cache();
+  EXPECT_EQ(dev.frees, 0) << "the pool's segment was released while its graph may replay";
+  EXPECT_EQ(dev.used, size_t(4) << 20);
+  alloc.release_pool(5);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.frees, 1);
+  EXPECT_EQ(dev.used, 0u);
+}
