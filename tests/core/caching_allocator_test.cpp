@@ -319,3 +319,24 @@ TEST(CachingAllocator, EmptyCacheKeepsALiveGraphPoolsSegments) {
   EXPECT_EQ(dev.frees, 1);
   EXPECT_EQ(dev.used, 0u);
 }
+
+// A block other streams used, freed while a graph captures: no event is recorded during the capture (it
+// could join the graph); its events are recorded when the capture ends, and it is reused after them.
+TEST(CachingAllocator, FreesWithOtherStreamsUsesDuringACaptureRecordTheirEventsAfterIt) {
+  FakeDevice dev(64 << 20);
+  FakeEvents events;
+  CachingAllocator alloc("fake:0", events.add_to(dev.source()));
+  void* a = alloc.allocate(4096, 1);
+  alloc.record_stream(a, 2);
+  alloc.begin_capture_pool(9, 1);
+  alloc.free(a);
+  EXPECT_TRUE(events.recorded_on.empty());
+  alloc.end_capture_pool();
+  EXPECT_EQ(events.recorded_on, std::vector<uintptr_t>{2});
+  EXPECT_EQ(alloc.stats().pending_frees, 1u);
+  events.complete_all();
+  void* b = alloc.allocate(4096, 1);
+  EXPECT_EQ(b, a);
+  alloc.free(b);
+  alloc.release_pool(9);
+}
