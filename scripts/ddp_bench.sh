@@ -16,7 +16,8 @@ steps=${STEPS:-30}
 field() { grep -o "$1=[0-9.]*" | tail -1 | cut -d= -f2; }
 # run NAME TIMEOUT COMMAND...: its output to $out/ddp_NAME.log
 run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$out/ddp_$name.log" 2>&1; }
-run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps" --trace "$out/one_gpu_trace.json"
+# the 1-GPU baseline without a CUDA graph, as the DDP steps run (the graph is one GPU's only)
+run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps" --no-cuda-graph --trace "$out/one_gpu_trace.json"
 run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline \
   --trace "$out/ddp_trace.json"  # rank 0's kernels and NCCL's beside them (CUPTI), for where the time goes
 run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
