@@ -267,6 +267,37 @@ TEST(FlashAttention, MasksOnEveryKernelMatchTheCpuReference) {
 
 // The public op and MultiheadAttention with masks: GPU (bf16 under autocast, f32) against the CPU in f64,
 // and a bool mask gives what its additive form gives.
+// Sparse patterns on the GPU (the fused kernels' bias path): a sliding window, causal or not, and a
+// block-sparse layout with partial blocks, against the CPU in f64, forward and gradients.
+TEST(FlashAttention, SparsePatternsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(12);
+  const int64_t B = 2, H = 2, T = 200, D = 64;
+  Tensor q = cast(randn({B, H, T, D}), DType::bf16), k = cast(randn({B, H, T, D}), DType::bf16),
+         v = cast(randn({B, H, T, D}), DType::bf16);
+  Tensor layout = gt(rand({4, 4}), full({}, 0.5));  // blocks of 64: the last one partial (200 = 3·64 + 8)
+  layout.narrow(1, 0, 1).fill_(1.0);                // a global first key block: no query row left empty
+  const std::vector<std::pair<std::string, Tensor>> masks = {
+      {"window 17 causal", F::sliding_window_mask(T, T, 17, true)},
+      {"window 17", F::sliding_window_mask(T, T, 17, false)},
+      {"block-sparse", F::block_sparse_mask(layout, 64, T, T)}};
+  for (const auto& [name, mask] : masks) {
+    SCOPED_TRACE(name);
+    Tensor g[3], r[3];
+    auto run = [&](Device dev, DType t, Tensor* grads) {
+      Tensor a = cast(q, t).to(dev).requires_grad_(true), b = cast(k, t).to(dev).requires_grad_(true),
+             c = cast(v, t).to(dev).requires_grad_(true);
+      Tensor out = F::scaled_dot_product_attention(a, b, c, mask.to(dev));
+      sum(mul(cast(out, DType::f64), cast(out, DType::f64))).backward();
+      grads[0] = a.grad(), grads[1] = b.grad(), grads[2] = c.grad();
+      return out;
+    };
+    const Tensor got = run(gpu(), DType::bf16, g), want = run(Device::cpu(), DType::f64, r);
+    EXPECT_LT(rel_err(got, want), out_tol(DType::bf16));
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], r[i]), grad_tol(DType::bf16)) << "grad " << i;
+  }
+}
+
 TEST(FlashAttention, MaskedPublicOpAndMultiheadAttentionOnTheGpu) {
   KILN_REQUIRE_GPU();
   manual_seed(10);

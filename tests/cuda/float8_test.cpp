@@ -10,6 +10,7 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/core/kernels/fp8.h>
+#include <kiln/nn/fp8_scaling.h>
 #include <kiln/nn/functional.h>
 
 #include "compare_util.h"
@@ -105,6 +106,27 @@ TEST(CudaFp8Linear, MatchesTheCpu) {
   EXPECT_LT(rel_err(gx.grad(), cx.grad()), 1e-2);
   EXPECT_LT(rel_err(gw.grad(), cw.grad()), 1e-3);  // f32 out of the f32-accumulated product
   EXPECT_LT(rel_err(gb.grad(), cb.grad()), 1e-4);
+}
+
+// Delayed scaling on the GPU records what the CPU records: the amax history, overflows and the underflow
+// counts (the quantization kernels give the CPU's bits, so the counts must be equal), over two steps.
+TEST(CudaFp8Linear, DelayedScalingStateMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(98);
+  nn::Fp8ScalingState cs({.history_len = 4, .count_underflows = true}),
+      gs({.history_len = 4, .count_underflows = true}, gpu());
+  const Tensor w = mul(randn({32, 64}), 0.05);
+  for (int step = 0; step < 2; ++step) {
+    const Tensor x = mul(randn({16, 64}), step == 0 ? 0.01 : 3.0).to(DType::bf16);
+    (void)nn::functional::fp8_linear(x, w, Tensor(), &cs);
+    (void)nn::functional::fp8_linear(x.to(gpu()), w.to(gpu()), Tensor(), &gs);
+    cs.step();
+    gs.step();
+  }
+  EXPECT_EQ(gs.amax_history().cpu().to_vector<double>(), cs.amax_history().to_vector<double>());
+  EXPECT_EQ(gs.overflows(), cs.overflows());
+  EXPECT_EQ(gs.underflows(), cs.underflows());
+  EXPECT_GT(cs.underflows()[0], 0);  // step 0's small input under scale 1
 }
 
 // The FP8 scaling kernels on the GPU give the CPU's bits: amax (with a NaN, and of zeros), the codes and their
