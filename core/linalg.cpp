@@ -119,16 +119,7 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
   const double tolerance =
       options.tolerance > 0 ? options.tolerance : (a.dtype() == DType::f64 ? 1e-10 : tf32 ? 2e-3 : 1e-4);
-  // TF32 products for the iteration (the process setting restored on the way out, exceptions included)
-  struct Tf32Scope {
-    bool active, before;
-    explicit Tf32Scope(bool on) : active(on), before(on && cuda::allow_tf32()) {
-      if (active) cuda::set_allow_tf32(true);
-    }
-    ~Tf32Scope() {
-      if (active) cuda::set_allow_tf32(before);
-    }
-  } tf32_scope(tf32);
+  const cuda::AllowTf32Guard tf32_products(tf32, true);  // TF32 products for the iteration
   const int64_t q = int64_t(p);
   const Tensor identity = eye(n, {.dtype = a.dtype(), .device = a.device()});
   const Tensor ridged = add(a3, mul(identity, options.epsilon));

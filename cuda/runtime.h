@@ -58,6 +58,22 @@ bool sync_check();
 // stay f32-accurate. Without the CUDA backend: set is a no-op and allow_tf32() is false.
 void set_allow_tf32(bool on);
 bool allow_tf32();
+// allow_tf32 set to `value` for a scope where `active`, the previous setting restored after (exceptions
+// included).
+class AllowTf32Guard {
+ public:
+  AllowTf32Guard(bool active, bool value) : active_(active), before_(allow_tf32()) {
+    if (active_) set_allow_tf32(value);
+  }
+  ~AllowTf32Guard() {
+    if (active_) set_allow_tf32(before_);
+  }
+  AllowTf32Guard(const AllowTf32Guard&) = delete;
+  AllowTf32Guard& operator=(const AllowTf32Guard&) = delete;
+
+ private:
+  bool active_, before_;
+};
 // SMs to leave to kernels running beside the compute stream (NCCL's collectives during backward): while it is
 // n > 0, cuBLASLt matmuls are planned for (multiprocessors - n) SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, what
 // torch._C._set_sm_carveout_experimental does), so a GEMM's last wave does not wait on SMs a collective holds.

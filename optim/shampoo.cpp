@@ -297,27 +297,9 @@ Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t,
   return *g;
 }
 
-namespace {
-// cuda::allow_tf32 set to `value` for the lifetime of the guard where `active`, restored after.
-class Tf32Scope {
- public:
-  Tf32Scope(bool active, bool value) : active_(active), before_(cuda::allow_tf32()) {
-    if (active_) cuda::set_allow_tf32(value);
-  }
-  ~Tf32Scope() {
-    if (active_) cuda::set_allow_tf32(before_);
-  }
-  Tf32Scope(const Tf32Scope&) = delete;
-  Tf32Scope& operator=(const Tf32Scope&) = delete;
-
- private:
-  bool active_, before_;
-};
-}  // namespace
-
 void Shampoo::step() {
   NoGradGuard no_grad;
-  const Tf32Scope tf32_products(tf32, true);  // the statistics and preconditioning products below
+  const cuda::AllowTf32Guard tf32_products(tf32, true);  // the statistics and preconditioning products below
   for (const auto& g : param_groups()) check_group(g);
   // Pass 1: statistics, and the factors whose roots are due; pass 2 (after the batched roots): directions.
   struct Pending {
@@ -463,7 +445,7 @@ void Shampoo::step() {
     f.root = tensors.at(root_name(f.block, f.dim));
   }
   if (!due.empty()) {
-    const Tf32Scope f32_roots(tf32, false);  // the roots' own products (Newton, the residual check) in f32
+    const cuda::AllowTf32Guard f32_roots(tf32, false);  // the roots' own products (Newton, the residual check) in f32
     update_roots(due);
   }
 
