@@ -91,6 +91,12 @@ inline bool is_capturing() { return capturing_graph() != nullptr; }
 // Throws a kiln::Error naming `what` when this thread is capturing a graph: for operations that wait for
 // the device or read device values on the host.
 void check_not_capturing(const char* what);
+// For the backward of an op that drew random numbers: a draw made inside a graph (replay_base set) lives in
+// the graph's replay words, so its backward must be captured too; otherwise a kiln::Error naming `op`.
+inline void check_draw_in_capture(const PhiloxDraw& draw, const char* op) {
+  KILN_CHECK(!draw.replay_base || is_capturing(), op, ": the forward pass drew its random numbers inside a CUDA "
+             "graph capture and the backward pass is not captured: capture both or neither");
+}
 
 // Runs step() `warmup` times as usual (lazy state: optimizer moments, cuBLASLt workspaces, autotuning),
 // then captures one more call and returns the graph (the captured call has not run: replay() runs it).

@@ -146,13 +146,6 @@ struct AttentionStats {
   PhiloxDraw dropout_rng;  // where the dropout mask's random numbers start
 };
 
-// A dropout mask drawn inside a CUDA graph lives in the graph's replay words: its backward must be captured
-// too (the words are rewritten by each replay and freed with the graph).
-void check_graph_draw(const AttentionStats& st, const char* op) {
-  KILN_CHECK(!st.dropout_rng.replay_base || cuda::is_capturing(), op, ": the forward pass was captured in a CUDA "
-             "graph with dropout and the backward pass is not: capture both or neither");
-}
-
 // The fused forward on 4-D (B, H, T, D) views of one dtype.
 struct AttentionForward {
   Tensor out;
@@ -209,7 +202,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
            [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), st = f.stats,
             causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention";
-             check_graph_draw(st, op);
+             cuda::check_draw_in_capture(st.dropout_rng, op);
              Tensor qq = sq.unpack(op), kk = sk.unpack(op), vv = sv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
@@ -253,7 +246,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
     record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
            [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, causal](const Grads& g) {
              const char* op = "scaled_dot_product_attention_qkvpacked";
-             check_graph_draw(st, op);
+             cuda::check_draw_in_capture(st.dropout_rng, op);
              Tensor packed = sqkv.unpack(op), oo = so.unpack(op);
              Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
              // The three gradients land in their slices of one packed gradient: nothing to zero or sum.

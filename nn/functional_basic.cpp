@@ -103,9 +103,7 @@ Tensor dropout_with_draw(const Tensor& x, double p, const PhiloxDraw& draw) {
   kernels::dropout_masked(x.contiguous(), out, p, draw);
   if (any_requires_grad({x}))
     record("dropout", {x}, {out}, [p, draw](const Grads& g) {
-      // a mask drawn inside a CUDA graph lives in the graph's replay words: its backward must be captured too
-      KILN_CHECK(!draw.replay_base || cuda::is_capturing(), "dropout: the forward pass was captured in a CUDA "
-                 "graph and the backward pass is not: capture both or neither");
+      cuda::check_draw_in_capture(draw, "dropout");
       return Grads{dropout_with_draw(g[0], p, draw)};
     });
   return out;
