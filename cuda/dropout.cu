@@ -10,19 +10,11 @@
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/philox.cuh>
+#include <kiln/cuda/row_common.cuh>
 
 namespace kiln::cuda {
 
 namespace {
-
-template <class T>
-struct alignas(4 * sizeof(T)) Four {
-  T v[4];
-};
-
-__device__ __forceinline__ uint32_t word(const uint4& w, int k) {
-  return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
-}
 
 // D: device storage type, C: compute type. vec: x and out aligned for 4-element vectors.
 template <class D, class C>
@@ -36,18 +28,18 @@ __global__ void dropout_kernel(const D* x, D* out, int64_t n, float keep, C scal
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < blocks; j += int64_t(gridDim.x) * blockDim.x) {
     const uint4 w = philox4x32(offset + uint64_t(j), seed);
     if (vec && 4 * j + 3 < n) {
-      Four<D> f = reinterpret_cast<const Four<D>*>(x)[j];
+      Vec<D, 4> f = reinterpret_cast<const Vec<D, 4>*>(x)[j];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const bool kept = float(word(w, k) >> 8) * (1.0f / 16777216.0f) < keep;
+        const bool kept = float(philox_word(w, k) >> 8) * (1.0f / 16777216.0f) < keep;
         f.v[k] = convert<D>(kept ? convert<C>(f.v[k]) * scale : C(0));
       }
-      reinterpret_cast<Four<D>*>(out)[j] = f;
+      reinterpret_cast<Vec<D, 4>*>(out)[j] = f;
       continue;
     }
     for (int k = 0; k < 4 && 4 * j + k < n; ++k) {
       const int64_t e = 4 * j + k;
-      const bool kept = float(word(w, k) >> 8) * (1.0f / 16777216.0f) < keep;
+      const bool kept = float(philox_word(w, k) >> 8) * (1.0f / 16777216.0f) < keep;
       out[e] = convert<D>(kept ? convert<C>(x[e]) * scale : C(0));
     }
   }

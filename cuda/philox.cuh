@@ -26,6 +26,10 @@ __device__ __forceinline__ uint4 philox4x32(uint64_t counter, uint64_t seed) {
   }
   return make_uint4(c0, c1, c2, c3);
 }
+// Word k (0..3) of a block.
+__device__ __forceinline__ uint32_t philox_word(const uint4& w, int k) {
+  return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
+}
 #endif
 
 }  // namespace kiln::cuda

@@ -41,10 +41,6 @@ __device__ __forceinline__ D store_value(double v) {
   else return __float2bfloat16_rn(__double2float_rn(v));
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& w, int k) {
-  return k == 0 ? w.x : k == 1 ? w.y : k == 2 ? w.z : w.w;
-}
-
 // uniform: a + diff · u, values that would round to b replaced by top (clamp_top: b > a).
 template <class D>
 __global__ void uniform_kernel(D* out, int64_t n, double a, double b, double diff, double top, bool clamp_top,
@@ -61,7 +57,7 @@ __global__ void uniform_kernel(D* out, int64_t n, double a, double b, double dif
       int64_t e = 4 * j + k;
       if (e >= n) break;
       // uint_to_unit_float: exact in float, hence in double
-      double u = double(float(word(w, k) >> 8) * (1.0f / 16777216.0f));
+      double u = double(float(philox_word(w, k) >> 8) * (1.0f / 16777216.0f));
       double v = __dadd_rn(a, __dmul_rn(diff, u));
       if (clamp_top && rounded<D>(v) >= b) v = top;
       out[e] = store_value<D>(v);
@@ -83,7 +79,7 @@ __global__ void normal_kernel(D* out, int64_t n, double mean, double stddev, uin
     for (int k = 0; k < 2; ++k) {
       int64_t e = 2 * j + k;
       if (e >= n) break;
-      uint32_t w1 = word(w, 2 * k), w2 = word(w, 2 * k + 1);
+      uint32_t w1 = philox_word(w, 2 * k), w2 = philox_word(w, 2 * k + 1);
       double u1 = (double(w1 >> 8) + 1.0) * (1.0 / 16777216.0);  // exact
       double u2 = double(w2 >> 8) * (1.0 / 16777216.0);          // exact
       double r = sqrt(-2.0 * log(u1));
