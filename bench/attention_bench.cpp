@@ -10,7 +10,7 @@
 // keys masked, as a (B, 1, 1, N) f32 bias broadcast over heads and queries), in the same process: the
 // masked kernels' cost beside the unmasked ones' (same FLOPs counted: every tile is still computed).
 // Rows tagged _bias (N <= 4096) add a random (N, N) f32 bias shared by the batch and heads, as an (N, N)
-// attn_mask is: one bias value read per score.
+// attn_mask is: one bias value read per score. Rows tagged _window: sliding windows at N = 16384 (below).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,6 +89,46 @@ int main(int argc, char** argv) {
           std::printf("BENCH_ERROR attention%s %s\n", tag.c_str(), e.what());
         }
       }
+  // Sliding windows (AttentionMask{causal, W}: the kernels visit only the key tiles inside the window) at
+  // N = 16384, D = 128, B 1, H 16, beside dense attention in the same process. A causal window of W keys
+  // computes N·W scores to dense attention's N², so its time is compared with (W / N) x the dense time (the
+  // ratio line); a symmetric window |i - j| < W/2 sees W - 1 keys, compared alike. FLOPs count the scores
+  // inside the window (4·B·H·N·W·D forward).
+  if (only.empty() || std::string("_window").find(only) != std::string::npos || only == "_window") {
+    const int64_t B = 1, H = 16, N = 16384, D = 128, W = 1024;
+    Tensor q = randn({B, H, N, D}, bf16), k = randn({B, H, N, D}, bf16), v = randn({B, H, N, D}, bf16);
+    Tensor dout = randn({B, H, N, D}, bf16);
+    Tensor out = empty({B, H, N, D}, bf16), lse = empty({B, H, N}, {.dtype = DType::f32, .device = kGpu});
+    Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+    const double scale = 1.0 / std::sqrt(double(D)), tensor_bytes = double(B * H * N * D) * 2.0;
+    double dense_ms[2] = {0, 0};
+    struct Case {
+      const char* tag;
+      AttentionMask keys;
+      double keys_per_query;
+    };
+    for (const Case& c : {Case{"_d128_n16384_dense", AttentionMask(false), double(N)},
+                          Case{"_d128_n16384_window1024_causal", AttentionMask(true, W), double(W)},
+                          Case{"_d128_n16384_window512_sym", AttentionMask(false, W / 2), double(W - 1)},
+                          Case{"_d128_n16384_window2048_causal", AttentionMask(true, 2 * W), double(2 * W)},
+                          Case{"_d128_n16384_window4096_causal", AttentionMask(true, 4 * W), double(4 * W)}}) {
+      const double fwd_flops = 4.0 * double(B * H) * double(N) * c.keys_per_query * double(D);
+      auto fwd = [&] { kernels::attention_forward(q, k, v, Tensor(), out, lse, c.keys, scale, 0.0, {}); };
+      auto bwd = [&] {
+        kernels::attention_backward(dout, q, k, v, Tensor(), out, lse, dq, dk, dv, c.keys, scale, 0.0, {});
+      };
+      const double ms[2] = {bench::median_ms(fwd, 3, 10, 1), bench::median_ms([&] { fwd(); bwd(); }, 3, 10, 1)};
+      report(std::string("attention_fwd") + c.tag, ms[0], 4 * tensor_bytes, fwd_flops);
+      report(std::string("attention_fwdbwd") + c.tag, ms[1], 13 * tensor_bytes, 3.5 * fwd_flops);
+      if (c.keys.window == 0) {
+        dense_ms[0] = ms[0], dense_ms[1] = ms[1];
+      } else {
+        const double share = c.keys_per_query / double(N);
+        std::printf("# %s: fwd %.3f ms = %.3fx, fwd+bwd %.3f ms = %.3fx of (keys/N = %.4f) x dense\n", c.tag, ms[0],
+                    ms[0] / (share * dense_ms[0]), ms[1], ms[1] / (share * dense_ms[1]), share);
+      }
+    }
+  }
   // char_gpt's shape (B 64, H 6, T 256, D 64, causal), with and without its attention dropout (p = 0.2)
   if (only.empty() || std::string("_chargpt").find(only) != std::string::npos || only == "_chargpt") {
     const int64_t B = 64, H = 6, N = 256, D = 64;

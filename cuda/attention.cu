@@ -1,13 +1,14 @@
 // Fused scaled-dot-product attention (FlashAttention-2, Dao 2023) on the GPU: the entry points, which pick
 // the kernels, and the tensor-core path's D_i and dQ conversion kernels. The math, the layouts and the
 // dropout mask are stated at kernels::attention_forward (core/kernels/attention.h); in short, per (b, h)
-// head with S = scale·QKᵀ (causal: j > i masked), P = exp(S - lse), Z the dropout mask:
+// head with S = scale·QKᵀ (keys the AttentionMask hides: -inf), P = exp(S - lse), Z the dropout mask:
 //   forward   O = (P ⊙ Z) V, computed tile by tile with an online softmax; only O and lse reach memory
 //   backward  D_i = Σ_d dO_id O_id;  dV = (P⊙Z)ᵀ dO;  dS = P ⊙ ((dO Vᵀ) ⊙ Z - D);  dQ = scale·dS K;
 //             dK = scale·dSᵀ Q
 // FLOPs (the FA papers' convention: matmuls only): forward 4·B·H·Tq·Tk·D, backward 2.5x that (five
-// Tq x Tk x D products to the forward's two); causal halves both. Bytes: Q, K, V, O (and dO, dQ, dK, dV)
-// once each plus lse; K and V are re-read per query tile from L2.
+// Tq x Tk x D products to the forward's two); causal halves both; a window of W keys leaves W/Tk of them
+// (the kernels visit only the tiles it touches). Bytes: Q, K, V, O (and dO, dQ, dK, dV) once each plus
+// lse; K and V are re-read per query tile from L2.
 //
 // The kernels:
 //   cuda/attention_sm90.cu     wgmma + TMA, on compute capability 9.0 (KILN_FLASH_ATTENTION_SM90=0 skips it)
@@ -159,7 +160,8 @@ void check_dims(const Tensor& q, const Tensor& k, const char* op) {
 }  // namespace
 
 void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                                 const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p,
+                                 const Tensor& out, const Tensor& lse, const AttentionMask& mask, double scale,
+                                 double dropout_p,
                                  const PhiloxDraw& dropout_rng) {
   NvtxRange range("attention_forward");
   DeviceGuard guard(q.device().index);
@@ -170,7 +172,7 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
   // scale > 0: the kernel takes row maxima on the raw scores (the fallback takes any scale)
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
-                H, Tq, Tk, float(scale * 1.4426950408889634), causal, drop, bias_view(bias)};
+                H, Tq, Tk, float(scale * 1.4426950408889634), key_band(mask), drop, bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v})) {
       launch_fwd_sm90(p, B, q.dtype() == DType::bf16, D);
       return;
@@ -178,12 +180,12 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
     launch_fwd_mma(p, B, q.dtype() == DType::bf16, D);
     return;
   }
-  attention_forward_generic(q, k, v, bias, out, lse, causal, scale, drop);
+  attention_forward_generic(q, k, v, bias, out, lse, key_band(mask), scale, drop);
 }
 
 void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, bool causal, double scale, double dropout_p,
+                                  const Tensor& dv, const AttentionMask& mask, double scale, double dropout_p,
                                   const PhiloxDraw& dropout_rng) {
   NvtxRange range("attention_backward");
   DeviceGuard guard(q.device().index);
@@ -217,7 +219,7 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     BwdParams p{head_view(q), head_view(k), head_view(v), head_view(dout), head_view(dk), head_view(dv),
                 static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
-                causal, drop, bias_view(bias)};
+                key_band(mask), drop, bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v, &dout})) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
     if (rows > 0 && rows_aligned(dq)) {
@@ -239,7 +241,7 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     }
     return;
   }
-  attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, causal, scale, drop);
+  attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, key_band(mask), scale, drop);
 }
 
 }  // namespace kiln::cuda

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <kiln/core/kernels/attention.h>
 #include <kiln/core/tensor.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/philox.cuh>
@@ -38,6 +39,31 @@ inline BiasView bias_view(const Tensor& t) {
 template <class S = float>
 __device__ __forceinline__ const S* bias_row(const BiasView& b, int64_t bh, int64_t i) {
   return static_cast<const S*>(b.ptr) + (bh / b.H) * b.sb + (bh % b.H) * b.sh + i * b.sq;
+}
+
+// kernels::attention_forward's AttentionMask on the device: query i sees keys [key_begin(i), key_end(i)),
+// key j is seen by queries [query_begin(j), query_end(j)). The kernels visit only the tiles inside these
+// ranges and test elements only in the tiles that `sees_all` does not cover.
+struct KeyBand {
+  bool causal;
+  int window;  // 0: none
+  __host__ __device__ int key_begin(int i) const { return window > 0 ? max(0, i - window + 1) : 0; }
+  __host__ __device__ int key_end(int i, int Tk) const {  // Tk bounds the result (no overflow past it)
+    return causal ? min(i + 1, Tk) : window > 0 ? (i >= Tk - window ? Tk : i + window) : Tk;
+  }
+  __host__ __device__ int query_begin(int j) const { return causal ? j : window > 0 ? max(0, j - window + 1) : 0; }
+  __host__ __device__ int query_end(int j, int Tq) const {
+    return window > 0 ? (j >= Tq - window ? Tq : j + window) : Tq;
+  }
+  __host__ __device__ bool sees(int i, int j) const { return j >= key_begin(i) && j < key_end(i, 0x7fffffff); }
+  // whether every query of rows [r0, r1] sees every key of [c0, c1] (key_begin and key_end grow with i)
+  __host__ __device__ bool sees_all(int r0, int r1, int c0, int c1) const {
+    return c0 >= key_begin(r1) && c1 < key_end(r0, 0x7fffffff);
+  }
+};
+// (a window past 2^30 sees every key of any sequence the kernels take)
+inline KeyBand key_band(const AttentionMask& m) {
+  return {m.causal, m.window >= (int64_t(1) << 30) ? 0 : int(m.window)};
 }
 
 // Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
@@ -153,7 +179,7 @@ struct FwdParams {
   float* lse;  // (B, H, Tq)
   int H, Tq, Tk;
   float scale_log2;  // scale · log2(e), > 0
-  bool causal;
+  KeyBand band;
   DropoutArgs drop;
   BiasView bias;  // f32
 };
@@ -166,7 +192,7 @@ struct BwdParams {
   float* dq_acc;      // (B, H, Tq, D) f32, zeroed; receives dS K (unscaled)
   int H, Tq, Tk;
   float scale, scale_log2;
-  bool causal;
+  KeyBand band;
   DropoutArgs drop;
   BiasView bias;  // f32
 };
@@ -186,11 +212,11 @@ void launch_bwd_mma(const BwdParams& p, int B, bool is_bf16, int D);
 // (B, H, Tq) in the stat dtype. attention_dsum_generic: dsum = D_i = Σ_d dO_id O_id.
 constexpr int kMaxPerLane = 8;  // values per lane of a warp-per-row kernel: D <= 256
 void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& out,
-                               const Tensor& lse, bool causal, double scale, const DropoutArgs& drop);
+                               const Tensor& lse, KeyBand band, double scale, const DropoutArgs& drop);
 void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor& dsum);
 void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv, bool causal, double scale,
+                                const Tensor& dk, const Tensor& dv, KeyBand band, double scale,
                                 const DropoutArgs& drop);
 
 }  // namespace kiln::cuda::flash

@@ -143,16 +143,16 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
   // causal: the longest rows (last tiles) first
-  const int m0 = (p.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;
+  const int m0 = (p.band.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;
   const T* qh = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
   const T* kh = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
   const T* vh = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
-  int key_end = p.Tk;
-  if (p.causal) key_end = min(key_end, min(m0 + kFwdRows, p.Tq));
-  const int n_tiles = (key_end + kFwdKeys - 1) / kFwdKeys;
+  // the key tiles [n_first, n_end) that some query of the tile sees
+  const int n_first = p.band.key_begin(m0) / kFwdKeys;
+  const int n_end = (p.band.key_end(min(m0 + kFwdRows, p.Tq) - 1, p.Tk) + kFwdKeys - 1) / kFwdKeys;
 
   load_tile<kFwdRows, D, kFwdThreads>(sQ, qh, p.q.st, m0, p.Tq);
-  load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, 0, p.Tk);
+  load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n_first * kFwdKeys, p.Tk);
   cp_async_commit();
 
   const int row_w = m0 + warp * kFwdWarpRows;  // the warp's first query row
@@ -170,12 +170,12 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
     l_run[mi][0] = l_run[mi][1] = 0.f;
   }
 
-  for (int n = 0; n < n_tiles; ++n) {
+  for (int n = n_first; n < n_end; ++n) {
     const int n0 = n * kFwdKeys;
     cp_async_wait_all();
     __syncthreads();  // K_n (and Q) landed; every warp is done with sV
     if constexpr (kQInRegs) {
-      if (n == 0) {
+      if (n == n_first) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
@@ -185,8 +185,11 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
     }
     load_tile<kFwdKeys, D, kFwdThreads>(sV, vh, p.v.st, n0, p.Tk);
     cp_async_commit();
-    // causal: a warp whose rows all precede the tile's first key has nothing to add (warp-uniform)
-    const bool active = !p.causal || n0 <= row_w + kFwdWarpRows - 1;
+    // a warp none of whose rows sees a key of the tile has nothing to add (warp-uniform): causal, rows
+    // that all precede the tile's first key; a window, rows past the tile's reach
+    const int row_w_last = row_w + kFwdWarpRows - 1;
+    // (the warp's rows see keys [key_begin(row_w), key_end(row_w_last)): both bounds grow with the row)
+    const bool active = p.band.key_begin(row_w) <= n0 + kFwdKeys - 1 && p.band.key_end(row_w_last, p.Tk) > n0;
     uint32_t pa[kFwdMTiles][4][4];
     if (active) {
       // S = Q K_nᵀ: 32 rows x 64 keys per warp, each K fragment used by both m tiles
@@ -223,7 +226,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
       // P = exp2(s·scale·log2e - max·scale·log2e) is one FFMA and one ex2 per element. With a bias the
       // scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
       const bool biased = p.bias.ptr != nullptr;
-      const bool need_mask = biased || n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_w);
+      const bool need_mask =
+          biased || n0 + kFwdKeys > p.Tk || !p.band.sees_all(row_w, row_w_last, n0, n0 + kFwdKeys - 1);
       const float sl = biased ? 1.f : p.scale_log2;
 #pragma unroll
       for (int mi = 0; mi < kFwdMTiles; ++mi) {
@@ -236,7 +240,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
             float x = s[mi][nt][e];
             if (need_mask) {
               const int col = n0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
-              if (col >= p.Tk || row >= p.Tq || (p.causal && col > row)) x = -INFINITY;
+              if (col >= p.Tk || row >= p.Tq || !p.band.sees(row, col)) x = -INFINITY;
               else if (biased) x = fmaf(x, p.scale_log2, __ldg(bias_row(p.bias, bh, row) + int64_t(col) * p.bias.sk) * kLog2e);
             }
             s[mi][nt][e] = x;
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
 
     cp_async_wait_all();
     __syncthreads();  // V_n landed; every warp is done with sK
-    if (n + 1 < n_tiles) {
+    if (n + 1 < n_end) {
       load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n0 + kFwdKeys, p.Tk);
       cp_async_commit();
     }
@@ -368,8 +372,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
   const float* dsum = p.dsum + bh * p.Tq;
   float* dqh = p.dq_acc + bh * p.Tq * D;
 
-  const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
-  const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
+  // the query tiles [m_begin, m_end) of which some query sees a key of this tile
+  const int m_begin = p.band.query_begin(n0) / kBwdRows;
+  const int m_end = (p.band.query_end(min(n0 + kBwdKeys, p.Tk) - 1, p.Tq) + kBwdRows - 1) / kBwdRows;
 
   load_tile<kBwdKeys, D, kBwdThreads>(sK, kh, p.k.st, n0, p.Tk);
   load_tile<kBwdKeys, D, kBwdThreads>(sV, vh, p.v.st, n0, p.Tk);
@@ -455,7 +460,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
     // col = query) for dQ.
     const bool biased = p.bias.ptr != nullptr;
     const bool need_mask =
-        biased || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0);
+        biased || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk ||
+        !p.band.sees_all(m0, m0 + kBwdRows - 1, key_w, key_w + 15);
     const float* cL = sStat + buf * 2 * kBwdRows;  // lse of the tile's queries, then D_i
     const uint32_t bits = p.drop.on ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
     uint32_t pa[4][4], da[4][4];
@@ -466,7 +472,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
       for (int e = 0; e < 4; ++e) {
         const int qi = m0 + nt * 8 + 2 * t4 + (e & 1), kj = e < 2 ? key_lo : key_hi;
         const int qt = nt * 8 + 2 * t4 + (e & 1);
-        const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi));
+        const bool valid = !need_mask || (qi < p.Tq && kj < p.Tk && p.band.sees(qi, kj));
         const float bias2 = biased && valid ? __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e : 0.f;
         const float pr = valid ? fast_exp2(fmaf(st[nt][e], p.scale_log2, bias2 - cL[qt] * kLog2e)) : 0.f;
         const float z = p.drop.on ? ((bits >> (nt * 4 + e)) & 1u ? p.drop.scale : 0.f) : 1.f;

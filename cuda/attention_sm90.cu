@@ -159,7 +159,7 @@ struct FwdMaps {
 };
 
 // One online-softmax step of a group's 64 x 128 score tile (log2 units, row maxima of raw scores: the
-// path needs scale > 0): masks keys >= Tk and, causal, keys > row; updates the running max and sum;
+// path needs scale > 0): masks keys >= Tk and keys the band hides; updates the running max and sum;
 // returns the factor the running output must be scaled by; writes P (dropout applied; the sum keeps the
 // undropped values) as the register A operand of O += P V (k16 step kk: keys 16kk..16kk+15).
 template <class T, BiasKind kBias>
@@ -171,7 +171,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
   // With a bias the scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
   // BiasKind::keys reads the tile's 128 key biases (already in log2 units) from shared memory, where the
   // producer put them; BiasKind::full reads each score's bias from global memory.
-  const bool need_mask = n0 + kFwdKeys > p.Tk || (p.causal && n0 + kFwdKeys - 1 > row_first);
+  const bool need_mask = n0 + kFwdKeys > p.Tk || !p.band.sees_all(row_first, row_first + 63, n0, n0 + kFwdKeys - 1);
   const float sl = kBias != BiasKind::none ? 1.f : p.scale_log2;
   float mx[2] = {-INFINITY, -INFINITY};
   if constexpr (kBias == BiasKind::keys) {
@@ -196,14 +196,17 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
         s[4 * j + c + 2] = fmaf(s[4 * j + c + 2], p.scale_log2, col < p.Tk ? __ldg(b_hi + at) * kLog2e : 0.f);
       }
   }
+  // the keys each of the thread's two rows sees, as columns of the tile: [lo, hi)
+  const int lo[2] = {p.band.key_begin(row_lo) - n0, p.band.key_begin(row_hi) - n0};
+  const int hi[2] = {p.band.key_end(row_lo, p.Tk) - n0, p.band.key_end(row_hi, p.Tk) - n0};
 #pragma unroll
   for (int j = 0; j < kFwdKeys / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = s[4 * j + e];
       if (need_mask) {
-        const int col = n0 + 8 * j + 2 * t4 + (e & 1), row = e < 2 ? row_lo : row_hi;
-        if (col >= p.Tk || (p.causal && col > row)) x = -INFINITY;
+        const int c = 8 * j + 2 * t4 + (e & 1);
+        if (c < lo[e / 2] || c >= hi[e / 2]) x = -INFINITY;
       }
       s[4 * j + e] = x;
       mx[e / 2] = fmaxf(mx[e / 2], x);
@@ -265,10 +268,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int tid = int(threadIdx.x);
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
-  const int m0 = (p.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;  // longest first
-  int key_end = p.Tk;
-  if (p.causal) key_end = min(key_end, min(m0 + kFwdRows, p.Tq));
-  const int n_tiles = (key_end + kFwdKeys - 1) / kFwdKeys;
+  const int m0 = (p.band.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;  // longest first
+  // the key tiles n_first + [0, n_tiles) that some query of the tile sees
+  const int n_first = p.band.key_begin(m0) / kFwdKeys;
+  const int n_tiles =
+      max(0, (p.band.key_end(min(m0 + kFwdRows, p.Tq) - 1, p.Tk) + kFwdKeys - 1) / kFwdKeys - n_first);
 
   if (tid == 0) {
     tma::barrier_init(q_full, 1);
@@ -295,7 +299,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         if (lane == 0) {
           if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
           tma::arrive_expect_tx(k_full(s), kTileK);
-          tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), n * kFwdKeys, h, b);
+          tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), (n_first + n) * kFwdKeys, h, b);
         }
         if (use > 0) tma::wait(v_empty(s), uint32_t(use - 1) & 1u);
         if constexpr (kBias == BiasKind::keys) {
@@ -305,7 +309,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           const float* key_bias = bias_row(p.bias, bh, 0);
           float* dst = key_bias_stage(s);
           for (int c = lane; c < kFwdKeys; c += 32) {
-            const int col = n * kFwdKeys + c;
+            const int col = (n_first + n) * kFwdKeys + c;
             dst[c] = col < p.Tk ? __ldg(key_bias + int64_t(col) * p.bias.sk) * kLog2e : 0.f;
           }
           __threadfence_block();
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         }
         if (lane == 0) {
           tma::arrive_expect_tx(v_full(s), kTileK);
-          tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), n * kFwdKeys, h, b);
+          tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), (n_first + n) * kFwdKeys, h, b);
         }
       }
     }
@@ -359,7 +363,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma::wait<0>();
     wgmma::fence_regs(s);
     tma::arrive(k_empty(0));
-    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, 0, row_lo, row_first, t4, key_bias_stage(0));
+    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, n_first * kFwdKeys, row_lo, row_first, t4, key_bias_stage(0));
     // Every tile but the last: the next tile's scores run on the tensor cores while this tile's O += P V
     // is issued behind them and the next softmax runs on the ALUs. (No branch inside: ptxas keeps the
     // wgmmas asynchronous only where it can see which group each register waits for.)
@@ -371,7 +375,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wgmma::wait<1>();  // the scores are in; O += P V may still run
       wgmma::fence_regs(s);
       tma::arrive(k_empty((n + 1) % kFwdStages));
-      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, (n + 1) * kFwdKeys, row_lo, row_first, t4,
+      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, (n_first + n + 1) * kFwdKeys, row_lo, row_first, t4,
                              key_bias_stage((n + 1) % kFwdStages));
       wgmma::wait<0>();
       wgmma::fence_regs(o);
@@ -475,8 +479,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int64_t bh = int64_t(b) * p.H + h;
   const int n0 = int(blockIdx.x) * kBwdKeys;
 
-  const int m_begin = p.causal ? n0 / kBwdRows : 0;  // queries before the first key see none of this tile
-  const int m_end = (p.Tq + kBwdRows - 1) / kBwdRows;
+  // the query tiles [m_begin, m_end) of which some query sees a key of this tile
+  const int m_begin = p.band.query_begin(n0) / kBwdRows;
+  const int m_end = (p.band.query_end(min(n0 + kBwdKeys, p.Tk) - 1, p.Tq) + kBwdRows - 1) / kBwdRows;
 
   const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
   // A bias that does not vary with the query (a key padding mask: sq = 0) is, per thread, two values for
@@ -577,6 +582,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
     auto elementwise = [&]<bool kMask, bool kDrop>() {
       const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
+      // the queries that see keys key_lo and key_hi, as columns of the tile: [qlo, qhi) (empty past Tk)
+      int qlo[2] = {0, 0}, qhi[2] = {0, 0};
+      if constexpr (kMask) {
+        qlo[0] = p.band.query_begin(key_lo) - m0, qlo[1] = p.band.query_begin(key_hi) - m0;
+        qhi[0] = key_lo < p.Tk ? p.band.query_end(key_lo, p.Tq) - m0 : qlo[0];
+        qhi[1] = key_hi < p.Tk ? p.band.query_end(key_hi, p.Tq) - m0 : qlo[1];
+      }
 #pragma unroll
       for (int j = 0; j < kBwdRows / 8; ++j) {
         float pz[4], ds[4];
@@ -593,10 +605,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             float bias2 = 0.f;
             if constexpr (kBias == BiasKind::keys) bias2 = e < 2 ? key_bias2[0] : key_bias2[1];
             if constexpr (kMask) {
-              const int qi = m0 + qt, kj = e < 2 ? key_lo : key_hi;
-              const bool valid = qi < p.Tq && kj < p.Tk && !(p.causal && kj > qi);
+              const bool valid = qt >= qlo[e / 2] && qt < qhi[e / 2];
               if constexpr (kBias == BiasKind::full)
-                if (valid) bias2 = __ldg(bias_row(p.bias, bh, qi) + int64_t(kj) * p.bias.sk) * kLog2e;
+                if (valid)
+                  bias2 = __ldg(bias_row(p.bias, bh, m0 + qt) + int64_t(e < 2 ? key_lo : key_hi) * p.bias.sk) * kLog2e;
               pr = valid ? fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2 + bias2)) : 0.f;
             } else {
               pr = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, neg_lse2 + bias2));
@@ -620,7 +632,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     };
     if (p.drop.on) elementwise.template operator()<true, true>();
-    else if (kBias == BiasKind::full || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk || (p.causal && key_w + 15 > m0))
+    else if (kBias == BiasKind::full || m0 + kBwdRows > p.Tq || n0 + kBwdKeys > p.Tk ||
+             !p.band.sees_all(m0, m0 + kBwdRows - 1, key_w, key_w + 15))
       elementwise.template operator()<true, false>();
     else
       elementwise.template operator()<false, false>();

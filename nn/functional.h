@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include <kiln/core/kernels/attention.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/fp8_scaling.h>
@@ -169,6 +170,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     bool causal = false, std::optional<double> scale = std::nullopt,
                                     double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
+// With an AttentionMask (core/kernels/attention.h) instead of `causal`: {causal, window} — sliding-window
+// attention without a Tq x Tk mask: query i sees keys i - window < j (<= i when causal, < i + window when
+// not), as sliding_window_mask below, and the fused kernels visit only the key tiles inside the window
+// (time and memory linear in the sequence length for a fixed window). attn_mask, if given, applies too.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    const AttentionMask& keys, std::optional<double> scale = std::nullopt,
+                                    double dropout_p = 0.0, bool training = false, Generator* gen = nullptr);
 // Sparse attention patterns as bool masks for scaled_dot_product_attention (true: the key takes part).
 // sliding_window_mask (Tq, Tk): query i sees key j when i - window < j <= i (causal: each position its
 // `window` latest keys, Mistral's sliding window) or |i - j| < window (not causal); positions count from 0 for
@@ -176,8 +184,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // ceil(Tk / block)) bool, true where a block of queries sees a block of keys (BigBird / Longformer layouts:
 // global, window and random blocks), expanded to (Tq, Tk); the last blocks may be partial. On the layout's
 // device (sliding_window_mask: on `device`). The fused kernels take such a mask as an additive bias: the
-// result is exact, but the masked tiles are still computed, so time is dense attention's (skipping them is
-// the next step for the kernels; docs/transformers.md).
+// result is exact, but the masked tiles are still computed, so time is dense attention's; a sliding window
+// given as AttentionMask{causal, window} (above) skips them.
 Tensor sliding_window_mask(int64_t Tq, int64_t Tk, int64_t window, bool causal, Device device = Device::cpu());
 Tensor block_sparse_mask(const Tensor& layout, int64_t block_size, int64_t Tq, int64_t Tk);
 
@@ -191,6 +199,9 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, bool causal = f
 Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& attn_mask, bool causal = false,
                                               std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                               bool training = false, Generator* gen = nullptr);
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& attn_mask, const AttentionMask& keys,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
 // The same function composed of matmul, where, softmax, dropout and matmul (materializes the Tq x Tk
 // scores; its dropout mask is dropout()'s, not the fused op's). The reference the fused op is tested against.
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
@@ -198,6 +209,10 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
                                               bool training = false, Generator* gen = nullptr);
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const Tensor& attn_mask, bool causal = false,
+                                              std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                                              bool training = false, Generator* gen = nullptr);
+Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& attn_mask, const AttentionMask& keys,
                                               std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                               bool training = false, Generator* gen = nullptr);
 

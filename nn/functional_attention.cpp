@@ -68,6 +68,10 @@ Tensor kernel_bias(const Tensor& mask, const Shape& lead, int64_t Tq, int64_t Tk
   return b;
 }
 
+void check_window(const AttentionMask& keys, const char* op) {
+  KILN_CHECK(keys.window >= 0, op, ": the window must be non-negative (0: none), got ", keys.window);
+}
+
 // Whether the mask needs a gradient, which the fused kernels do not give: the reference composite runs.
 bool mask_needs_grad(const Tensor& mask) {
   return mask.defined() && is_floating(mask.dtype()) && autograd::any_requires_grad({mask});
@@ -89,8 +93,18 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const Tensor& attn_mask, bool causal, std::optional<double> scale,
                                               double dropout_p, bool training, Generator* gen) {
+  return scaled_dot_product_attention_reference(q, k, v, attn_mask, AttentionMask(causal), scale, dropout_p, training,
+                                                gen);
+}
+
+Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& attn_mask, const AttentionMask& keys,
+                                              std::optional<double> scale, double dropout_p, bool training,
+                                              Generator* gen) {
   check_attention_args(q, k, v, dropout_p);
   check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention");
+  check_window(keys, "scaled_dot_product_attention");
+  const bool causal = keys.causal;
   int64_t Tq = q.size(-2), Tk = k.size(-2);
   double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
@@ -105,12 +119,14 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
     Tensor allowed = le(kj, qi);
     scores = where(allowed, scores, full({}, -INFINITY, {.dtype = scores.dtype(), .device = q.device()}));
   }
-  if (!attn_mask.defined()) {
+  if (keys.window > 0)
+    scores = where(sliding_window_mask(Tq, Tk, keys.window, causal, q.device()), scores, full({}, -INFINITY, so));
+  if (!attn_mask.defined() && keys.window == 0) {
     Tensor attn = kiln::softmax(scores, -1);
     return matmul(dropout(attn, dropout_p, training, gen), v);
   }
-  // A row whose keys are all masked attends to nothing: output 0 and no gradient, as the fused kernels
-  // (softmax would give 0/0). Its scores are zeroed first so that softmax's backward stays finite.
+  // A row whose keys are all masked (by the mask or the window) attends to nothing: output 0 and no
+  // gradient, as the fused kernels (softmax would give 0/0). Its scores are zeroed first so that softmax's backward stays finite.
   Tensor alive;
   {
     NoGradGuard ng;
@@ -152,7 +168,8 @@ struct AttentionForward {
   AttentionStats stats;
 };
 
-AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                   const AttentionMask& keys,
                                    std::optional<double> scale, double dropout_p, bool training, Generator* gen) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   AttentionForward f;
@@ -167,7 +184,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   NoGradGuard ng;
   f.out = empty_bthd(B, H, Tq, D, {.dtype = q.dtype(), .device = q.device()});
   st.lse = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  kernels::attention_forward(q, k, v, bias, f.out, st.lse, causal, st.scale, st.p, st.dropout_rng);
+  kernels::attention_forward(q, k, v, bias, f.out, st.lse, keys, st.scale, st.p, st.dropout_rng);
   return f;
 }
 
@@ -181,26 +198,33 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return scaled_dot_product_attention(q, k, v, Tensor(), causal, scale, dropout_p, training, gen);
 }
 
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    bool causal, std::optional<double> scale, double dropout_p, bool training,
+                                    Generator* gen) {
+  return scaled_dot_product_attention(q, k, v, attn_mask, AttentionMask(causal), scale, dropout_p, training, gen);
+}
+
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                    const Tensor& attn_mask, bool causal, std::optional<double> scale,
+                                    const Tensor& attn_mask, const AttentionMask& keys, std::optional<double> scale,
                                     double dropout_p, bool training, Generator* gen) {
   check_attention_args(q_in, k_in, v_in, dropout_p);
   check_attention_mask(attn_mask, q_in, k_in, "scaled_dot_product_attention");
+  check_window(keys, "scaled_dot_product_attention");
   // Under autocast the products run in the autocast dtype (the softmax statistics stay f32 inside the
   // kernels); the casts are differentiable, so f32 inputs get f32 gradients.
   Tensor ql = amp::to_lower_precision(q_in), kl = amp::to_lower_precision(k_in), vl = amp::to_lower_precision(v_in);
   if (!fusable(ql, kl, vl, dropout_p) || mask_needs_grad(attn_mask))
-    return scaled_dot_product_attention_reference(ql, kl, vl, attn_mask, causal, scale, dropout_p, training, gen);
+    return scaled_dot_product_attention_reference(ql, kl, vl, attn_mask, keys, scale, dropout_p, training, gen);
   const int64_t Tq = ql.size(-2), D = ql.size(-1);
   const Shape lead(ql.sizes().begin(), ql.sizes().end() - 2);
   const DType t = promote_types(promote_types(ql.dtype(), kl.dtype()), vl.dtype());
   const Tensor q = to_4d(cast(ql, t)), k = to_4d(cast(kl, t)), v = to_4d(cast(vl, t));
   const Tensor bias = kernel_bias(attn_mask, lead, Tq, kl.size(-2), stat_dtype(t));
-  const AttentionForward f = attention_forward(q, k, v, bias, causal, scale, dropout_p, training, gen);
+  const AttentionForward f = attention_forward(q, k, v, bias, keys, scale, dropout_p, training, gen);
   if (any_requires_grad({q, k, v}))
     record("scaled_dot_product_attention", {q, k, v}, {f.out},
            [sq = SavedTensor(q), sk = SavedTensor(k), sv = SavedTensor(v), so = SavedTensor(f.out), st = f.stats,
-            causal](const Grads& g) {
+            keys](const Grads& g) {
              const char* op = "scaled_dot_product_attention";
              cuda::check_draw_in_capture(st.dropout_rng, op);
              Tensor qq = sq.unpack(op), kk = sk.unpack(op), vv = sv.unpack(op), oo = so.unpack(op);
@@ -208,7 +232,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              const int64_t B = qq.size(0), H = qq.size(1), Tq = qq.size(2), Tk = kk.size(2), D = qq.size(3);
              TensorOptions o{.dtype = qq.dtype(), .device = qq.device()};
              Tensor dq = empty_bthd(B, H, Tq, D, o), dk = empty_bthd(B, H, Tk, D, o), dv = empty_bthd(B, H, Tk, D, o);
-             kernels::attention_backward(dout, qq, kk, vv, st.bias, oo, st.lse, dq, dk, dv, causal, st.scale, st.p,
+             kernels::attention_backward(dout, qq, kk, vv, st.bias, oo, st.lse, dq, dk, dv, keys, st.scale, st.p,
                                                      st.dropout_rng);
              return Grads{dq, dk, dv};
            });
@@ -224,9 +248,16 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, bool causal, st
   return scaled_dot_product_attention_qkvpacked(qkv, Tensor(), causal, scale, dropout_p, training, gen);
 }
 
-Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor& attn_mask, bool causal,
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& attn_mask, bool causal,
                                               std::optional<double> scale, double dropout_p, bool training,
                                               Generator* gen) {
+  return scaled_dot_product_attention_qkvpacked(qkv, attn_mask, AttentionMask(causal), scale, dropout_p, training,
+                                                gen);
+}
+
+Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor& attn_mask,
+                                              const AttentionMask& keys, std::optional<double> scale,
+                                              double dropout_p, bool training, Generator* gen) {
   KILN_CHECK(qkv_in.defined() && qkv_in.dim() == 5 && qkv_in.size(2) == 3,
              "scaled_dot_product_attention_qkvpacked: expected qkv (B, T, 3, H, D), got ", qkv_in.str());
   const Tensor qkv = amp::to_lower_precision(qkv_in);
@@ -237,14 +268,15 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
   }
   check_attention_args(q, k, v, dropout_p);
   check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention_qkvpacked");
+  check_window(keys, "scaled_dot_product_attention_qkvpacked");
   if (!fusable(q, k, v, dropout_p) || q.stride(3) != 1 || mask_needs_grad(attn_mask))
     return scaled_dot_product_attention(packed_view(qkv, 0), packed_view(qkv, 1), packed_view(qkv, 2), attn_mask,
-                                        causal, scale, dropout_p, training, gen);
+                                        keys, scale, dropout_p, training, gen);
   const Tensor bias = kernel_bias(attn_mask, {q.size(0), q.size(1)}, q.size(2), k.size(2), stat_dtype(q.dtype()));
-  const AttentionForward f = attention_forward(q, k, v, bias, causal, scale, dropout_p, training, gen);
+  const AttentionForward f = attention_forward(q, k, v, bias, keys, scale, dropout_p, training, gen);
   if (any_requires_grad({qkv}))
     record("scaled_dot_product_attention_qkvpacked", {qkv}, {f.out},
-           [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, causal](const Grads& g) {
+           [sqkv = SavedTensor(qkv), so = SavedTensor(f.out), st = f.stats, keys](const Grads& g) {
              const char* op = "scaled_dot_product_attention_qkvpacked";
              cuda::check_draw_in_capture(st.dropout_rng, op);
              Tensor packed = sqkv.unpack(op), oo = so.unpack(op);
@@ -253,7 +285,8 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
              Tensor dqkv = empty(packed.sizes(), {.dtype = packed.dtype(), .device = packed.device()});
              kernels::attention_backward(
                  dout, packed_view(packed, 0), packed_view(packed, 1), packed_view(packed, 2), st.bias, oo, st.lse,
-                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), causal, st.scale, st.p, st.dropout_rng);
+                 packed_view(dqkv, 0), packed_view(dqkv, 1), packed_view(dqkv, 2), keys, st.scale, st.p,
+                 st.dropout_rng);
              return Grads{dqkv};
            });
   return f.out;

@@ -95,15 +95,6 @@ Tensor MultiheadAttention::score_bias(const Tensor& key_padding_mask, const Tens
     a = shared ? a.view({1, 1, Tq, Tk}) : a.reshape({B, num_heads_, Tq, Tk});
     bias = bias.defined() ? add(bias, a) : a;
   }
-  if (options_.window > 0) {
-    const Tensor& w = window_bias_;
-    if (!w.defined() || w.size(2) != Tq || w.size(3) != Tk || w.dtype() != o.dtype || w.device() != o.device) {
-      NoGradGuard ng;
-      const Tensor keep = functional::sliding_window_mask(Tq, Tk, options_.window, options_.causal, o.device);
-      window_bias_ = where(keep, full({}, 0.0, o), full({}, -INFINITY, o)).view({1, 1, Tq, Tk});
-    }
-    bias = bias.defined() ? add(bias, window_bias_) : window_bias_;
-  }
   return bias;
 }
 
@@ -134,6 +125,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   KILN_CHECK(!performer || (!kpm.defined() && !attn_mask.defined()), repr(),
              ": random-feature attention takes no key_padding_mask or attn_mask (only causal)");
   const Tensor mask = performer ? Tensor() : score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype(), q_in.device());
+  const AttentionMask keys(options_.causal, options_.window);
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;
@@ -145,7 +137,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
       attn = functional::performer_attention(head(0), head(1), head(2), projection, options_.causal,
                                              options_.feature_kernel);
     } else {
-      attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, options_.causal, std::nullopt,
+      attn = functional::scaled_dot_product_attention_qkvpacked(qkv, mask, keys, std::nullopt,
                                                                 options_.dropout, is_training());
     }
   } else {
@@ -157,7 +149,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     Tensor k = heads(functional::linear(k_in, block(in_proj.weight, 1), block(in_proj.bias, 1)), Tk);
     Tensor v = heads(functional::linear(v_in, block(in_proj.weight, 2), block(in_proj.bias, 2)), Tk);
     attn = performer ? functional::performer_attention(q, k, v, projection, options_.causal, options_.feature_kernel)
-                     : functional::scaled_dot_product_attention(q, k, v, mask, options_.causal, std::nullopt,
+                     : functional::scaled_dot_product_attention(q, k, v, mask, keys, std::nullopt,
                                                                 options_.dropout, is_training());
   }
   // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view (a

@@ -22,8 +22,8 @@
 // (functional::performer_attention, docs/sketched.md): time and memory linear in T, the projection Ω (m, D)
 // a persistent buffer `projection` (a checkpoint restores the same features; redraw_projection() draws
 // new ones). It takes no masks (but causal), and attention dropout does not apply to it.
-// With window = w > 0 the sliding-window mask joins the other masks (made once per sequence lengths and
-// device, and kept, so a captured CUDA graph reuses it).
+// With window = w > 0 attention is local (sliding window, AttentionMask{causal, w}): decided inside the
+// fused kernels from the indices, which skip the key tiles outside the window; no Tq x Tk mask is made.
 #include <cstdint>
 
 #include <kiln/nn/functional.h>
@@ -70,7 +70,6 @@ class MultiheadAttention : public Module {
 
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;
-  mutable Tensor window_bias_;  // the sliding window's additive bias (1, 1, Tq, Tk), for the last lengths seen
 
  public:
   Linear in_proj;   // E -> 3E: query, key and value projections stacked

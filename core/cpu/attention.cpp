@@ -59,12 +59,9 @@ struct ScoreBias {
   }
 };
 
-// Keys query i sees: all Tk, or j <= i when causal.
-inline int64_t visible_keys(bool causal, int64_t i, int64_t Tk) { return causal ? std::min(i + 1, Tk) : Tk; }
-
 template <class T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& bias_t, const Tensor& out_t,
-                  const Tensor& lse_t, bool causal, double scale, const DropoutMask& mask) {
+                  const Tensor& lse_t, const AttentionMask& attend, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
   const ScoreBias<S> bias(bias_t);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
@@ -72,16 +69,17 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
   Rows<T> out(out_t);
   S* lse = static_cast<S*>(lse_t.raw_data());
   parallel_for(BH * Tq, Tk * D, [&](int64_t r) {
-    const int64_t bh = r / Tq, i = r % Tq, n = visible_keys(causal, i, Tk);
-    std::vector<double> s(size_t(std::max<int64_t>(n, 1))), acc(size_t(D), 0.0);
+    // the keys query i sees: [j0, j1) (s is indexed from j0)
+    const int64_t bh = r / Tq, i = r % Tq, j0 = attend.key_begin(i), j1 = std::max(j0, attend.key_end(i, Tk));
+    std::vector<double> s(size_t(std::max<int64_t>(j1 - j0, 1))), acc(size_t(D), 0.0);
     const T* qi = q.row(bh, i);
     double m = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       const T* kj = k.row(bh, j);
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
-      s[size_t(j)] = dot * scale + bias(bh, i, j);
-      m = std::max(m, s[size_t(j)]);
+      s[size_t(j - j0)] = dot * scale + bias(bh, i, j);
+      m = std::max(m, s[size_t(j - j0)]);
     }
     if (m == -INFINITY) {  // every key masked: O = 0, lse = +inf
       T* oi = out.row(bh, i);
@@ -90,10 +88,10 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
       return;
     }
     double l = 0;
-    for (int64_t j = 0; j < n; ++j) l += std::exp(s[size_t(j)] - m);
+    for (int64_t j = j0; j < j1; ++j) l += std::exp(s[size_t(j - j0)] - m);
     const double lse_i = m + std::log(l);
-    for (int64_t j = 0; j < n; ++j) {
-      double pz = std::exp(s[size_t(j)] - lse_i) * mask(bh, i, j);
+    for (int64_t j = j0; j < j1; ++j) {
+      double pz = std::exp(s[size_t(j - j0)] - lse_i) * mask(bh, i, j);
       if (pz == 0.0) continue;
       const T* vj = v.row(bh, j);
       for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += pz * double(vj[d]);
@@ -107,7 +105,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
 template <class T>
 void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& bias_t,
                    const Tensor& out_t, const Tensor& lse_t, const Tensor& dq_t, const Tensor& dk_t, const Tensor& dv_t,
-                   bool causal, double scale, const DropoutMask& mask) {
+                   const AttentionMask& attend, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
   const ScoreBias<S> bias(bias_t);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
@@ -122,8 +120,7 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
       double Di = 0;  // D_i = Σ_d dO_id O_id
       for (int64_t d = 0; d < D; ++d) Di += double(doi[d]) * double(oi[d]);
       std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-      const int64_t n = visible_keys(causal, i, Tk);
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = attend.key_begin(i), j1 = attend.key_end(i, Tk); j < j1; ++j) {
         const T *kj = k.row(bh, j), *vj = v.row(bh, j);
         double dot = 0, dp = 0;
         for (int64_t d = 0; d < D; ++d) {
@@ -156,21 +153,23 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
 }  // namespace
 
 void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                                const Tensor& out, const Tensor& lse, bool causal, double scale, double dropout_p,
+                                const Tensor& out, const Tensor& lse, const AttentionMask& attend, double scale,
+                                double dropout_p,
                                 const PhiloxDraw& dropout_rng) {
   KILN_CHECK(!dropout_rng.replay_base, "attention_forward: a CUDA graph's draw given to the CPU kernel");
   DropoutMask mask(dropout_p, dropout_rng.seed, dropout_rng.offset, q.size(2), k.size(2));
-  KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", forward_impl<scalar_t>(q, k, v, bias, out, lse, causal, scale, mask));
+  KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward",
+                         forward_impl<scalar_t>(q, k, v, bias, out, lse, attend, scale, mask));
 }
 
 void kernels::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv, bool causal, double scale, double dropout_p,
+                                 const Tensor& dv, const AttentionMask& attend, double scale, double dropout_p,
                                  const PhiloxDraw& dropout_rng) {
   KILN_CHECK(!dropout_rng.replay_base, "attention_backward: a CUDA graph's draw given to the CPU kernel");
   DropoutMask mask(dropout_p, dropout_rng.seed, dropout_rng.offset, q.size(2), k.size(2));
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_backward",
-                         backward_impl<scalar_t>(dout, q, k, v, bias, out, lse, dq, dk, dv, causal, scale, mask));
+                         backward_impl<scalar_t>(dout, q, k, v, bias, out, lse, dq, dk, dv, attend, scale, mask));
 }
 
 }  // namespace kiln::cpu

@@ -1,13 +1,42 @@
 #pragma once
 // Kernel family: fused scaled-dot-product attention.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include <kiln/core/kernel.h>
 #include <kiln/core/random.h>
 
+namespace kiln {
+
+// Which keys query i sees, decided from the indices alone (nothing of size Tq x Tk is read, and the
+// kernels skip the key tiles no query of a tile sees):
+//   causal      j <= i (top-left aligned, PyTorch's is_causal)
+//   window w>0  i - w < j, and when not causal also j < i + w (functional::sliding_window_mask)
+// For every query the keys it sees are one contiguous range [key_begin(i), key_end(i)).
+struct AttentionMask {
+  bool causal = false;
+  int64_t window = 0;
+  // implicit from a bool: a plain causal flag, as the kernels took before windows
+  AttentionMask(bool causal_ = false, int64_t window_ = 0)  // NOLINT(google-explicit-constructor)
+      : causal(causal_), window(window_) {}
+  int64_t key_begin(int64_t i) const { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
+  int64_t key_end(int64_t i, int64_t Tk) const {
+    if (causal) return std::min(i + 1, Tk);
+    return window > 0 ? std::min(i + window, Tk) : Tk;
+  }
+  bool sees(int64_t i, int64_t j) const { return j >= key_begin(i) && j < key_end(i, INT64_MAX); }
+  std::string str() const {  // for messages: "causal, window 128"
+    std::string s = causal ? "causal" : "not causal";
+    return window > 0 ? s + ", window " + std::to_string(window) : s;
+  }
+};
+
+}  // namespace kiln
+
 // Fused scaled-dot-product attention (FlashAttention, Dao et al. 2022/2023), one (b, h) head at a time:
-//   S = scale · Q Kᵀ + bias, masked to -inf where causal and j > i (top-left aligned: query i sees keys
-//   j <= i, PyTorch's is_causal);  lse_i = log Σ_j exp(S_ij);  P = exp(S - lse);  O = (P ⊙ Z) V
+//   S = scale · Q Kᵀ + bias, masked to -inf where `mask` hides key j from query i (AttentionMask above);
+//   lse_i = log Σ_j exp(S_ij);  P = exp(S - lse);  O = (P ⊙ Z) V
 // bias: undefined (none), or a (B, H, Tq, Tk) view in the stat dtype with any strides (0 on broadcast dims:
 // a key padding mask is (B, 1, 1, Tk) expanded); -inf entries mask keys out. A row whose keys are all
 // masked gets O = 0, lse = +inf (so backward's P = exp(S - lse) = 0 there) and zero gradients.
@@ -25,9 +54,9 @@
 // The CPU computes in double; the GPU in f32 (f64 for f64) with tensor cores for bf16/f16 at D = 64, 128.
 KILN_KERNEL(attention_forward, void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                     const Tensor& out,
-                                    const Tensor& lse, bool causal, double scale, double dropout_p,
+                                    const Tensor& lse, const AttentionMask& mask, double scale, double dropout_p,
                                     const PhiloxDraw& dropout_rng));
 KILN_KERNEL(attention_backward, void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, bool causal, double scale, double dropout_p,
+                                     const Tensor& dv, const AttentionMask& mask, double scale, double dropout_p,
                                      const PhiloxDraw& dropout_rng));

@@ -298,6 +298,63 @@ TEST(FlashAttention, SparsePatternsMatchTheCpu) {
   }
 }
 
+// A sliding window as AttentionMask{causal, W}: decided inside the kernels, which skip the key tiles outside
+// it. Each kernel family (wgmma, mma.sync, generic) against the CPU in f64, forward and gradients, for
+// windows from one key to more than the sequence, equal and unequal lengths (not multiples of a tile), with
+// and without dropout; and the same values as the window given as a bool mask (the bias path).
+TEST(FlashAttention, SlidingWindowOnEveryKernelMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(13);
+  struct Shape4 {
+    int64_t Tq, Tk, D;
+    DType t;
+  };
+  auto check = [](const Shape4& s, AttentionMask keys, double p) {
+    SCOPED_TRACE(std::string(dtype_name(s.t)) + " Tq " + std::to_string(s.Tq) + " Tk " + std::to_string(s.Tk) +
+                 " D " + std::to_string(s.D) + " " + keys.str() + " p " + std::to_string(p));
+    const Tensor q = randn({2, 2, s.Tq, s.D}), k = randn({2, 2, s.Tk, s.D}), v = randn({2, 2, s.Tk, s.D});
+    const Tensor w = randn({2, 2, s.Tq, s.D});
+    Generator gen_gpu(77), gen_cpu(77);
+    auto run = [&](Device dev, DType t, const Tensor& mask, Generator* gen, Tensor* grads) {
+      Tensor a = cast(q, t).to(dev).requires_grad_(true), b = cast(k, t).to(dev).requires_grad_(true),
+             c = cast(v, t).to(dev).requires_grad_(true);
+      Tensor out = mask.defined() ? F::scaled_dot_product_attention(a, b, c, mask.to(dev), keys.causal, std::nullopt, p,
+                                                                    true, gen)
+                                  : F::scaled_dot_product_attention(a, b, c, Tensor(), keys, std::nullopt, p, true,
+                                                                    gen);
+      sum(mul(cast(out, DType::f64), cast(w, DType::f64).to(dev))).backward();
+      grads[0] = a.grad(), grads[1] = b.grad(), grads[2] = c.grad();
+      return out;
+    };
+    Tensor g[3], r[3];
+    const Tensor got = run(gpu(), s.t, Tensor(), &gen_gpu, g);
+    const Tensor want = run(Device::cpu(), DType::f64, Tensor(), &gen_cpu, r);
+    EXPECT_LT(rel_err(got, want), out_tol(s.t));
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], r[i]), grad_tol(s.t)) << "grad " << i;
+    if (p == 0.0) {  // the window as a bool mask through the bias path gives the same values
+      Tensor gm[3];
+      const Tensor masked = run(gpu(), s.t, F::sliding_window_mask(s.Tq, s.Tk, keys.window, keys.causal), nullptr, gm);
+      EXPECT_LT(rel_err(masked, want), out_tol(s.t));
+      EXPECT_LT(rel_err(got, masked), out_tol(s.t));
+    }
+  };
+  for (const char* sm90 : {"1", "0"}) {  // the wgmma kernels, then the mma.sync ones
+    ScopedEnv env("KILN_FLASH_ATTENTION_SM90", sm90);
+    SCOPED_TRACE(std::string("KILN_FLASH_ATTENTION_SM90=") + sm90);
+    for (int64_t D : {64, 128})
+      for (bool causal : {true, false})
+        for (int64_t W : {1, 17, 128, 300, 1000}) check({333, 333, D, DType::bf16}, {causal, W}, 0.0);
+    check({200, 333, 64, DType::bf16}, {true, 50}, 0.0);
+    check({333, 200, 128, DType::f16}, {false, 70}, 0.0);
+    check({1000, 1000, 64, DType::bf16}, {true, 256}, 0.1);
+    check({300, 300, 128, DType::bf16}, {false, 100}, 0.1);
+  }
+  // the generic kernels: f32, and a head dim the tensor cores do not take
+  check({150, 150, 32, DType::f32}, {true, 20}, 0.0);
+  check({150, 170, 48, DType::f32}, {false, 20}, 0.1);
+  check({97, 97, 40, DType::bf16}, {false, 7}, 0.0);
+}
+
 TEST(FlashAttention, MaskedPublicOpAndMultiheadAttentionOnTheGpu) {
   KILN_REQUIRE_GPU();
   manual_seed(10);

@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
+#include <kiln/autograd/gradcheck.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
@@ -88,6 +91,47 @@ TEST(SparseAttention, WindowedAttentionEqualsTheReferenceAndSeesOnlyItsWindow) {
       const Tensor moved = F::scaled_dot_product_attention(q0, k2, v0, mask);
       EXPECT_GT(amax(abs(sub(moved.narrow(2, i, 1), fused[0].narrow(2, i, 1)))).item<double>(), 1e-6);
     }
+}
+
+// The window given as AttentionMask{causal, W} (decided inside the kernels, no mask tensor) equals the
+// same window given as a bool mask, in values and gradients, for equal and unequal lengths, windows from one
+// key to more than the sequence, and rows that see no key (Tq > Tk, not causal); gradcheck in f64.
+TEST(SparseAttention, KernelWindowEqualsTheWindowAsAMask) {
+  manual_seed(34);
+  for (bool causal : {true, false})
+    for (auto [Tq, Tk] : {std::pair<int64_t, int64_t>{13, 13}, {9, 14}, {14, 6}})
+      for (int64_t W : {1, 3, 20}) {
+        SCOPED_TRACE(AttentionMask(causal, W).str() + " Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk));
+        const Tensor q0 = randn({2, 2, Tq, 4}, {.dtype = DType::f64}), k0 = randn({2, 2, Tk, 4}, {.dtype = DType::f64});
+        const Tensor v0 = randn({2, 2, Tk, 4}, {.dtype = DType::f64}), w = randn({2, 2, Tq, 4}, {.dtype = DType::f64});
+        auto grads = [&](bool as_mask) {
+          Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
+                 v = v0.detach().requires_grad_(true);
+          Tensor out = as_mask ? F::scaled_dot_product_attention(q, k, v, F::sliding_window_mask(Tq, Tk, W, causal))
+                               : F::scaled_dot_product_attention(q, k, v, Tensor(), AttentionMask(causal, W));
+          sum(mul(out, w)).backward();
+          return std::vector<Tensor>{out.detach(), q.grad(), k.grad(), v.grad()};
+        };
+        const auto native = grads(false), masked = grads(true);
+        for (size_t i = 0; i < native.size(); ++i) expect_close(native[i], masked[i], 1e-12, "output and gradients");
+        // the reference composite takes the same argument
+        expect_close(F::scaled_dot_product_attention_reference(q0, k0, v0, Tensor(), AttentionMask(causal, W)),
+                     native[0], 1e-12, "reference");
+      }
+  const Tensor q = randn({1, 2, 7, 3}, {.dtype = DType::f64}).requires_grad_(true);
+  const Tensor k = randn({1, 2, 9, 3}, {.dtype = DType::f64}).requires_grad_(true);
+  const Tensor v = randn({1, 2, 9, 3}, {.dtype = DType::f64}).requires_grad_(true);
+  for (bool causal : {true, false}) {
+    auto r = autograd::gradcheck(
+        [&](const std::vector<Tensor>& x) {
+          Generator gen(99);
+          return F::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), AttentionMask(causal, 3), 0.7,
+                                                 causal ? 0.0 : 0.25, true, &gen);
+        },
+        {q, k, v});
+    EXPECT_TRUE(r.ok) << r.message;
+  }
+  EXPECT_THROW(F::scaled_dot_product_attention(q, k, v, Tensor(), AttentionMask(true, -1)), Error);
 }
 
 TEST(SparseAttention, MultiheadAttentionWindowEqualsTheMaskByHand) {
