@@ -25,6 +25,7 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/nn/functional.h>
 
 #include "bench_util.h"
 
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
   // N = 16384, D = 128, B 1, H 16, beside dense attention in the same process. A causal window of W keys
   // computes N·W scores to dense attention's N², so its time is compared with (W / N) x the dense time (the
   // ratio line); a symmetric window |i - j| < W/2 sees W - 1 keys, compared alike. FLOPs count the scores
-  // inside the window (4·B·H·N·W·D forward).
+  // inside the window (4·B·H·N·W·D forward). The _blocks_bigbird row: a block-sparse layout walked by the
+  // kernels (block_sparse_attention), compared with its live share of dense attention alike.
   if (only.empty() || std::string("_window").find(only) != std::string::npos || only == "_window") {
     const int64_t B = 1, H = 16, N = 16384, D = 128, W = 1024;
     Tensor q = randn({B, H, N, D}, bf16), k = randn({B, H, N, D}, bf16), v = randn({B, H, N, D}, bf16);
@@ -102,6 +104,24 @@ int main(int argc, char** argv) {
     Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
     const double scale = 1.0 / std::sqrt(double(D)), tensor_bytes = double(B * H * N * D) * 2.0;
     double dense_ms[2] = {0, 0};
+    // a BigBird-style layout of 128-blocks: 2 global blocks (rows and columns), a window of 3 blocks and 2
+    // random blocks a row; its live share of the scores is what the ratio line compares against
+    const int64_t nb = N / 128;
+    Tensor layout = zeros({nb, nb}, {.dtype = DType::boolean});
+    bool* l = layout.data_ptr<bool>();
+    Generator layout_gen(5);
+    for (int64_t r = 0; r < nb; ++r)
+      for (int64_t c = 0; c < nb; ++c) {
+        const bool global = r < 2 || c < 2, window = c >= r - 1 && c <= r + 1;
+        l[r * nb + c] = global || window;
+      }
+    const Tensor picks = rand({nb, 2}, {.dtype = DType::f64}, &layout_gen);
+    for (int64_t r = 0; r < nb; ++r)
+      for (int64_t i = 0; i < 2; ++i) l[r * nb + int64_t(picks.data_ptr<double>()[r * 2 + i] * double(nb))] = true;
+    int64_t live_blocks = 0;
+    for (int64_t e = 0; e < nb * nb; ++e) live_blocks += l[e];
+    const double live_keys = double(live_blocks) * 128.0 / double(nb);  // keys a query sees, on average
+    const AttentionMask bigbird = nn::functional::block_sparse_attention(layout.to(kGpu), 128);
     struct Case {
       const char* tag;
       AttentionMask keys;
@@ -111,7 +131,8 @@ int main(int argc, char** argv) {
                           Case{"_d128_n16384_window1024_causal", AttentionMask(true, W), double(W)},
                           Case{"_d128_n16384_window512_sym", AttentionMask(false, W / 2), double(W - 1)},
                           Case{"_d128_n16384_window2048_causal", AttentionMask(true, 2 * W), double(2 * W)},
-                          Case{"_d128_n16384_window4096_causal", AttentionMask(true, 4 * W), double(4 * W)}}) {
+                          Case{"_d128_n16384_window4096_causal", AttentionMask(true, 4 * W), double(4 * W)},
+                          Case{"_d128_n16384_blocks_bigbird", bigbird, live_keys}}) {
       const double fwd_flops = 4.0 * double(B * H) * double(N) * c.keys_per_query * double(D);
       auto fwd = [&] { kernels::attention_forward(q, k, v, Tensor(), out, lse, c.keys, scale, 0.0, {}); };
       auto bwd = [&] {
@@ -120,7 +141,7 @@ int main(int argc, char** argv) {
       const double ms[2] = {bench::median_ms(fwd, 3, 10, 1), bench::median_ms([&] { fwd(); bwd(); }, 3, 10, 1)};
       report(std::string("attention_fwd") + c.tag, ms[0], 4 * tensor_bytes, fwd_flops);
       report(std::string("attention_fwdbwd") + c.tag, ms[1], 13 * tensor_bytes, 3.5 * fwd_flops);
-      if (c.keys.window == 0) {
+      if (c.keys.window == 0 && c.keys.block == 0) {
         dense_ms[0] = ms[0], dense_ms[1] = ms[1];
       } else {
         const double share = c.keys_per_query / double(N);

@@ -172,7 +172,8 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
   // scale > 0: the kernel takes row maxima on the raw scores (the fallback takes any scale)
   if (tensor_core_path(q, k, v) && rows_aligned(out) && scale > 0.0) {
     FwdParams p{head_view(q), head_view(k), head_view(v), head_view(out), static_cast<float*>(lse.raw_data()),
-                H, Tq, Tk, float(scale * 1.4426950408889634), key_band(mask), drop, bias_view(bias)};
+                H, Tq, Tk, float(scale * 1.4426950408889634), key_band(mask), block_list(mask), drop,
+                bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v})) {
       launch_fwd_sm90(p, B, q.dtype() == DType::bf16, D);
       return;
@@ -180,7 +181,7 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
     launch_fwd_mma(p, B, q.dtype() == DType::bf16, D);
     return;
   }
-  attention_forward_generic(q, k, v, bias, out, lse, key_band(mask), scale, drop);
+  attention_forward_generic(q, k, v, bias, out, lse, key_band(mask), block_list(mask), scale, drop);
 }
 
 void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -219,7 +220,7 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     BwdParams p{head_view(q), head_view(k), head_view(v), head_view(dout), head_view(dk), head_view(dv),
                 static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
-                key_band(mask), drop, bias_view(bias)};
+                key_band(mask), block_list(mask), drop, bias_view(bias)};
     if (use_sm90() && tma_describable({&q, &k, &v, &dout})) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
     if (rows > 0 && rows_aligned(dq)) {
@@ -241,7 +242,8 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     }
     return;
   }
-  attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, key_band(mask), scale, drop);
+  attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, key_band(mask), block_list(mask),
+                             scale, drop);
 }
 
 }  // namespace kiln::cuda

@@ -61,6 +61,68 @@ struct KeyBand {
     return c0 >= key_begin(r1) && c1 < key_end(r0, 0x7fffffff);
   }
 };
+// AttentionMask's block-sparse layout on the device (block == 0: none): the live key blocks of query block r
+// are col_idx[row_ptr[r] .. row_ptr[r + 1]), the live query blocks of key block c row_idx[col_ptr[c] ..
+// col_ptr[c + 1]); `layout` (rows x cols bool) for the kernels that test elements.
+struct BlockList {
+  const int *row_ptr, *col_idx, *col_ptr, *row_idx;
+  const bool* layout;
+  int cols, block;
+  __device__ bool live(int i, int j) const { return block == 0 || layout[(i / block) * cols + j / block]; }
+};
+inline BlockList block_list(const AttentionMask& m) {
+  if (m.block == 0) return {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0};
+  return {static_cast<const int*>(m.row_ptr.raw_data()), static_cast<const int*>(m.col_idx.raw_data()),
+          static_cast<const int*>(m.col_ptr.raw_data()), static_cast<const int*>(m.row_idx.raw_data()),
+          static_cast<const bool*>(m.layout.raw_data()), int(m.layout.size(1)), int(m.block)};
+}
+
+// The tiles one tile of the other side visits, in order: tile n starts at position at<kTile>(n) (a key for a
+// query tile's walk, a query for a key tile's). From the band, a range of tiles; from a layout, the tiles of
+// its live blocks (a block holds per_block tiles of kTile).
+struct TileWalk {
+  int first, count;
+  const int* list;  // live block indices, or nullptr
+  int per_block;
+  template <int kTile>
+  __device__ int at(int n) const {
+    return (list ? list[n / per_block] * per_block + n % per_block : first + n) * kTile;
+  }
+};
+// The key tiles (kTile keys each) that query rows [m0, m0 + rows) visit (m0 a multiple of the layout's block
+// when there is one).
+template <int kTile>
+__device__ __forceinline__ TileWalk key_walk(const KeyBand& band, const BlockList& bl, int m0, int rows, int Tq,
+                                             int Tk) {
+  if (bl.block == 0) {
+    const int first = band.key_begin(m0) / kTile;
+    return {first, max(0, (band.key_end(min(m0 + rows, Tq) - 1, Tk) + kTile - 1) / kTile - first), nullptr, 1};
+  }
+  const int r = m0 / bl.block, begin = bl.row_ptr[r], n_blocks = bl.row_ptr[r + 1] - begin, per = bl.block / kTile;
+  int count = n_blocks * per;
+  if (n_blocks > 0) {  // the final key block may be partial: no tile past Tk
+    const int last = bl.col_idx[begin + n_blocks - 1] * bl.block;
+    count -= max(0, per - (Tk - last + kTile - 1) / kTile);
+  }
+  return {0, count, bl.col_idx + begin, per};
+}
+// The query tiles (kTile rows each) that see keys [n0, n0 + keys).
+template <int kTile>
+__device__ __forceinline__ TileWalk query_walk(const KeyBand& band, const BlockList& bl, int n0, int keys, int Tq,
+                                               int Tk) {
+  if (bl.block == 0) {
+    const int first = band.query_begin(n0) / kTile;
+    return {first, max(0, (band.query_end(min(n0 + keys, Tk) - 1, Tq) + kTile - 1) / kTile - first), nullptr, 1};
+  }
+  const int c = n0 / bl.block, begin = bl.col_ptr[c], n_blocks = bl.col_ptr[c + 1] - begin, per = bl.block / kTile;
+  int count = n_blocks * per;
+  if (n_blocks > 0) {
+    const int last = bl.row_idx[begin + n_blocks - 1] * bl.block;
+    count -= max(0, per - (Tq - last + kTile - 1) / kTile);
+  }
+  return {0, count, bl.row_idx + begin, per};
+}
+
 // (a window past 2^30 sees every key of any sequence the kernels take)
 inline KeyBand key_band(const AttentionMask& m) {
   return {m.causal, m.window >= (int64_t(1) << 30) ? 0 : int(m.window)};
@@ -180,6 +242,7 @@ struct FwdParams {
   int H, Tq, Tk;
   float scale_log2;  // scale · log2(e), > 0
   KeyBand band;
+  BlockList blocks;
   DropoutArgs drop;
   BiasView bias;  // f32
 };
@@ -193,6 +256,7 @@ struct BwdParams {
   int H, Tq, Tk;
   float scale, scale_log2;
   KeyBand band;
+  BlockList blocks;
   DropoutArgs drop;
   BiasView bias;  // f32
 };
@@ -212,11 +276,12 @@ void launch_bwd_mma(const BwdParams& p, int B, bool is_bf16, int D);
 // (B, H, Tq) in the stat dtype. attention_dsum_generic: dsum = D_i = Σ_d dO_id O_id.
 constexpr int kMaxPerLane = 8;  // values per lane of a warp-per-row kernel: D <= 256
 void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& out,
-                               const Tensor& lse, KeyBand band, double scale, const DropoutArgs& drop);
+                               const Tensor& lse, KeyBand band, BlockList blocks, double scale,
+                               const DropoutArgs& drop);
 void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor& dsum);
 void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv, KeyBand band, double scale,
+                                const Tensor& dk, const Tensor& dv, KeyBand band, BlockList blocks, double scale,
                                 const DropoutArgs& drop);
 
 }  // namespace kiln::cuda::flash

@@ -51,6 +51,7 @@ struct SimpleParams {
   int B, H, Tq, Tk, D;
   double scale;
   KeyBand band;
+  BlockList blocks;
   DropoutArgs drop;
   BiasView bias;  // stat dtype
 };
@@ -101,6 +102,7 @@ __global__ void attention_fwd_simple_kernel(SimpleParams p) {
     for (int c = 0; c < kMaxPerLane; ++c) acc[c] = 0;
     A m = -INFINITY, l = 0;
     for (int64_t j = p.band.key_begin(int(i)), n = p.band.key_end(int(i), p.Tk); j < n; ++j) {
+      if (!p.blocks.live(int(i), int(j))) continue;  // (warp-uniform)
       const A s = dot_row(q, row_ptr<T>(p.k, bh, p.H, j), p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j);
       if (s == A(-INFINITY)) continue;  // a masked key adds nothing (and m may still be -inf)
       const A mn = s > m ? s : m;
@@ -139,6 +141,7 @@ __global__ void attention_dq_simple_kernel(SimpleParams p) {
     for (int c = 0; c < kMaxPerLane; ++c) dq[c] = 0;
     const A lse = static_cast<const A*>(p.lse)[r], Di = static_cast<const A*>(p.dsum)[r];
     for (int64_t j = p.band.key_begin(int(i)), n = p.band.key_end(int(i), p.Tk); j < n; ++j) {
+      if (!p.blocks.live(int(i), int(j))) continue;
       const T *kr = row_ptr<T>(p.k, bh, p.H, j), *vr = row_ptr<T>(p.v, bh, p.H, j);
       const A pr = exp_a(dot_row(q, kr, p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j) - lse);
       const A z = p.drop.on ? A(dropout_z(p.drop, bh, p.Tq, p.Tk, i, j)) : A(1);
@@ -170,6 +173,7 @@ __global__ void attention_dkv_simple_kernel(SimpleParams p) {
 #pragma unroll
     for (int c = 0; c < kMaxPerLane; ++c) dk[c] = dv[c] = 0;
     for (int64_t i = p.band.query_begin(int(j)), n = p.band.query_end(int(j), p.Tq); i < n; ++i) {
+      if (!p.blocks.live(int(i), int(j))) continue;
       const T *qr = row_ptr<T>(p.q, bh, p.H, i), *dor = row_ptr<T>(p.dout, bh, p.H, i);
       const A lse = static_cast<const A*>(p.lse)[bh * p.Tq + i], Di = static_cast<const A*>(p.dsum)[bh * p.Tq + i];
       const A pr = exp_a(dot_row(k, qr, p.D, lane) * A(p.scale) + score_bias<A>(p, bh, i, j) - lse);
@@ -201,10 +205,11 @@ unsigned simple_grid(int64_t rows) { return blocks_for(rows * 32, 256, 65535LL *
 namespace flash {
 
 void attention_forward_generic(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& out,
-                               const Tensor& lse, KeyBand band, double scale, const DropoutArgs& drop) {
+                               const Tensor& lse, KeyBand band, BlockList blocks, double scale,
+                               const DropoutArgs& drop) {
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), {}, {}, {}, {}, lse.raw_data(), nullptr,
-                 B, H, Tq, Tk, D, scale, band, drop, bias_view(bias)};
+                 B, H, Tq, Tk, D, scale, band, blocks, drop, bias_view(bias)};
   KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_forward", {
     attention_fwd_simple_kernel<scalar_t><<<simple_grid(int64_t(B) * H * Tq), 256, 0, current_stream()>>>(p);
     KILN_LAUNCH_CHECK("attention_fwd_simple_kernel", "attention_forward");
@@ -223,13 +228,13 @@ void attention_dsum_generic(const Tensor& dout, const Tensor& out, const Tensor&
 
 void attention_backward_generic(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dsum, const Tensor& dq,
-                                const Tensor& dk, const Tensor& dv, KeyBand band, double scale,
+                                const Tensor& dk, const Tensor& dv, KeyBand band, BlockList blocks, double scale,
                                 const DropoutArgs& drop) {
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   const int64_t rows = int64_t(B) * H * Tq;
   SimpleParams p{head_view(q), head_view(k), head_view(v), head_view(out), head_view(dout), head_view(dq),
                  head_view(dk), head_view(dv), lse.raw_data(), dsum.raw_data(), B, H, Tq, Tk, D, scale, band,
-                 drop, bias_view(bias)};
+                 blocks, drop, bias_view(bias)};
   KILN_CUDA_DISPATCH_FLOATING(q.dtype(), "attention_backward", {
     if (rows > 0) {
       attention_dq_simple_kernel<scalar_t><<<simple_grid(rows), 256, 0, current_stream()>>>(p);

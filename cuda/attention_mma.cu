@@ -147,12 +147,11 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
   const T* qh = static_cast<const T*>(p.q.ptr) + b * p.q.sb + h * p.q.sh;
   const T* kh = static_cast<const T*>(p.k.ptr) + b * p.k.sb + h * p.k.sh;
   const T* vh = static_cast<const T*>(p.v.ptr) + b * p.v.sb + h * p.v.sh;
-  // the key tiles [n_first, n_end) that some query of the tile sees
-  const int n_first = p.band.key_begin(m0) / kFwdKeys;
-  const int n_end = (p.band.key_end(min(m0 + kFwdRows, p.Tq) - 1, p.Tk) + kFwdKeys - 1) / kFwdKeys;
+  // the key tiles the tile's queries see (the band's range, or the layout's live blocks): tile n at keys.at(n)
+  const TileWalk keys = key_walk<kFwdKeys>(p.band, p.blocks, m0, kFwdRows, p.Tq, p.Tk);
 
   load_tile<kFwdRows, D, kFwdThreads>(sQ, qh, p.q.st, m0, p.Tq);
-  load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n_first * kFwdKeys, p.Tk);
+  if (keys.count > 0) load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, keys.at<kFwdKeys>(0), p.Tk);
   cp_async_commit();
 
   const int row_w = m0 + warp * kFwdWarpRows;  // the warp's first query row
@@ -170,12 +169,12 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
     l_run[mi][0] = l_run[mi][1] = 0.f;
   }
 
-  for (int n = n_first; n < n_end; ++n) {
-    const int n0 = n * kFwdKeys;
+  for (int n = 0; n < keys.count; ++n) {
+    const int n0 = keys.at<kFwdKeys>(n);
     cp_async_wait_all();
     __syncthreads();  // K_n (and Q) landed; every warp is done with sV
     if constexpr (kQInRegs) {
-      if (n == n_first) {
+      if (n == 0) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
@@ -296,8 +295,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
 
     cp_async_wait_all();
     __syncthreads();  // V_n landed; every warp is done with sK
-    if (n + 1 < n_end) {
-      load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, n0 + kFwdKeys, p.Tk);
+    if (n + 1 < keys.count) {
+      load_tile<kFwdKeys, D, kFwdThreads>(sK, kh, p.k.st, keys.at<kFwdKeys>(n + 1), p.Tk);
       cp_async_commit();
     }
     // O += P V_n, each V fragment used by both m tiles
@@ -372,9 +371,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
   const float* dsum = p.dsum + bh * p.Tq;
   float* dqh = p.dq_acc + bh * p.Tq * D;
 
-  // the query tiles [m_begin, m_end) of which some query sees a key of this tile
-  const int m_begin = p.band.query_begin(n0) / kBwdRows;
-  const int m_end = (p.band.query_end(min(n0 + kBwdKeys, p.Tk) - 1, p.Tq) + kBwdRows - 1) / kBwdRows;
+  // the query tiles that see keys of this tile (the band's range, or the layout's live blocks): the i-th
+  // starts at row queries.at(i)
+  const TileWalk queries = query_walk<kBwdRows>(p.band, p.blocks, n0, kBwdKeys, p.Tq, p.Tk);
 
   load_tile<kBwdKeys, D, kBwdThreads>(sK, kh, p.k.st, n0, p.Tk);
   load_tile<kBwdKeys, D, kBwdThreads>(sV, vh, p.v.st, n0, p.Tk);
@@ -387,10 +386,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
       cp_async4(smem_addr(sStat + buf * 2 * kBwdRows + tid), r < p.Tq ? src + r : src, r < p.Tq);
     }
   };
-  if (m_begin < m_end) {
-    load_tile<kBwdRows, D, kBwdThreads>(sQ, qh, p.q.st, m_begin * kBwdRows, p.Tq);
-    load_tile<kBwdRows, D, kBwdThreads>(sdO, doh, p.dout.st, m_begin * kBwdRows, p.Tq);
-    load_stats(0, m_begin * kBwdRows);
+  if (queries.count > 0) {
+    load_tile<kBwdRows, D, kBwdThreads>(sQ, qh, p.q.st, queries.at<kBwdRows>(0), p.Tq);
+    load_tile<kBwdRows, D, kBwdThreads>(sdO, doh, p.dout.st, queries.at<kBwdRows>(0), p.Tq);
+    load_stats(0, queries.at<kBwdRows>(0));
   }
   cp_async_commit();
 
@@ -410,15 +409,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_kernel(BwdParams p) 
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
 
-  for (int m = m_begin; m < m_end; ++m) {
-    const int m0 = m * kBwdRows, buf = (m - m_begin) & 1;
+  for (int i = 0; i < queries.count; ++i) {
+    const int m0 = queries.at<kBwdRows>(i), buf = i & 1;
     const uint32_t cQb = smem_addr(sQ + buf * kBwdRows * D), cdOb = smem_addr(sdO + buf * kBwdRows * D);
     cp_async_wait_all();
     __syncthreads();  // Q_m, dO_m landed; every warp is done with the other buffers and sdS
-    if (m + 1 < m_end) {
-      load_tile<kBwdRows, D, kBwdThreads>(sQ + (buf ^ 1) * kBwdRows * D, qh, p.q.st, m0 + kBwdRows, p.Tq);
-      load_tile<kBwdRows, D, kBwdThreads>(sdO + (buf ^ 1) * kBwdRows * D, doh, p.dout.st, m0 + kBwdRows, p.Tq);
-      load_stats(buf ^ 1, m0 + kBwdRows);
+    if (i + 1 < queries.count) {
+      const int next = queries.at<kBwdRows>(i + 1);
+      load_tile<kBwdRows, D, kBwdThreads>(sQ + (buf ^ 1) * kBwdRows * D, qh, p.q.st, next, p.Tq);
+      load_tile<kBwdRows, D, kBwdThreads>(sdO + (buf ^ 1) * kBwdRows * D, doh, p.dout.st, next, p.Tq);
+      load_stats(buf ^ 1, next);
       cp_async_commit();
     }
 

@@ -269,10 +269,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
   const int m0 = (p.band.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;  // longest first
-  // the key tiles n_first + [0, n_tiles) that some query of the tile sees
-  const int n_first = p.band.key_begin(m0) / kFwdKeys;
-  const int n_tiles =
-      max(0, (p.band.key_end(min(m0 + kFwdRows, p.Tq) - 1, p.Tk) + kFwdKeys - 1) / kFwdKeys - n_first);
+  // the key tiles the tile's queries see (the band's range, or the layout's live blocks): tile n at keys.at(n)
+  const TileWalk keys = key_walk<kFwdKeys>(p.band, p.blocks, m0, kFwdRows, p.Tq, p.Tk);
+  const int n_tiles = keys.count;
 
   if (tid == 0) {
     tma::barrier_init(q_full, 1);
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         if (lane == 0) {
           if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
           tma::arrive_expect_tx(k_full(s), kTileK);
-          tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), (n_first + n) * kFwdKeys, h, b);
+          tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), keys.at<kFwdKeys>(n), h, b);
         }
         if (use > 0) tma::wait(v_empty(s), uint32_t(use - 1) & 1u);
         if constexpr (kBias == BiasKind::keys) {
@@ -309,7 +308,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
           const float* key_bias = bias_row(p.bias, bh, 0);
           float* dst = key_bias_stage(s);
           for (int c = lane; c < kFwdKeys; c += 32) {
-            const int col = (n_first + n) * kFwdKeys + c;
+            const int col = keys.at<kFwdKeys>(n) + c;
             dst[c] = col < p.Tk ? __ldg(key_bias + int64_t(col) * p.bias.sk) * kLog2e : 0.f;
           }
           __threadfence_block();
@@ -318,7 +317,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         }
         if (lane == 0) {
           tma::arrive_expect_tx(v_full(s), kTileK);
-          tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), (n_first + n) * kFwdKeys, h, b);
+          tma_tile<kFwdKeys, D>(sV0 + uint32_t(s) * kTileK, &maps.v, v_full(s), keys.at<kFwdKeys>(n), h, b);
         }
       }
     }
@@ -363,7 +362,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma::wait<0>();
     wgmma::fence_regs(s);
     tma::arrive(k_empty(0));
-    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, n_first * kFwdKeys, row_lo, row_first, t4, key_bias_stage(0));
+    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, keys.at<kFwdKeys>(0), row_lo, row_first, t4,
+                           key_bias_stage(0));
     // Every tile but the last: the next tile's scores run on the tensor cores while this tile's O += P V
     // is issued behind them and the next softmax runs on the ALUs. (No branch inside: ptxas keeps the
     // wgmmas asynchronous only where it can see which group each register waits for.)
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wgmma::wait<1>();  // the scores are in; O += P V may still run
       wgmma::fence_regs(s);
       tma::arrive(k_empty((n + 1) % kFwdStages));
-      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, (n_first + n + 1) * kFwdKeys, row_lo, row_first, t4,
+      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, keys.at<kFwdKeys>(n + 1), row_lo, row_first, t4,
                              key_bias_stage((n + 1) % kFwdStages));
       wgmma::wait<0>();
       wgmma::fence_regs(o);
@@ -479,9 +479,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int64_t bh = int64_t(b) * p.H + h;
   const int n0 = int(blockIdx.x) * kBwdKeys;
 
-  // the query tiles [m_begin, m_end) of which some query sees a key of this tile
-  const int m_begin = p.band.query_begin(n0) / kBwdRows;
-  const int m_end = (p.band.query_end(min(n0 + kBwdKeys, p.Tk) - 1, p.Tq) + kBwdRows - 1) / kBwdRows;
+  // the query tiles that see keys of this tile (the band's range, or the layout's live blocks): the i-th
+  // starts at row queries.at(i). Kept in shared memory (published by the barrier-init sync below): the
+  // D = 128 instance has no registers to spare for it.
+  __shared__ TileWalk queries;
+  const int n_q = [&] {
+    const TileWalk w = query_walk<kBwdRows>(p.band, p.blocks, n0, kBwdKeys, p.Tq, p.Tk);
+    if (tid == 0) queries = w;
+    return w.count;
+  }();
 
   const int key_w = n0 + wg * 64 + wi * 16, key_lo = key_w + g, key_hi = key_lo + 8;
   // A bias that does not vary with the query (a key padding mask: sq = 0) is, per thread, two values for
@@ -514,7 +520,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
   };
-  if (m_begin >= m_end) {  // no query sees these keys: dK = dV = 0 (and no load is issued)
+  if (n_q == 0) {  // no query sees these keys: dK = dV = 0 (and no load is issued)
     store_dk_dv();
     return;
   }
@@ -525,20 +531,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     tma::fence_barrier_init();
   }
   __syncthreads();
-  // Q, dO and the statistics of query tile m into buffer buf (thread 0)
-  auto load_rows = [&](int buf, int m) {
+  // Q, dO and the statistics of the query tile at row m0 into buffer buf (thread 0)
+  auto load_rows = [&](int buf, int m0) {
     const uint32_t bar = rows_full(buf);
     tma::arrive_expect_tx(bar, 2 * kTileQ + kStatBytes);
-    tma_tile<kBwdRows, D>(sQ0 + uint32_t(buf) * kTileQ, &maps.q, bar, m * kBwdRows, h, b);
-    tma_tile<kBwdRows, D>(sdO0 + uint32_t(buf) * kTileQ, &maps.dout, bar, m * kBwdRows, h, b);
-    tma::load_bytes(sStat + uint32_t(buf) * kStatBytes, stats + bh * Tq_pad + m * kBwdRows, kStatBytes, bar);
+    tma_tile<kBwdRows, D>(sQ0 + uint32_t(buf) * kTileQ, &maps.q, bar, m0, h, b);
+    tma_tile<kBwdRows, D>(sdO0 + uint32_t(buf) * kTileQ, &maps.dout, bar, m0, h, b);
+    tma::load_bytes(sStat + uint32_t(buf) * kStatBytes, stats + bh * Tq_pad + m0, kStatBytes, bar);
   };
   if (tid == 0) {
     tma::arrive_expect_tx(kv_full, 2 * kTileK);
     tma_tile<kBwdKeys, D>(sK, &maps.k, kv_full, n0, h, b);
     tma_tile<kBwdKeys, D>(sV, &maps.v, kv_full, n0, h, b);
-    load_rows(0, m_begin);
-    if (m_begin + 1 < m_end) load_rows(1, m_begin + 1);
+    load_rows(0, queries.at<kBwdRows>(0));
+    if (1 < n_q) load_rows(1, queries.at<kBwdRows>(1));
   }
 
   float st[kBwdRows / 2], dpt[kBwdRows / 2];
@@ -565,9 +571,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // One query tile; kNext: another follows (its scores are issued here). The last tile is a separate
   // instance, and the CTAs without work left before any load, so that no wgmma is issued under a runtime
   // branch (ptxas keeps the wgmmas asynchronous only where it can see which group each register waits for).
-  auto tile = [&](int m, auto next_tag) {
+  auto tile = [&](int i, auto next_tag) {
     constexpr bool kNext = decltype(next_tag)::value;
-    const int i = m - m_begin, buf = i % kBwdBuffers, m0 = m * kBwdRows;
+    const int buf = i % kBwdBuffers, m0 = queries.at<kBwdRows>(i);
     const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ,
                    sdS = sdS0 + uint32_t(i % 2) * kTileS;
     wgmma::wait<0>();  // Sᵀ, dPᵀ of tile m
@@ -645,7 +651,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma::commit();
     wgmma::fence_proxy_async();
     __syncthreads();  // dSᵀ of both groups in shared memory; both groups are done with tile m - 1
-    if (tid == 0 && m + 2 < m_end) load_rows((i + 2) % kBwdBuffers, m + 2);
+    if (tid == 0 && i + 2 < n_q) load_rows((i + 2) % kBwdBuffers, queries.at<kBwdRows>(i + 2));
 
     // dK_g += dSᵀ Q_m, dSᵀ read back from shared memory (K-major: the group's 64 key rows), which keeps
     // registers free for the accumulators
@@ -697,8 +703,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     if constexpr (kNext && !kScoresUnderDq) scores_of(i + 1);
   };
-  for (int m = m_begin; m + 1 < m_end; ++m) tile(m, std::true_type{});
-  tile(m_end - 1, std::false_type{});
+  for (int i = 0; i + 1 < n_q; ++i) tile(i, std::true_type{});
+  tile(n_q - 1, std::false_type{});
   if (tid % 128 == 0) tma::bulk_wait();  // the last reduction has landed before the CTA leaves
   store_dk_dv();
 }

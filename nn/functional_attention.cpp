@@ -72,6 +72,17 @@ void check_window(const AttentionMask& keys, const char* op) {
   KILN_CHECK(keys.window >= 0, op, ": the window must be non-negative (0: none), got ", keys.window);
 }
 
+// A block-sparse layout must cover the scores (ceil(Tq / block), ceil(Tk / block)) on q's device.
+void check_blocks(const AttentionMask& keys, const Tensor& q, const Tensor& k, const char* op) {
+  if (keys.block == 0) return;
+  const int64_t Tq = q.size(-2), Tk = k.size(-2), b = keys.block;
+  KILN_CHECK(keys.layout.size(0) == (Tq + b - 1) / b && keys.layout.size(1) == (Tk + b - 1) / b, op,
+             ": the block-sparse layout ", keys.layout.str(), " (block ", b, ") does not cover Tq = ", Tq, ", Tk = ", Tk,
+             ": it must be [", (Tq + b - 1) / b, ", ", (Tk + b - 1) / b, "]");
+  KILN_CHECK(keys.layout.device() == q.device(), op, ": the block-sparse layout is on ", keys.layout.device().str(),
+             ", q on ", q.device().str());
+}
+
 // Whether the mask needs a gradient, which the fused kernels do not give: the reference composite runs.
 bool mask_needs_grad(const Tensor& mask) {
   return mask.defined() && is_floating(mask.dtype()) && autograd::any_requires_grad({mask});
@@ -104,6 +115,7 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
   check_attention_args(q, k, v, dropout_p);
   check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention");
   check_window(keys, "scaled_dot_product_attention");
+  check_blocks(keys, q, k, "scaled_dot_product_attention");
   const bool causal = keys.causal;
   int64_t Tq = q.size(-2), Tk = k.size(-2);
   double s = scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
@@ -121,7 +133,9 @@ Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, 
   }
   if (keys.window > 0)
     scores = where(sliding_window_mask(Tq, Tk, keys.window, causal, q.device()), scores, full({}, -INFINITY, so));
-  if (!attn_mask.defined() && keys.window == 0) {
+  if (keys.block > 0)
+    scores = where(block_sparse_mask(keys.layout, keys.block, Tq, Tk), scores, full({}, -INFINITY, so));
+  if (!attn_mask.defined() && keys.window == 0 && keys.block == 0) {
     Tensor attn = kiln::softmax(scores, -1);
     return matmul(dropout(attn, dropout_p, training, gen), v);
   }
@@ -210,6 +224,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   check_attention_args(q_in, k_in, v_in, dropout_p);
   check_attention_mask(attn_mask, q_in, k_in, "scaled_dot_product_attention");
   check_window(keys, "scaled_dot_product_attention");
+  check_blocks(keys, q_in, k_in, "scaled_dot_product_attention");
   // Under autocast the products run in the autocast dtype (the softmax statistics stay f32 inside the
   // kernels); the casts are differentiable, so f32 inputs get f32 gradients.
   Tensor ql = amp::to_lower_precision(q_in), kl = amp::to_lower_precision(k_in), vl = amp::to_lower_precision(v_in);
@@ -269,6 +284,7 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
   check_attention_args(q, k, v, dropout_p);
   check_attention_mask(attn_mask, q, k, "scaled_dot_product_attention_qkvpacked");
   check_window(keys, "scaled_dot_product_attention_qkvpacked");
+  check_blocks(keys, q, k, "scaled_dot_product_attention_qkvpacked");
   if (!fusable(q, k, v, dropout_p) || q.stride(3) != 1 || mask_needs_grad(attn_mask))
     return scaled_dot_product_attention(packed_view(qkv, 0), packed_view(qkv, 1), packed_view(qkv, 2), attn_mask,
                                         keys, scale, dropout_p, training, gen);

@@ -2,6 +2,8 @@
 // scaled_dot_product_attention takes (nn/functional.h). Built on the host, where the pattern is a few loops,
 // and copied to the device once: callers that run every step (MultiheadAttention) keep the result.
 #include <cstdint>
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include <kiln/core/op.h>
@@ -38,6 +40,47 @@ Tensor block_sparse_mask(const Tensor& layout, int64_t block_size, int64_t Tq, i
   for (int64_t i = 0; i < Tq; ++i)
     for (int64_t j = 0; j < Tk; ++j) m[i * Tk + j] = l[(i / block_size) * bk + j / block_size];
   return mask.to(layout.device());
+}
+
+AttentionMask block_sparse_attention(const Tensor& layout, int64_t block, bool causal, int64_t window) {
+  KILN_CHECK(block >= 128 && block % 128 == 0, "block_sparse_attention: block must be a multiple of 128 (the fused "
+             "kernels' tile), got ", block, "; for other sizes pass block_sparse_mask(layout, block, Tq, Tk) as a mask");
+  KILN_CHECK(window >= 0, "block_sparse_attention: the window must be non-negative (0: none), got ", window);
+  KILN_CHECK(layout.defined() && layout.dtype() == DType::boolean && layout.dim() == 2 && layout.size(0) > 0 &&
+                 layout.size(1) > 0,
+             "block_sparse_attention: layout must be a non-empty 2-D bool (query blocks, key blocks), got ",
+             layout.defined() ? layout.str() : std::string("undefined"));
+  AttentionMask m(causal, window);
+  m.block = block;
+  m.layout = layout.contiguous();
+  const Tensor host = layout.to(Device::cpu()).contiguous();
+  const bool* l = host.data_ptr<bool>();
+  const int64_t rows = layout.size(0), cols = layout.size(1);
+  // A block takes part when the layout says so and some query of it sees some key of it under the band: the
+  // keys its queries see span [key_begin(first row), key_end(last row)).
+  auto live = [&](int64_t r, int64_t c) {
+    if (!l[r * cols + c]) return false;
+    const int64_t k0 = m.key_begin(r * block), k1 = m.key_end((r + 1) * block - 1, INT64_MAX);
+    return c * block < k1 && (c + 1) * block > k0;
+  };
+  std::vector<int32_t> row_ptr{0}, col_idx, col_ptr{0}, row_idx;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c)
+      if (live(r, c)) col_idx.push_back(int32_t(c));
+    row_ptr.push_back(int32_t(col_idx.size()));
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r)
+      if (live(r, c)) row_idx.push_back(int32_t(r));
+    col_ptr.push_back(int32_t(row_idx.size()));
+  }
+  auto upload = [&](const std::vector<int32_t>& v) {
+    Tensor t = empty({int64_t(std::max<size_t>(v.size(), 1))}, {.dtype = DType::i32});
+    std::copy(v.begin(), v.end(), t.data_ptr<int32_t>());
+    return t.to(layout.device());
+  };
+  m.row_ptr = upload(row_ptr), m.col_idx = upload(col_idx), m.col_ptr = upload(col_ptr), m.row_idx = upload(row_idx);
+  return m;
 }
 
 }  // namespace kiln::nn::functional

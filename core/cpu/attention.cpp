@@ -59,11 +59,23 @@ struct ScoreBias {
   }
 };
 
+// AttentionMask's block-sparse layout: whether query i may see key j (always, without a layout).
+struct LiveBlocks {
+  const bool* layout = nullptr;
+  int64_t cols = 0, block = 0;
+  explicit LiveBlocks(const AttentionMask& m) {
+    if (m.block == 0) return;
+    layout = m.layout.data_ptr<bool>(), cols = m.layout.size(1), block = m.block;
+  }
+  bool operator()(int64_t i, int64_t j) const { return !layout || layout[(i / block) * cols + j / block]; }
+};
+
 template <class T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& bias_t, const Tensor& out_t,
                   const Tensor& lse_t, const AttentionMask& attend, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
   const ScoreBias<S> bias(bias_t);
+  const LiveBlocks live(attend);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
   Rows<const T> q(q_t), k(k_t), v(v_t);
   Rows<T> out(out_t);
@@ -75,6 +87,10 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
     const T* qi = q.row(bh, i);
     double m = -INFINITY;
     for (int64_t j = j0; j < j1; ++j) {
+      if (!live(i, j)) {
+        s[size_t(j - j0)] = -INFINITY;
+        continue;
+      }
       const T* kj = k.row(bh, j);
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
@@ -108,6 +124,7 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
                    const AttentionMask& attend, double scale, const DropoutMask& mask) {
   using S = stat_t<T>;
   const ScoreBias<S> bias(bias_t);
+  const LiveBlocks live(attend);
   const int64_t BH = q_t.size(0) * q_t.size(1), Tq = q_t.size(2), Tk = k_t.size(2), D = q_t.size(3);
   Rows<const T> dout(do_t), q(q_t), k(k_t), v(v_t), out(out_t);
   Rows<T> dq(dq_t), dk(dk_t), dv(dv_t);
@@ -121,6 +138,7 @@ void backward_impl(const Tensor& do_t, const Tensor& q_t, const Tensor& k_t, con
       for (int64_t d = 0; d < D; ++d) Di += double(doi[d]) * double(oi[d]);
       std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
       for (int64_t j = attend.key_begin(i), j1 = attend.key_end(i, Tk); j < j1; ++j) {
+        if (!live(i, j)) continue;
         const T *kj = k.row(bh, j), *vj = v.row(bh, j);
         double dot = 0, dp = 0;
         for (int64_t d = 0; d < D; ++d) {

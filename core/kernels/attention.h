@@ -6,6 +6,7 @@
 
 #include <kiln/core/kernel.h>
 #include <kiln/core/random.h>
+#include <kiln/core/tensor.h>
 
 namespace kiln {
 
@@ -14,9 +15,16 @@ namespace kiln {
 //   causal      j <= i (top-left aligned, PyTorch's is_causal)
 //   window w>0  i - w < j, and when not causal also j < i + w (functional::sliding_window_mask)
 // For every query the keys it sees are one contiguous range [key_begin(i), key_end(i)).
+// Block-sparse (functional::block_sparse_attention): also, query i sees key j only where the bool layout
+// (ceil(Tq / block), ceil(Tk / block)) is true at (i / block, j / block); block is a multiple of 128 (the
+// kernels' tiles), and the kernels walk index lists of the live blocks (int32, on the layout's device):
+// key blocks of query block r: col_idx[row_ptr[r] .. row_ptr[r + 1]); query blocks of key block c:
+// row_idx[col_ptr[c] .. col_ptr[c + 1]).
 struct AttentionMask {
   bool causal = false;
   int64_t window = 0;
+  int64_t block = 0;  // 0: no layout
+  Tensor layout, row_ptr, col_idx, col_ptr, row_idx;
   // implicit from a bool: a plain causal flag, as the kernels took before windows
   AttentionMask(bool causal_ = false, int64_t window_ = 0)  // NOLINT(google-explicit-constructor)
       : causal(causal_), window(window_) {}
@@ -25,10 +33,12 @@ struct AttentionMask {
     if (causal) return std::min(i + 1, Tk);
     return window > 0 ? std::min(i + window, Tk) : Tk;
   }
+  // the band alone (causal, window); the layout is `live`
   bool sees(int64_t i, int64_t j) const { return j >= key_begin(i) && j < key_end(i, INT64_MAX); }
   std::string str() const {  // for messages: "causal, window 128"
     std::string s = causal ? "causal" : "not causal";
-    return window > 0 ? s + ", window " + std::to_string(window) : s;
+    if (window > 0) s += ", window " + std::to_string(window);
+    return block > 0 ? s + ", block-sparse layout " + layout.str() + " of block " + std::to_string(block) : s;
   }
 };
 

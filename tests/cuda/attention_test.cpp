@@ -355,6 +355,65 @@ TEST(FlashAttention, SlidingWindowOnEveryKernelMatchesTheCpu) {
   check({97, 97, 40, DType::bf16}, {false, 7}, 0.0);
 }
 
+// Block-sparse attention inside the kernels (block_sparse_attention: the kernels walk the live blocks'
+// index lists): each kernel family against the CPU in f64, forward and gradients, with partial final
+// blocks, unequal lengths, causal and a window on top, a query block that sees nothing, dropout, blocks
+// of 128 and 256; and the same values as the layout given as a bool mask (the bias path).
+TEST(FlashAttention, BlockSparseLayoutOnEveryKernelMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(14);
+  auto check = [](int64_t Tq, int64_t Tk, int64_t D, DType t, int64_t block, bool causal, int64_t window, double p) {
+    const int64_t rows = (Tq + block - 1) / block, cols = (Tk + block - 1) / block;
+    Tensor layout = gt(rand({rows, cols}), full({}, 0.4));
+    for (int64_t r = 0; r < rows; ++r) layout.data_ptr<bool>()[r * cols] = true;  // a global first key block
+    if (rows > 2) layout.data_ptr<bool>()[cols] = false;                           // (all but query block 1)
+    SCOPED_TRACE(std::string(dtype_name(t)) + " Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk) + " D " +
+                 std::to_string(D) + " block " + std::to_string(block) + " causal " + std::to_string(causal) +
+                 " window " + std::to_string(window) + " p " + std::to_string(p));
+    const Tensor q = randn({2, 2, Tq, D}), k = randn({2, 2, Tk, D}), v = randn({2, 2, Tk, D}), w = randn({2, 2, Tq, D});
+    auto run = [&](Device dev, DType dt, bool as_mask, Tensor* grads) {
+      Tensor a = cast(q, dt).to(dev).requires_grad_(true), b = cast(k, dt).to(dev).requires_grad_(true),
+             c = cast(v, dt).to(dev).requires_grad_(true);
+      Generator gen(78);
+      Tensor out;
+      if (as_mask) {
+        Tensor mask = F::block_sparse_mask(layout, block, Tq, Tk);
+        if (window > 0) {
+          const Tensor band = F::sliding_window_mask(Tq, Tk, window, causal);
+          for (int64_t e = 0; e < Tq * Tk; ++e) mask.data_ptr<bool>()[e] &= band.data_ptr<bool>()[e];
+        }
+        out = F::scaled_dot_product_attention(a, b, c, mask.to(dev), causal, std::nullopt, p, true, &gen);
+      } else {
+        out = F::scaled_dot_product_attention(a, b, c, Tensor(),
+                                              F::block_sparse_attention(layout.to(dev), block, causal, window),
+                                              std::nullopt, p, true, &gen);
+      }
+      sum(mul(cast(out, DType::f64), cast(w, DType::f64).to(dev))).backward();
+      grads[0] = a.grad(), grads[1] = b.grad(), grads[2] = c.grad();
+      return out;
+    };
+    Tensor g[3], r[3], gm[3];
+    const Tensor got = run(gpu(), t, false, g), want = run(Device::cpu(), DType::f64, false, r);
+    EXPECT_LT(rel_err(got, want), out_tol(t));
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], r[i]), grad_tol(t)) << "grad " << i;
+    if (p == 0.0) {
+      EXPECT_LT(rel_err(got, run(gpu(), t, true, gm)), out_tol(t)) << "against the bias path";
+    }
+  };
+  for (const char* sm90 : {"1", "0"}) {  // the wgmma kernels, then the mma.sync ones
+    ScopedEnv env("KILN_FLASH_ATTENTION_SM90", sm90);
+    SCOPED_TRACE(std::string("KILN_FLASH_ATTENTION_SM90=") + sm90);
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) check(600, 600, D, DType::bf16, 128, causal, 0, 0.0);
+    check(333, 700, 128, DType::f16, 128, false, 0, 0.0);
+    check(700, 333, 64, DType::bf16, 256, true, 0, 0.0);
+    check(900, 900, 64, DType::bf16, 128, true, 300, 0.0);
+    check(600, 600, 128, DType::bf16, 256, false, 0, 0.1);
+  }
+  check(300, 300, 32, DType::f32, 128, true, 0, 0.0);  // the generic kernels
+  check(300, 260, 48, DType::f32, 128, false, 100, 0.1);
+}
+
 TEST(FlashAttention, MaskedPublicOpAndMultiheadAttentionOnTheGpu) {
   KILN_REQUIRE_GPU();
   manual_seed(10);

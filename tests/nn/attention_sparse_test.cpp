@@ -134,6 +134,77 @@ TEST(SparseAttention, KernelWindowEqualsTheWindowAsAMask) {
   EXPECT_THROW(F::scaled_dot_product_attention(q, k, v, Tensor(), AttentionMask(true, -1)), Error);
 }
 
+// Block-sparse attention inside the kernels (block_sparse_attention) equals the same layout given as a bool
+// mask (block_sparse_mask), in values and gradients, with partial final blocks, Tq != Tk, causal and a
+// window on top, and query blocks that see no key; the lists keep only the blocks the band touches; bad
+// layouts are errors that name them; gradcheck in f64.
+TEST(SparseAttention, KernelBlockLayoutEqualsTheLayoutAsAMask) {
+  manual_seed(35);
+  for (bool causal : {false, true})
+    for (int64_t window : {0, 150})
+      for (auto [Tq, Tk] : {std::pair<int64_t, int64_t>{300, 300}, {200, 390}}) {
+        const int64_t block = 128, rows = (Tq + block - 1) / block, cols = (Tk + block - 1) / block;
+        Tensor layout = gt(rand({rows, cols}), full({}, 0.5));
+        layout.narrow(0, rows - 1, 1).fill_(0.0);  // a query block that sees nothing (not causal)
+        layout.narrow(1, 0, 1).fill_(1.0);
+        layout.narrow(0, rows - 1, 1).fill_(0.0);
+        const AttentionMask keys = F::block_sparse_attention(layout, block, causal, window);
+        SCOPED_TRACE(keys.str() + " Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk));
+        Tensor mask = F::block_sparse_mask(layout, block, Tq, Tk);
+        if (window > 0) {  // and the window's mask
+          const Tensor band = F::sliding_window_mask(Tq, Tk, window, causal);
+          for (int64_t e = 0; e < Tq * Tk; ++e) mask.data_ptr<bool>()[e] &= band.data_ptr<bool>()[e];
+        }
+        const Tensor q0 = randn({1, 2, Tq, 4}, {.dtype = DType::f64}), k0 = randn({1, 2, Tk, 4}, {.dtype = DType::f64});
+        const Tensor v0 = randn({1, 2, Tk, 4}, {.dtype = DType::f64}), w = randn({1, 2, Tq, 4}, {.dtype = DType::f64});
+        auto grads = [&](bool as_mask) {
+          Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
+                 v = v0.detach().requires_grad_(true);
+          Tensor out = as_mask ? F::scaled_dot_product_attention(q, k, v, mask, causal)
+                               : F::scaled_dot_product_attention(q, k, v, Tensor(), keys);
+          sum(mul(out, w)).backward();
+          return std::vector<Tensor>{out.detach(), q.grad(), k.grad(), v.grad()};
+        };
+        const auto native = grads(false), masked = grads(true);
+        for (size_t i = 0; i < native.size(); ++i) expect_close(native[i], masked[i], 1e-12, "output and gradients");
+        expect_close(F::scaled_dot_product_attention_reference(q0, k0, v0, Tensor(), keys), native[0], 1e-12,
+                     "reference");
+        // the live lists hold exactly the layout's blocks that the band touches
+        const Tensor row_ptr = keys.row_ptr.to(Device::cpu());
+        int64_t live = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t k_first = window > 0 ? std::max<int64_t>(0, r * block - window + 1) : 0;
+            const int64_t k_end = causal ? (r + 1) * block : window > 0 ? (r + 1) * block - 1 + window : INT64_MAX;
+            live += layout.data_ptr<bool>()[r * cols + c] && c * block < k_end && (c + 1) * block > k_first;
+          }
+        EXPECT_EQ(row_ptr.data_ptr<int32_t>()[rows], live);
+        EXPECT_EQ(keys.col_ptr.to(Device::cpu()).data_ptr<int32_t>()[cols], live);
+      }
+  // errors
+  const Tensor layout = ones({2, 2}, {.dtype = DType::boolean});
+  EXPECT_THROW(F::block_sparse_attention(layout, 64), Error);  // not a multiple of the kernels' tile
+  EXPECT_THROW(F::block_sparse_attention(cast(layout, DType::f32), 128), Error);
+  const Tensor q = randn({1, 1, 300, 4}, {.dtype = DType::f64});
+  try {
+    F::scaled_dot_product_attention(q, q, q, Tensor(), F::block_sparse_attention(layout, 128));
+    ADD_FAILURE() << "a layout that does not cover 300 positions";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not cover Tq = 300"), std::string::npos) << e.what();
+  }
+  // gradcheck in f64 (two blocks of 128 keys, the second one dropped for the first query block)
+  Tensor small = ones({2, 2}, {.dtype = DType::boolean});
+  small.data_ptr<bool>()[1] = false;
+  const AttentionMask keys = F::block_sparse_attention(small, 128);
+  const Tensor a = randn({1, 1, 140, 2}, {.dtype = DType::f64}).requires_grad_(true);
+  const Tensor b = randn({1, 1, 130, 2}, {.dtype = DType::f64}).requires_grad_(true);
+  const Tensor c = randn({1, 1, 130, 2}, {.dtype = DType::f64}).requires_grad_(true);
+  auto r = autograd::gradcheck(
+      [&](const std::vector<Tensor>& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), keys); },
+      {a, b, c});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
 TEST(SparseAttention, MultiheadAttentionWindowEqualsTheMaskByHand) {
   manual_seed(32);
   for (bool causal : {true, false}) {
