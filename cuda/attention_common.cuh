@@ -61,7 +61,7 @@ struct KeyBand {
     return c0 >= key_begin(r1) && c1 < key_end(r0, 0x7fffffff);
   }
 };
-// AttentionMask's block-sparse layout on the device (block == 0: none): the live key blocks of query block r
+// AttentionMask's block-sparse layout on the device (block == 0: none; else a power of two, >= 128): the live key blocks of query block r
 // are col_idx[row_ptr[r] .. row_ptr[r + 1]), the live query blocks of key block c row_idx[col_ptr[c] ..
 // col_ptr[c + 1]); `layout` (rows x cols bool) for the kernels that test elements.
 struct BlockList {
@@ -83,10 +83,11 @@ inline BlockList block_list(const AttentionMask& m) {
 struct TileWalk {
   int first, count;
   const int* list;  // live block indices, or nullptr
-  int per_block;
+  int shift;        // log2 of the tiles a block holds (block_sparse_attention: blocks are powers of two)
   template <int kTile>
   __device__ int at(int n) const {
-    return (list ? list[n / per_block] * per_block + n % per_block : first + n) * kTile;
+    if (list == nullptr) return (first + n) * kTile;
+    return ((list[n >> shift] << shift) | (n & ((1 << shift) - 1))) * kTile;
   }
 };
 // The key tiles (kTile keys each) that query rows [m0, m0 + rows) visit (m0 a multiple of the layout's block
@@ -96,7 +97,7 @@ __device__ __forceinline__ TileWalk key_walk(const KeyBand& band, const BlockLis
                                              int Tk) {
   if (bl.block == 0) {
     const int first = band.key_begin(m0) / kTile;
-    return {first, max(0, (band.key_end(min(m0 + rows, Tq) - 1, Tk) + kTile - 1) / kTile - first), nullptr, 1};
+    return {first, max(0, (band.key_end(min(m0 + rows, Tq) - 1, Tk) + kTile - 1) / kTile - first), nullptr, 0};
   }
   const int r = m0 / bl.block, begin = bl.row_ptr[r], n_blocks = bl.row_ptr[r + 1] - begin, per = bl.block / kTile;
   int count = n_blocks * per;
@@ -104,7 +105,7 @@ __device__ __forceinline__ TileWalk key_walk(const KeyBand& band, const BlockLis
     const int last = bl.col_idx[begin + n_blocks - 1] * bl.block;
     count -= max(0, per - (Tk - last + kTile - 1) / kTile);
   }
-  return {0, count, bl.col_idx + begin, per};
+  return {0, count, bl.col_idx + begin, __ffs(per) - 1};
 }
 // The query tiles (kTile rows each) that see keys [n0, n0 + keys).
 template <int kTile>
@@ -112,7 +113,7 @@ __device__ __forceinline__ TileWalk query_walk(const KeyBand& band, const BlockL
                                                int Tk) {
   if (bl.block == 0) {
     const int first = band.query_begin(n0) / kTile;
-    return {first, max(0, (band.query_end(min(n0 + keys, Tk) - 1, Tq) + kTile - 1) / kTile - first), nullptr, 1};
+    return {first, max(0, (band.query_end(min(n0 + keys, Tk) - 1, Tq) + kTile - 1) / kTile - first), nullptr, 0};
   }
   const int c = n0 / bl.block, begin = bl.col_ptr[c], n_blocks = bl.col_ptr[c + 1] - begin, per = bl.block / kTile;
   int count = n_blocks * per;
@@ -120,7 +121,7 @@ __device__ __forceinline__ TileWalk query_walk(const KeyBand& band, const BlockL
     const int last = bl.row_idx[begin + n_blocks - 1] * bl.block;
     count -= max(0, per - (Tq - last + kTile - 1) / kTile);
   }
-  return {0, count, bl.row_idx + begin, per};
+  return {0, count, bl.row_idx + begin, __ffs(per) - 1};
 }
 
 // (a window past 2^30 sees every key of any sequence the kernels take)

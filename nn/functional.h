@@ -189,8 +189,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor sliding_window_mask(int64_t Tq, int64_t Tk, int64_t window, bool causal, Device device = Device::cpu());
 // Block-sparse attention inside the kernels: an AttentionMask under which query i sees key j only where the
 // bool `layout` (ceil(Tq / block), ceil(Tk / block)) is true at (i / block, j / block) (block_sparse_mask's
-// pattern), with causal and window applied as well. block must be a multiple of 128, the fused kernels'
-// tile (other sizes: block_sparse_mask as a mask, the bias path). Made once: the index lists of the live
+// pattern), with causal and window applied as well. block must be a power of two of at least 128 (the
+// fused kernels' tile is 128; other sizes: block_sparse_mask as a mask, the bias path). Made once: the index lists of the live
 // blocks (blocks the band hides entirely are dropped) go to the layout's device, and the kernels visit only
 // those blocks' tiles. Pass it to scaled_dot_product_attention(q, k, v, Tensor(), mask, ...).
 AttentionMask block_sparse_attention(const Tensor& layout, int64_t block, bool causal = false, int64_t window = 0);

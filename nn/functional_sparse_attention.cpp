@@ -43,8 +43,9 @@ Tensor block_sparse_mask(const Tensor& layout, int64_t block_size, int64_t Tq, i
 }
 
 AttentionMask block_sparse_attention(const Tensor& layout, int64_t block, bool causal, int64_t window) {
-  KILN_CHECK(block >= 128 && block % 128 == 0, "block_sparse_attention: block must be a multiple of 128 (the fused "
-             "kernels' tile), got ", block, "; for other sizes pass block_sparse_mask(layout, block, Tq, Tk) as a mask");
+  KILN_CHECK(block >= 128 && (block & (block - 1)) == 0, "block_sparse_attention: block must be a power of two of at "
+             "least 128 (the fused kernels' tile), got ", block,
+             "; for other sizes pass block_sparse_mask(layout, block, Tq, Tk) as a mask");
   KILN_CHECK(window >= 0, "block_sparse_attention: the window must be non-negative (0: none), got ", window);
   KILN_CHECK(layout.defined() && layout.dtype() == DType::boolean && layout.dim() == 2 && layout.size(0) > 0 &&
                  layout.size(1) > 0,

@@ -16,8 +16,8 @@ namespace kiln {
 //   window w>0  i - w < j, and when not causal also j < i + w (functional::sliding_window_mask)
 // For every query the keys it sees are one contiguous range [key_begin(i), key_end(i)).
 // Block-sparse (functional::block_sparse_attention): also, query i sees key j only where the bool layout
-// (ceil(Tq / block), ceil(Tk / block)) is true at (i / block, j / block); block is a multiple of 128 (the
-// kernels' tiles), and the kernels walk index lists of the live blocks (int32, on the layout's device):
+// (ceil(Tq / block), ceil(Tk / block)) is true at (i / block, j / block); block is a power of two of at
+// least 128 (the kernels' tiles), and the kernels walk index lists of the live blocks (int32, on the layout's device):
 // key blocks of query block r: col_idx[row_ptr[r] .. row_ptr[r + 1]); query blocks of key block c:
 // row_idx[col_ptr[c] .. col_ptr[c + 1]).
 struct AttentionMask {

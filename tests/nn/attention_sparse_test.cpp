@@ -184,6 +184,7 @@ TEST(SparseAttention, KernelBlockLayoutEqualsTheLayoutAsAMask) {
   // errors
   const Tensor layout = ones({2, 2}, {.dtype = DType::boolean});
   EXPECT_THROW(F::block_sparse_attention(layout, 64), Error);  // not a multiple of the kernels' tile
+  EXPECT_THROW(F::block_sparse_attention(layout, 384), Error);  // not a power of two
   EXPECT_THROW(F::block_sparse_attention(cast(layout, DType::f32), 128), Error);
   const Tensor q = randn({1, 1, 300, 4}, {.dtype = DType::f64});
   try {
