@@ -316,6 +316,8 @@ __global__ void __launch_bounds__(kFwdThreads, 2) flash_fwd_kernel(FwdParams p) 
     }
   }
 
+  // nothing may stay in flight at exit: a tile that sees no key (a window or a layout) never waited for Q
+  cp_async_wait_all();
   T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
 #pragma unroll
   for (int mi = 0; mi < kFwdMTiles; ++mi) {

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   };
 
   tma::wait(q_full, 0);
-  if (n_tiles > 0) {  // (Tk = 0: O = 0, lse = -inf)
+  if (n_tiles > 0) {  // (no key seen: O = 0, lse = +inf)
     tma::wait(k_full(0), 0);
     issue_scores(0);
     wgmma::wait<0>();

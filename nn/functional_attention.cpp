@@ -76,6 +76,10 @@ void check_window(const AttentionMask& keys, const char* op) {
 void check_blocks(const AttentionMask& keys, const Tensor& q, const Tensor& k, const char* op) {
   if (keys.block == 0) return;
   const int64_t Tq = q.size(-2), Tk = k.size(-2), b = keys.block;
+  KILN_CHECK(b >= 128 && (b & (b - 1)) == 0 && keys.layout.defined() && keys.layout.dim() == 2 &&
+                 keys.row_ptr.defined() && keys.col_idx.defined() && keys.col_ptr.defined() && keys.row_idx.defined(),
+             op, ": a block-sparse AttentionMask comes from block_sparse_attention (block a power of two >= 128, "
+             "its layout and index lists), got block ", b);
   KILN_CHECK(keys.layout.size(0) == (Tq + b - 1) / b && keys.layout.size(1) == (Tk + b - 1) / b, op,
              ": the block-sparse layout ", keys.layout.str(), " (block ", b, ") does not cover Tq = ", Tq, ", Tk = ", Tk,
              ": it must be [", (Tq + b - 1) / b, ", ", (Tk + b - 1) / b, "]");

@@ -29,9 +29,9 @@ struct AttentionMask {
   AttentionMask(bool causal_ = false, int64_t window_ = 0)  // NOLINT(google-explicit-constructor)
       : causal(causal_), window(window_) {}
   int64_t key_begin(int64_t i) const { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
-  int64_t key_end(int64_t i, int64_t Tk) const {
+  int64_t key_end(int64_t i, int64_t Tk) const {  // saturates at Tk (no overflow for a huge window)
     if (causal) return std::min(i + 1, Tk);
-    return window > 0 ? std::min(i + window, Tk) : Tk;
+    return window > 0 ? (i >= Tk - window ? Tk : i + window) : Tk;
   }
   // the band alone (causal, window); the layout is `live`
   bool sees(int64_t i, int64_t j) const { return j >= key_begin(i) && j < key_end(i, INT64_MAX); }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -132,6 +133,11 @@ TEST(SparseAttention, KernelWindowEqualsTheWindowAsAMask) {
     EXPECT_TRUE(r.ok) << r.message;
   }
   EXPECT_THROW(F::scaled_dot_product_attention(q, k, v, Tensor(), AttentionMask(true, -1)), Error);
+  // a window wider than any sequence (up to INT64_MAX: no overflow) is plain attention
+  for (bool causal : {false, true})
+    for (int64_t W : {int64_t(9), INT64_MAX})
+      expect_close(F::scaled_dot_product_attention(q, k, v, Tensor(), AttentionMask(causal, W)),
+                   F::scaled_dot_product_attention(q, k, v, causal), 0.0, "a window past the sequence");
 }
 
 // Block-sparse attention inside the kernels (block_sparse_attention) equals the same layout given as a bool
@@ -185,6 +191,10 @@ TEST(SparseAttention, KernelBlockLayoutEqualsTheLayoutAsAMask) {
   const Tensor layout = ones({2, 2}, {.dtype = DType::boolean});
   EXPECT_THROW(F::block_sparse_attention(layout, 64), Error);  // not a multiple of the kernels' tile
   EXPECT_THROW(F::block_sparse_attention(layout, 384), Error);  // not a power of two
+  {  // a huge window keeps every block of the layout
+    const AttentionMask wide = F::block_sparse_attention(layout, 128, false, INT64_MAX);
+    EXPECT_EQ(wide.row_ptr.data_ptr<int32_t>()[2], 4);
+  }
   EXPECT_THROW(F::block_sparse_attention(cast(layout, DType::f32), 128), Error);
   const Tensor q = randn({1, 1, 300, 4}, {.dtype = DType::f64});
   try {
