@@ -60,6 +60,7 @@ GPTBlock::GPTBlock(const GPTConfig& c)
     : ln_1(c.n_embd, norm_options(c)),
       attn(c.n_embd, c.n_head,
            {.dropout = c.attn_dropout, .bias = c.bias, .causal = true, .window = c.attention_window,
+            .block_layout = c.attention_block_layout, .block_size = c.attention_block_size,
             .random_features = c.attention_features,
             .dtype = c.dtype, .device = c.device}),
       drop(c.dropout),

@@ -54,6 +54,8 @@ struct GPTConfig {
   bool checkpoint = false;    // gradient checkpointing of whole blocks
   int64_t attention_window = 0;    // > 0: sliding-window attention, each position its latest `attention_window`
                                    // keys (MultiheadAttentionOptions::window)
+  Tensor attention_block_layout = {};  // a block-sparse layout over block_size positions, with
+  int64_t attention_block_size = 0;  // blocks of this many (MultiheadAttentionOptions::block_layout)
   int64_t attention_features = 0;  // > 0: Performer random-feature attention (softmax kernel) with this many
                                    // features instead of exact attention (MultiheadAttentionOptions::random_features)
   DType dtype = DType::f32;

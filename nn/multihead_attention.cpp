@@ -37,6 +37,14 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, con
   KILN_CHECK(options.window == 0 || options.random_features == 0,
              "MultiheadAttention: a sliding window (", options.window, ") and random-feature attention (",
              options.random_features, " features) do not combine");
+  if (options.block_layout.defined()) {
+    const int64_t b = options.block_size;
+    KILN_CHECK(options.block_layout.dtype() == DType::boolean && options.block_layout.dim() == 2 && b >= 128 &&
+                   (b & (b - 1)) == 0 && options.random_features == 0,
+               "MultiheadAttention: block_layout must be 2-D bool with block_size a power of two >= 128, and "
+               "no random features; got ", options.block_layout.str(), ", block_size ", b, ", random_features ",
+               options.random_features);
+  }
   if (options.random_features > 0)
     projection = register_buffer("projection", functional::orthogonal_random_projection(
                                                    options.random_features, head_dim(), nullptr,
@@ -98,6 +106,20 @@ Tensor MultiheadAttention::score_bias(const Tensor& key_padding_mask, const Tens
   return bias;
 }
 
+AttentionMask MultiheadAttention::keys_for(int64_t Tq, int64_t Tk, Device device) const {
+  if (!options_.block_layout.defined()) return AttentionMask(options_.causal, options_.window);
+  const int64_t b = options_.block_size, rows = (Tq + b - 1) / b, cols = (Tk + b - 1) / b;
+  if (block_keys_tq_ == Tq && block_keys_tk_ == Tk && block_keys_.layout.device() == device) return block_keys_;
+  const Tensor& full_layout = options_.block_layout;
+  KILN_CHECK(rows <= full_layout.size(0) && cols <= full_layout.size(1), repr(), ": the block layout ",
+             full_layout.str(), " (block ", b, ") covers fewer positions than Tq = ", Tq, ", Tk = ", Tk);
+  NoGradGuard ng;
+  const Tensor corner = full_layout.narrow(0, 0, rows).narrow(1, 0, cols).contiguous().to(device);
+  block_keys_ = functional::block_sparse_attention(corner, b, options_.causal, options_.window);
+  block_keys_tq_ = Tq, block_keys_tk_ = Tk;
+  return block_keys_;
+}
+
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const Tensor& key_padding_mask, const Tensor& attn_mask) {
   KILN_CHECK(query.defined() && key.defined() && value.defined(), repr(), ": query, key and value must be defined");
@@ -125,7 +147,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   KILN_CHECK(!performer || (!kpm.defined() && !attn_mask.defined()), repr(),
              ": random-feature attention takes no key_padding_mask or attn_mask (only causal)");
   const Tensor mask = performer ? Tensor() : score_bias(kpm, attn_mask, B, Tq, Tk, q_in.dtype(), q_in.device());
-  const AttentionMask keys(options_.causal, options_.window);
+  const AttentionMask keys = performer ? AttentionMask() : keys_for(Tq, Tk, q_in.device());
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;

@@ -24,6 +24,7 @@
 // new ones). It takes no masks (but causal), and attention dropout does not apply to it.
 // With window = w > 0 attention is local (sliding window, AttentionMask{causal, w}): decided inside the
 // fused kernels from the indices, which skip the key tiles outside the window; no Tq x Tk mask is made.
+// With block_layout the kernels visit only the layout's live blocks (functional::block_sparse_attention).
 #include <cstdint>
 
 #include <kiln/nn/functional.h>
@@ -38,6 +39,11 @@ struct MultiheadAttentionOptions {
   bool causal = false;   // position t attends to keys 0..t only
   int64_t window = 0;    // w > 0: sliding-window attention, each query its w latest keys (causal) or the keys
                          // within w - 1 positions either side (functional::sliding_window_mask)
+  // A block-sparse layout inside the fused kernels (functional::block_sparse_attention): bool (query blocks,
+  // key blocks) of block_size keys (a power of two >= 128) for the longest sequences; shorter ones use its
+  // top-left corner. Combines with causal and window.
+  Tensor block_layout = {};
+  int64_t block_size = 0;
   int64_t random_features = 0;  // m > 0: Performer attention with m random features
   functional::RandomFeatureKernel feature_kernel = functional::RandomFeatureKernel::softmax;
   DType dtype = DType::f32;
@@ -67,9 +73,14 @@ class MultiheadAttention : public Module {
  private:
   Tensor score_bias(const Tensor& key_padding_mask, const Tensor& attn_mask, int64_t B, int64_t Tq, int64_t Tk,
                     DType dtype, Device device) const;
+  // causal, window and the block layout as the kernels take them; a layout's index lists are made once per
+  // lengths and device and kept (so a captured CUDA graph, whose warmup made them, needs no copy)
+  AttentionMask keys_for(int64_t Tq, int64_t Tk, Device device) const;
 
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;
+  mutable AttentionMask block_keys_;  // keys_for's last block-sparse mask
+  mutable int64_t block_keys_tq_ = -1, block_keys_tk_ = -1;
 
  public:
   Linear in_proj;   // E -> 3E: query, key and value projections stacked

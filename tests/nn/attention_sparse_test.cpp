@@ -216,6 +216,52 @@ TEST(SparseAttention, KernelBlockLayoutEqualsTheLayoutAsAMask) {
   EXPECT_TRUE(r.ok) << r.message;
 }
 
+// MultiheadAttention's block_layout option equals passing the layout's mask by hand (full length and a
+// shorter sequence, which uses the layout's top-left corner), errors name the layout, and a GPT with an
+// all-true layout equals the dense one while dropping a block changes the positions behind it.
+TEST(SparseAttention, MultiheadAttentionAndGptTakeABlockLayout) {
+  manual_seed(36);
+  Tensor layout = ones({3, 3}, {.dtype = DType::boolean});
+  layout.data_ptr<bool>()[1] = false;  // query block 0 does not see key block 1
+  layout.data_ptr<bool>()[5] = false;  // query block 1 does not see key block 2
+  layout.data_ptr<bool>()[6] = false;  // query block 2 does not see key block 0
+  for (bool causal : {false, true}) {
+    MultiheadAttention sparse(16, 2, {.causal = causal, .block_layout = layout, .block_size = 128,
+                                      .dtype = DType::f64});
+    MultiheadAttention plain(16, 2, {.causal = causal, .dtype = DType::f64});
+    plain.load_state_dict(sparse.state_dict());
+    for (int64_t T : {300, 200}) {
+      const Tensor x = randn({2, T, 16}, {.dtype = DType::f64});
+      const int64_t n = (T + 127) / 128;
+      const Tensor corner = layout.narrow(0, 0, n).narrow(1, 0, n).contiguous();
+      // nn.MultiheadAttention's bool convention: true where a key is not attended
+      const Tensor not_attended =
+          eq(cast(F::block_sparse_mask(corner, 128, T, T), DType::f64), zeros({}, {.dtype = DType::f64}));
+      expect_close(sparse(x), plain(x, x, x, Tensor(), not_attended), 1e-12, "block_layout vs attn_mask");
+    }
+    EXPECT_THROW(sparse(randn({1, 400, 16}, {.dtype = DType::f64})), Error);  // beyond the layout
+  }
+  EXPECT_THROW(MultiheadAttention(16, 2, {.block_layout = layout, .block_size = 100}), Error);
+  EXPECT_THROW(MultiheadAttention(16, 2, {.block_layout = layout, .block_size = 128, .random_features = 8}), Error);
+
+  const Tensor idx = randint(0, 17, {1, 256});
+  manual_seed(37);
+  GPT dense({.vocab_size = 17, .block_size = 256, .n_layer = 1, .n_head = 2, .n_embd = 16, .dtype = DType::f64});
+  Tensor all = ones({2, 2}, {.dtype = DType::boolean});
+  manual_seed(37);
+  GPT full({.vocab_size = 17, .block_size = 256, .n_layer = 1, .n_head = 2, .n_embd = 16,
+            .attention_block_layout = all, .attention_block_size = 128, .dtype = DType::f64});
+  Tensor some = all.clone();
+  some.data_ptr<bool>()[2] = false;  // positions 128..255 do not see 0..127
+  manual_seed(37);
+  GPT local({.vocab_size = 17, .block_size = 256, .n_layer = 1, .n_head = 2, .n_embd = 16,
+             .attention_block_layout = some, .attention_block_size = 128, .dtype = DType::f64});
+  const Tensor a = dense(idx), b = full(idx), c = local(idx);
+  expect_close(b, a, 1e-12, "an all-true layout");
+  expect_close(c.narrow(1, 0, 128), a.narrow(1, 0, 128), 1e-12, "positions before the dropped block");
+  EXPECT_GT(amax(abs(sub(c.narrow(1, 128, 128), a.narrow(1, 128, 128)))).item<double>(), 1e-6);
+}
+
 TEST(SparseAttention, MultiheadAttentionWindowEqualsTheMaskByHand) {
   manual_seed(32);
   for (bool causal : {true, false}) {
