@@ -90,38 +90,34 @@ struct TileWalk {
     return ((list[n >> shift] << shift) | (n & ((1 << shift) - 1))) * kTile;
   }
 };
-// The key tiles (kTile keys each) that query rows [m0, m0 + rows) visit (m0 a multiple of the layout's block
-// when there is one).
+// The tiles of kTile positions (keys or queries) that one tile of the other side visits: with a layout, those
+// of the live blocks listed at idx[ptr[line] .. ptr[line + 1]), none past `limit` (the final block may be
+// partial); without one, those covering the band's range of positions [begin, end).
+template <int kTile>
+__device__ __forceinline__ TileWalk tile_walk(const BlockList& bl, const int* ptr, const int* idx, int line, int begin,
+                                              int end, int limit) {
+  if (bl.block == 0) {
+    const int first = begin / kTile;
+    return {first, max(0, (end + kTile - 1) / kTile - first), nullptr, 0};
+  }
+  const int b0 = ptr[line], n_blocks = ptr[line + 1] - b0, per = bl.block / kTile;
+  int count = n_blocks * per;
+  if (n_blocks > 0) count -= max(0, per - (limit - idx[b0 + n_blocks - 1] * bl.block + kTile - 1) / kTile);
+  return {0, count, idx + b0, __ffs(per) - 1};
+}
+// The key tiles that query rows [m0, m0 + rows) visit (m0 a multiple of the layout's block when there is one).
 template <int kTile>
 __device__ __forceinline__ TileWalk key_walk(const KeyBand& band, const BlockList& bl, int m0, int rows, int Tq,
                                              int Tk) {
-  if (bl.block == 0) {
-    const int first = band.key_begin(m0) / kTile;
-    return {first, max(0, (band.key_end(min(m0 + rows, Tq) - 1, Tk) + kTile - 1) / kTile - first), nullptr, 0};
-  }
-  const int r = m0 / bl.block, begin = bl.row_ptr[r], n_blocks = bl.row_ptr[r + 1] - begin, per = bl.block / kTile;
-  int count = n_blocks * per;
-  if (n_blocks > 0) {  // the final key block may be partial: no tile past Tk
-    const int last = bl.col_idx[begin + n_blocks - 1] * bl.block;
-    count -= max(0, per - (Tk - last + kTile - 1) / kTile);
-  }
-  return {0, count, bl.col_idx + begin, __ffs(per) - 1};
+  return tile_walk<kTile>(bl, bl.row_ptr, bl.col_idx, bl.block ? m0 / bl.block : 0, band.key_begin(m0),
+                          band.key_end(min(m0 + rows, Tq) - 1, Tk), Tk);
 }
-// The query tiles (kTile rows each) that see keys [n0, n0 + keys).
+// The query tiles that see keys [n0, n0 + keys).
 template <int kTile>
 __device__ __forceinline__ TileWalk query_walk(const KeyBand& band, const BlockList& bl, int n0, int keys, int Tq,
                                                int Tk) {
-  if (bl.block == 0) {
-    const int first = band.query_begin(n0) / kTile;
-    return {first, max(0, (band.query_end(min(n0 + keys, Tk) - 1, Tq) + kTile - 1) / kTile - first), nullptr, 0};
-  }
-  const int c = n0 / bl.block, begin = bl.col_ptr[c], n_blocks = bl.col_ptr[c + 1] - begin, per = bl.block / kTile;
-  int count = n_blocks * per;
-  if (n_blocks > 0) {
-    const int last = bl.row_idx[begin + n_blocks - 1] * bl.block;
-    count -= max(0, per - (Tq - last + kTile - 1) / kTile);
-  }
-  return {0, count, bl.row_idx + begin, __ffs(per) - 1};
+  return tile_walk<kTile>(bl, bl.col_ptr, bl.row_idx, bl.block ? n0 / bl.block : 0, band.query_begin(n0),
+                          band.query_end(min(n0 + keys, Tk) - 1, Tq), Tq);
 }
 
 // (a window past 2^30 sees every key of any sequence the kernels take)
