@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <kiln/core/error.h>
+#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
 #include <kiln/nn/sk_linear.h>
@@ -36,7 +37,19 @@ Tensor Linear::forward(const Tensor& x) {
   KILN_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, repr(), ": expected an input of shape [..., ", in_features_,
              "], got ", x.str(), " (weight ", weight.str(), ")");
   if (sketch_) return (*sketch_)(x);
+  // FP8 where the scope is on and the FP8 GEMMs take the sizes (multiples of 16)
+  if (fp8_enabled() && in_features_ % 16 == 0 && out_features_ % 16 == 0 && (x.numel() / in_features_) % 16 == 0 &&
+      x.numel() > 0) {
+    if (!fp8_) make_fp8_scaling(fp8_recipe());
+    return functional::fp8_linear(x, weight, bias, fp8_.get());
+  }
   return functional::linear(x, weight, bias);
+}
+
+Fp8ScalingState& Linear::make_fp8_scaling(const Fp8DelayedScalingOptions& recipe) {
+  KILN_CHECK(weight.defined(), repr(), ": FP8 needs the dense weight (this layer is sketched)");
+  fp8_ = std::make_unique<Fp8ScalingState>(recipe, weight.device());
+  return *fp8_;
 }
 
 SKLinear& Linear::sketch(const SKLinearOptions& options) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include <kiln/nn/fp8_scaling.h>
 #include <kiln/nn/module.h>
 
 namespace kiln::nn {
@@ -38,12 +39,18 @@ class Linear : public Module {
   SKLinear& sketch(const SKLinearOptions& options);
   SKLinear* sketched() const { return sketch_.get(); }
 
+  // FP8 (nn/fp8_autocast.h): inside an Fp8Autocast scope forward runs functional::fp8_linear with this
+  // layer's delayed-scaling state, made at its first FP8 forward (nullptr before).
+  Fp8ScalingState* fp8_scaling() const { return fp8_.get(); }
+  Fp8ScalingState& make_fp8_scaling(const Fp8DelayedScalingOptions& recipe);
+
   Tensor weight;  // (out_features, in_features)
   Tensor bias;    // (out_features), undefined when options.bias is false
 
  private:
   int64_t in_features_, out_features_;
   std::unique_ptr<SKLinear> sketch_;
+  std::unique_ptr<Fp8ScalingState> fp8_;
 };
 
 }  // namespace kiln::nn

@@ -9,6 +9,7 @@
 #include <kiln/nn/dropout.h>
 #include <kiln/nn/embedding.h>
 #include <kiln/nn/flatten.h>
+#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/nn/init.h>
