@@ -1,5 +1,6 @@
 // FP8 autocast for nn::Linear (nn/fp8_autocast.h): the scope's thread-local switch and recipe, the step over
 // a model's layers, and their scaling states as one checkpoint component.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,11 +16,15 @@ namespace {
 thread_local bool g_enabled = false;
 thread_local Fp8DelayedScalingOptions g_recipe;
 
-// The model's Linear layers by module name.
+// The model's Linear layers by module name, its dots as '/' (a checkpoint group per name part: "h/0/attn/in_proj").
 std::map<std::string, Linear*> linears(Module& model) {
   std::map<std::string, Linear*> out;
   for (auto& [name, m] : model.named_modules())
-    if (auto* l = dynamic_cast<Linear*>(m)) out[name] = l;
+    if (auto* l = dynamic_cast<Linear*>(m)) {
+      std::string key = name;
+      std::replace(key.begin(), key.end(), '.', '/');
+      out[key] = l;
+    }
   return out;
 }
 

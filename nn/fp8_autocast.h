@@ -41,7 +41,8 @@ const Fp8DelayedScalingOptions& fp8_recipe();
 // step() on the scaling state of every Linear in `model` that has one.
 void fp8_step(Module& model);
 
-// The FP8 scaling states of a model's Linear layers as one Stateful: keys "<layer name>/<state key>". Loading
+// The FP8 scaling states of a model's Linear layers as one Stateful: keys "<layer name>/<state key>", the
+// name's dots written as '/' (h.0.attn.in_proj: "h/0/attn/in_proj/amax_history", a group per part). Loading
 // makes the states a layer lacks (on its weight's device, with the saved history length); a saved layer the
 // model does not have is an error.
 class Fp8ModelState : public Stateful {

@@ -70,6 +70,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/checkpoint.h>
 #include <kiln/distributed/data_parallel.h>
+#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/nn/sketch.h>
@@ -124,6 +125,7 @@ struct Args {
   bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
   int cuda_graph = -1;  // the step as one CUDA graph after 3 ordinary iterations: 1 on, 0 off, -1 where it can
   bool cuda_graph_asked = false;  // --cuda-graph given: an error where it cannot be
+  bool fp8 = false;  // the blocks' Linear layers in FP8 (nn::Fp8Autocast); evaluation stays in bf16
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
@@ -148,7 +150,9 @@ void usage(std::ostream& os) {
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
         "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
         "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
-        "                on one GPU with AdamW)\n";
+        "                on one GPU with AdamW)\n"
+        "  --fp8: the blocks' Linear layers train in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
+        "         their scaling states go into the checkpoint; evaluation and sampling in bf16; no CUDA graph)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -191,6 +195,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--cuda-graph") a.cuda_graph = 1, a.cuda_graph_asked = true;
     else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
+    else if (flag == "--fp8") a.fp8 = true;
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sample") a.sample = r.i64();
     else if (flag == "--profile") a.profile = r.i64();
@@ -212,7 +217,9 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
   KILN_CHECK(a.cuda_graph != 1 || a.optimizer == "adamw", "char_gpt: --cuda-graph needs --optimizer adamw (Shampoo "
              "decides on the host when to compute roots)");
-  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and one GPU: in run()
+  KILN_CHECK(a.cuda_graph != 1 || !a.fp8, "char_gpt: --cuda-graph and --fp8 do not combine (the FP8 scaling "
+             "history's position lives on the host)");
+  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw" && !a.fp8;  // and one GPU: in run()
   return a;
 }
 
@@ -335,13 +342,16 @@ int run(const Args& args) {
   // resumes at another with the same global batches (--batch-size scaled to keep world·B)
   const uint64_t batch_seed = args.seed;
   Generator batch_gen(batch_seed);
+  nn::Fp8ModelState fp8_state(model);  // --fp8: the layers' scaling states, a checkpoint component
   int64_t start_iter = 0;
   double best_val = std::numeric_limits<double>::infinity();
   if (args.resume) {
     if (!std::filesystem::exists(args.checkpoint)) {
       std::fprintf(stderr, "no checkpoint at %s yet: starting from scratch\n", args.checkpoint.c_str());
     } else {
-      optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, model, &opt, &schedule);
+      optim::LoadedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}};
+      if (args.fp8) components["fp8"] = &fp8_state;
+      optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, model, components);
       auto meta = [&](const char* key) -> const optim::MetadataValue& {
         auto found = info.metadata.find(key);
         KILN_CHECK(found != info.metadata.end(), "char_gpt: ", args.checkpoint, " has no '", key,
@@ -393,6 +403,7 @@ int run(const Args& args) {
   auto compute_step = [&](const Tensor& x, const Tensor& y, PhaseTimer& timer) {
     Tensor loss;
     timer.time("forward", [&] {
+      nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
       amp::Autocast autocast(dev, DType::bf16, amp_on);
       loss = model.loss(x, y);
     });
@@ -403,7 +414,10 @@ int run(const Args& args) {
     timer.time("clip", [&] {
       if (args.grad_clip > 0) flat.clip_grad_norm(args.grad_clip);
     });
-    timer.time("step", [&] { opt.step(); });
+    timer.time("step", [&] {
+      opt.step();
+      if (args.fp8) nn::fp8_step(model);
+    });
     return loss;
   };
   std::optional<cuda::Graph> graph;  // --cuda-graph: the captured step, its input batch and its loss
@@ -483,11 +497,13 @@ int run(const Args& args) {
                              {"n_head", args.n_head},
                              {"n_embd", args.n_embd},
                              {"block_size", args.block_size}};
+        optim::SavedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}};
+        if (args.fp8) components["fp8"] = &fp8_state;
         auto save = [&](const std::string& to) {
           if (group)  // rank 0 writes, the others wait
-            distributed::save_checkpoint(*group, to, model, {{"optimizer", &opt}, {"scheduler", &schedule}}, meta, iter);
+            distributed::save_checkpoint(*group, to, model, components, meta, iter);
           else
-            optim::save_checkpoint(to, model, &opt, meta, iter, &schedule);
+            optim::save_checkpoint(to, model, components, meta, iter);
         };
         save(args.checkpoint);
         if (improved) save(best_path(args.checkpoint));

@@ -46,6 +46,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/distributed/zero_adamw.h>
+#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/observe/progress.h>
 #include <kiln/observe/step_profile.h>
@@ -72,6 +73,7 @@ struct Args {
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
+  bool fp8 = false;        // the blocks' Linear layers in FP8 (nn::Fp8Autocast, delayed scaling)
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
@@ -85,7 +87,7 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
-        "                  [--shampoo-newton-tf32]]\n"
+        "                  [--shampoo-newton-tf32]] [--fp8]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
@@ -95,6 +97,8 @@ void usage(std::ostream& os) {
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
+        "  --fp8: the blocks' Linear layers in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
+        "         no CUDA graph: the scaling history's position lives on the host)\n"
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
         "                (default: on one GPU with AdamW)\n"
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
@@ -126,6 +130,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--cuda-graph") a.cuda_graph = 1;
     else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
+    else if (flag == "--fp8") a.fp8 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
     else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
@@ -137,8 +142,8 @@ Args parse_args(int argc, char** argv) {
     else r.unknown();
   }
   KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
-  KILN_CHECK(a.cuda_graph != 1 || (a.shampoo == 0 && !a.zero), "gpt2_bench: --cuda-graph needs AdamW (not --shampoo "
-             "or --zero)");
+  KILN_CHECK(a.cuda_graph != 1 || (a.shampoo == 0 && !a.zero && !a.fp8), "gpt2_bench: --cuda-graph needs AdamW "
+             "(not --shampoo or --zero) and no --fp8");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
              "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
   return a;
@@ -151,7 +156,8 @@ int run(const Args& args) {
   if (group) dev = group->device();
   const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
   KILN_CHECK(args.cuda_graph != 1 || (dev.is_cuda() && !group), "gpt2_bench: --cuda-graph needs one GPU (one rank)");
-  const bool use_graph = args.cuda_graph != 0 && dev.is_cuda() && !group && args.shampoo == 0 && !args.zero;
+  const bool use_graph =
+      args.cuda_graph != 0 && dev.is_cuda() && !group && args.shampoo == 0 && !args.zero && !args.fp8;
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
                "--device cpu runs a (slow) CPU smoke test");
@@ -224,6 +230,7 @@ int run(const Args& args) {
   auto timed_step = [&](int64_t i, PhaseTimer& timer) {
     const auto& [x, y] = batches[size_t(i) % batches.size()];
     timer.time("forward", [&] {
+      nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
       amp::Autocast autocast(dev, DType::bf16, amp_on);
       loss = model.loss(x, y);
     });
@@ -231,7 +238,10 @@ int run(const Args& args) {
       zero_grad();
       loss.backward();
     });
-    timer.time("optimizer", [&] { opt->step(); });
+    timer.time("optimizer", [&] {
+      opt->step();
+      if (args.fp8) nn::fp8_step(model);
+    });
   };
   PhaseTimer untimed(dev, /*enabled=*/false);
   auto eager_step = [&](int64_t i) { timed_step(i, untimed); };
@@ -320,7 +330,7 @@ int run(const Args& args) {
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s\n", tps, mfu, peak_gib,
               1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
               args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "",
-              use_graph ? " cuda_graph=1" : "");
+              use_graph ? " cuda_graph=1" : args.fp8 ? " fp8=1" : "");
   return 0;
 }
 

@@ -108,7 +108,7 @@ TEST(Fp8Autocast, GptStatesStepAndRoundTripThroughFp8ModelState) {
 
   // a state for a layer the model does not have: an error naming it, nothing changed
   State bad = state;
-  bad["nope/margin"] = int64_t(0);
+  bad["h/0/nope/margin"] = int64_t(0);
   Linear* in_proj = nullptr;
   for (auto& [name, m] : other.named_modules())
     if (name == "h.0.attn.in_proj") in_proj = dynamic_cast<Linear*>(m);
@@ -118,7 +118,7 @@ TEST(Fp8Autocast, GptStatesStepAndRoundTripThroughFp8ModelState) {
     loaded.load_state(bad);
     ADD_FAILURE() << "loaded a state for a layer that does not exist";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'nope'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'h/0/nope'"), std::string::npos) << e.what();
   }
   expect_close(in_proj->fp8_scaling()->amax_history(), before, 0.0, "unchanged");
 }
