@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <kiln/core/kernels/attention.h>
 #include <kiln/core/tensor.h>
+#include <kiln/cuda/attention_walk.h>
 #include <kiln/cuda/dtype.cuh>
 #include <kiln/cuda/philox.cuh>
 
@@ -39,90 +39,6 @@ inline BiasView bias_view(const Tensor& t) {
 template <class S = float>
 __device__ __forceinline__ const S* bias_row(const BiasView& b, int64_t bh, int64_t i) {
   return static_cast<const S*>(b.ptr) + (bh / b.H) * b.sb + (bh % b.H) * b.sh + i * b.sq;
-}
-
-// kernels::attention_forward's AttentionMask on the device: query i sees keys [key_begin(i), key_end(i)),
-// key j is seen by queries [query_begin(j), query_end(j)). The kernels visit only the tiles inside these
-// ranges and test elements only in the tiles that `sees_all` does not cover.
-struct KeyBand {
-  bool causal;
-  int window;  // 0: none
-  __host__ __device__ int key_begin(int i) const { return window > 0 ? max(0, i - window + 1) : 0; }
-  __host__ __device__ int key_end(int i, int Tk) const {  // Tk bounds the result (no overflow past it)
-    return causal ? min(i + 1, Tk) : window > 0 ? (i >= Tk - window ? Tk : i + window) : Tk;
-  }
-  __host__ __device__ int query_begin(int j) const { return causal ? j : window > 0 ? max(0, j - window + 1) : 0; }
-  __host__ __device__ int query_end(int j, int Tq) const {
-    return window > 0 ? (j >= Tq - window ? Tq : j + window) : Tq;
-  }
-  __host__ __device__ bool sees(int i, int j) const { return j >= key_begin(i) && j < key_end(i, 0x7fffffff); }
-  // whether every query of rows [r0, r1] sees every key of [c0, c1] (key_begin and key_end grow with i)
-  __host__ __device__ bool sees_all(int r0, int r1, int c0, int c1) const {
-    return c0 >= key_begin(r1) && c1 < key_end(r0, 0x7fffffff);
-  }
-};
-// AttentionMask's block-sparse layout on the device (block == 0: none; else a power of two, >= 128): the live key blocks of query block r
-// are col_idx[row_ptr[r] .. row_ptr[r + 1]), the live query blocks of key block c row_idx[col_ptr[c] ..
-// col_ptr[c + 1]); `layout` (rows x cols bool) for the kernels that test elements.
-struct BlockList {
-  const int *row_ptr, *col_idx, *col_ptr, *row_idx;
-  const bool* layout;
-  int cols, block;
-  __device__ bool live(int i, int j) const { return block == 0 || layout[(i / block) * cols + j / block]; }
-};
-inline BlockList block_list(const AttentionMask& m) {
-  if (m.block == 0) return {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0};
-  return {static_cast<const int*>(m.row_ptr.raw_data()), static_cast<const int*>(m.col_idx.raw_data()),
-          static_cast<const int*>(m.col_ptr.raw_data()), static_cast<const int*>(m.row_idx.raw_data()),
-          static_cast<const bool*>(m.layout.raw_data()), int(m.layout.size(1)), int(m.block)};
-}
-
-// The tiles one tile of the other side visits, in order: tile n starts at position at<kTile>(n) (a key for a
-// query tile's walk, a query for a key tile's). From the band, a range of tiles; from a layout, the tiles of
-// its live blocks (a block holds per_block tiles of kTile).
-struct TileWalk {
-  int first, count;
-  const int* list;  // live block indices, or nullptr
-  int shift;        // log2 of the tiles a block holds (block_sparse_attention: blocks are powers of two)
-  template <int kTile>
-  __device__ int at(int n) const {
-    if (list == nullptr) return (first + n) * kTile;
-    return ((list[n >> shift] << shift) | (n & ((1 << shift) - 1))) * kTile;
-  }
-};
-// The tiles of kTile positions (keys or queries) that one tile of the other side visits: with a layout, those
-// of the live blocks listed at idx[ptr[line] .. ptr[line + 1]), none past `limit` (the final block may be
-// partial); without one, those covering the band's range of positions [begin, end).
-template <int kTile>
-__device__ __forceinline__ TileWalk tile_walk(const BlockList& bl, const int* ptr, const int* idx, int line, int begin,
-                                              int end, int limit) {
-  if (bl.block == 0) {
-    const int first = begin / kTile;
-    return {first, max(0, (end + kTile - 1) / kTile - first), nullptr, 0};
-  }
-  const int b0 = ptr[line], n_blocks = ptr[line + 1] - b0, per = bl.block / kTile;
-  int count = n_blocks * per;
-  if (n_blocks > 0) count -= max(0, per - (limit - idx[b0 + n_blocks - 1] * bl.block + kTile - 1) / kTile);
-  return {0, count, idx + b0, __ffs(per) - 1};
-}
-// The key tiles that query rows [m0, m0 + rows) visit (m0 a multiple of the layout's block when there is one).
-template <int kTile>
-__device__ __forceinline__ TileWalk key_walk(const KeyBand& band, const BlockList& bl, int m0, int rows, int Tq,
-                                             int Tk) {
-  return tile_walk<kTile>(bl, bl.row_ptr, bl.col_idx, bl.block ? m0 / bl.block : 0, band.key_begin(m0),
-                          band.key_end(min(m0 + rows, Tq) - 1, Tk), Tk);
-}
-// The query tiles that see keys [n0, n0 + keys).
-template <int kTile>
-__device__ __forceinline__ TileWalk query_walk(const KeyBand& band, const BlockList& bl, int n0, int keys, int Tq,
-                                               int Tk) {
-  return tile_walk<kTile>(bl, bl.col_ptr, bl.row_idx, bl.block ? n0 / bl.block : 0, band.query_begin(n0),
-                          band.query_end(min(n0 + keys, Tk) - 1, Tq), Tq);
-}
-
-// (a window past 2^30 sees every key of any sequence the kernels take)
-inline KeyBand key_band(const AttentionMask& m) {
-  return {m.causal, m.window >= (int64_t(1) << 30) ? 0 : int(m.window)};
 }
 
 // Where element (i, j) of head bh draws its dropout decision: word (j mod 4) of Philox block
