@@ -33,8 +33,6 @@ struct AttentionMask {
     if (causal) return std::min(i + 1, Tk);
     return window > 0 ? (i >= Tk - window ? Tk : i + window) : Tk;
   }
-  // the band alone (causal, window); the layout is `live`
-  bool sees(int64_t i, int64_t j) const { return j >= key_begin(i) && j < key_end(i, INT64_MAX); }
   std::string str() const {  // for messages: "causal, window 128"
     std::string s = causal ? "causal" : "not causal";
     if (window > 0) s += ", window " + std::to_string(window);
