@@ -6,6 +6,8 @@
 //                 shared memory, transposed (coalesced along the other dim): the FP8 operand and its
 //                 transpose for scaled_mm's layouts in one pass over x. Dims multiples of 16 (fp8_linear's):
 //                 64 x 64 tiles moved in 16-byte pieces; otherwise 32 x 32 tiles element by element.
+//                 With x_amax, the block's max |x| joins fp8_amax's atomicMax in the same pass.
+//   fp8_history_* delayed scaling's bookkeeping: one warp (the history's maximum) or one thread.
 #include <kiln/core/float8.h>
 #include <kiln/core/kernels/fp8.h>
 #include <kiln/cuda/check.h>
@@ -20,6 +22,20 @@ namespace {
 
 // a NaN-propagating maximum of non-negative values
 __device__ __forceinline__ float max_nan(float m, float v) { return (v > m || isnan(v)) && !isnan(m) ? v : m; }
+
+// The block's NaN-propagating maximum of every thread's m, atomically maxed into *out (non-negative floats order
+// as unsigned integers, NaN above +inf). Every thread of the block calls it.
+__device__ __forceinline__ void block_amax_to(float m, unsigned* out) {
+  for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ float warps[32];
+  const unsigned t = threadIdx.x + threadIdx.y * blockDim.x, nwarps = blockDim.x * blockDim.y / 32;
+  if (t % 32 == 0) warps[t / 32] = m;
+  __syncthreads();
+  if (t == 0) {
+    for (unsigned w = 1; w < nwarps; ++w) m = max_nan(m, warps[w]);
+    atomicMax(out, __float_as_uint(m));
+  }
+}
 
 // x read 16 bytes at a time where it is 16-byte aligned (the caching allocator's blocks are), the tail one by one
 template <class T>
@@ -36,32 +52,29 @@ __global__ void fp8_amax_kernel(const T* x, int64_t n, unsigned* out) {
     for (int e = 0; e < V; ++e) m = max_nan(m, fabsf(convert<float>(v[e])));
   }
   for (int64_t i = packs * V + first; i < n; i += stride) m = max_nan(m, fabsf(convert<float>(x[i])));
-  for (int o = 16; o > 0; o >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ float warps[32];
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warps[w]);
-    atomicMax(out, __float_as_uint(m));
-  }
+  block_amax_to(m, out);
 }
 
 template <class T, class F>
 __global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const float* amax, float largest,
-                                    uint8_t* codes, uint8_t* codes_t, float* scale_inv) {
+                                    uint8_t* codes, uint8_t* codes_t, float* scale_inv, unsigned* x_amax) {
   __shared__ uint8_t tile[32][33];
   const float a = *amax;
   const float s = a == 0.0f ? 1.0f : largest / a;
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
   const int64_t row0 = int64_t(blockIdx.y) * 32, col0 = int64_t(blockIdx.x) * 32;
+  float m = 0.0f;
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
     const int64_t i = row0 + r, j = col0 + threadIdx.x;
     if (i < M && j < K) {
-      const uint8_t c = fp8::encode_f32<F>(convert<float>(x[i * K + j]) * s);
+      const float v = convert<float>(x[i * K + j]);
+      m = max_nan(m, fabsf(v));
+      const uint8_t c = fp8::encode_f32<F>(v * s);
       if (codes) codes[i * K + j] = c;
       tile[r][threadIdx.x] = c;
     }
   }
+  if (x_amax) block_amax_to(m, x_amax);
   if (!codes_t) return;
   __syncthreads();
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {
@@ -76,7 +89,7 @@ __global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const floa
 template <class T, class F>
 __global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int64_t M, int64_t K, const float* amax,
                                                                 float largest, uint8_t* codes, uint8_t* codes_t,
-                                                                float* scale_inv) {
+                                                                float* scale_inv, unsigned* x_amax) {
   __shared__ uint8_t tile[64][64 + 16];  // rows of 80 bytes: 16-byte aligned, and the column reads spread
   const float a = *amax;
   const float s = a == 0.0f ? 1.0f : largest / a;
@@ -84,6 +97,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int
   const int64_t row0 = int64_t(blockIdx.y) * 64, col0 = int64_t(blockIdx.x) * 64;
   const int t = int(threadIdx.x), r = t / 4, c = (t % 4) * 16;
   const int64_t i = row0 + r, j = col0 + c;
+  float m = 0.0f;
   if (i < M && j < K) {  // K is a multiple of 16: a 16-wide piece is wholly in or out
     constexpr int V = 16 / sizeof(T);
     uint4 raw[16 / V];
@@ -92,10 +106,15 @@ __global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int
     const T* v = reinterpret_cast<const T*>(raw);
     alignas(16) uint8_t out[16];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) out[e] = fp8::encode_f32<F>(convert<float>(v[e]) * s);
+    for (int e = 0; e < 16; ++e) {
+      const float f = convert<float>(v[e]);
+      m = max_nan(m, fabsf(f));
+      out[e] = fp8::encode_f32<F>(f * s);
+    }
     if (codes) *reinterpret_cast<uint4*>(codes + i * K + j) = *reinterpret_cast<const uint4*>(out);
     *reinterpret_cast<uint4*>(&tile[r][c]) = *reinterpret_cast<const uint4*>(out);
   }
+  if (x_amax) block_amax_to(m, x_amax);
   if (!codes_t) return;
   __syncthreads();
   // codes_t row (col0 + r) gets codes (row0 + c .. row0 + c + 15, col0 + r): column r of the tile, rows c..c+15
@@ -106,6 +125,33 @@ __global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int
     for (int e = 0; e < 16; ++e) out[e] = tile[c + e][r];
     *reinterpret_cast<uint4*>(codes_t + ti * M + tj) = *reinterpret_cast<const uint4*>(out);
   }
+}
+
+// out = max_j h[j] · 2^margin, by one warp (the history holds no NaN: non-finite amaxes are not recorded)
+__global__ void fp8_history_amax_kernel(const float* h, int64_t H, int margin, float* out) {
+  float m = 0.0f;
+  for (int64_t j = threadIdx.x; j < H; j += 32) m = fmaxf(m, h[j]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x == 0) *out = ldexpf(m, margin);
+}
+
+__global__ void fp8_history_record_kernel(float* h, int64_t H, int64_t role, const int64_t* position,
+                                          const float* amax, const float* used, float largest, float* overflows,
+                                          float* non_finite) {
+  const float a = *amax, u = *used;
+  if (!isfinite(a)) {
+    non_finite[role] += 1.0f;
+    return;
+  }
+  float& slot = h[role * H + *position];
+  slot = fmaxf(slot, a);
+  if (a > (u == 0.0f ? largest : u)) overflows[role] += 1.0f;
+}
+
+__global__ void fp8_history_step_kernel(float* h, int64_t roles, int64_t H, int64_t* position) {
+  const int64_t p = (*position + 1) % H;
+  *position = p;
+  for (int64_t r = 0; r < roles; ++r) h[r * H + p] = 0.0f;
 }
 
 void check_x(const Tensor& x, const char* op) {
@@ -138,7 +184,7 @@ void kernels::fp8_amax(const Tensor& x, const Tensor& out) {
 }
 
 void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, const Tensor& codes,
-                           const Tensor& codes_t, const Tensor& scale_inv) {
+                           const Tensor& codes_t, const Tensor& scale_inv, const Tensor& x_amax) {
   NvtxRange range("fp8_quantize");
   check_x(x, "fp8_quantize");
   KILN_CHECK(x.dim() == 2 && (format == DType::f8e4m3 || format == DType::f8e5m2), "fp8_quantize: expected a 2-D x and an FP8 format, got ",
@@ -148,7 +194,12 @@ void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, co
                  (!codes_t.defined() ||
                   (codes_t.sizes() == Shape{K, M} && codes_t.dtype() == format && codes_t.is_contiguous())),
              "fp8_quantize: codes ", codes.str(), " and codes_t ", codes_t.str(), " do not fit ", x.str());
+  KILN_CHECK(!x_amax.defined() || (x_amax.numel() == 1 && x_amax.dtype() == DType::f32 &&
+                                    x_amax.device() == x.device() && x_amax.raw_data() != amax.raw_data()),
+             "fp8_quantize: x_amax ", x_amax.str(), " must be one f32 on ", x.device().str(), ", not the amax read");
   DeviceGuard guard(x.device().index);
+  unsigned* xa = x_amax.defined() ? static_cast<unsigned*>(x_amax.raw_data()) : nullptr;
+  if (xa) KILN_CUDA_CHECK(cudaMemsetAsync(xa, 0, sizeof(float), current_stream()));
   if (x.numel() == 0) return;
   const bool tiles = M % 16 == 0 && K % 16 == 0 && (reinterpret_cast<uintptr_t>(x.raw_data()) & 15) == 0 &&
                      (!codes.defined() || (reinterpret_cast<uintptr_t>(codes.raw_data()) & 15) == 0) &&
@@ -163,11 +214,11 @@ void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, co
     if (tiles)
       fp8_quantize_tiles_kernel<T, decltype(f)><<<tile_grid, 256, 0, current_stream()>>>(
           static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
-          static_cast<float*>(scale_inv.raw_data()));
+          static_cast<float*>(scale_inv.raw_data()), xa);
     else
       fp8_quantize_kernel<T, decltype(f)><<<grid, block, 0, current_stream()>>>(
           static_cast<const T*>(x.raw_data()), M, K, static_cast<const float*>(amax.raw_data()), largest, c, ct,
-          static_cast<float*>(scale_inv.raw_data()));
+          static_cast<float*>(scale_inv.raw_data()), xa);
   };
   auto by_format = [&](auto t) {
     if (format == DType::f8e4m3) launch(t, fp8::E4M3());
@@ -177,6 +228,33 @@ void kernels::fp8_quantize(const Tensor& x, const Tensor& amax, DType format, co
   else if (x.dtype() == DType::bf16) by_format(__nv_bfloat16());
   else by_format(__half());
   KILN_LAUNCH_CHECK("fp8_quantize_kernel", "fp8_quantize");
+}
+
+void kernels::fp8_history_amax(const Tensor& history, int64_t role, int64_t margin, const Tensor& out) {
+  DeviceGuard guard(history.device().index);
+  fp8_history_amax_kernel<<<1, 32, 0, current_stream()>>>(
+      static_cast<const float*>(history.raw_data()) + role * history.size(1), history.size(1), int(margin),
+      static_cast<float*>(out.raw_data()));
+  KILN_LAUNCH_CHECK("fp8_history_amax_kernel", "fp8_history_amax");
+}
+
+void kernels::fp8_history_record(const Tensor& history, int64_t role, const Tensor& position, const Tensor& amax,
+                                 const Tensor& used, double largest, const Tensor& overflows,
+                                 const Tensor& non_finite) {
+  DeviceGuard guard(history.device().index);
+  fp8_history_record_kernel<<<1, 1, 0, current_stream()>>>(
+      static_cast<float*>(history.raw_data()), history.size(1), role,
+      static_cast<const int64_t*>(position.raw_data()), static_cast<const float*>(amax.raw_data()),
+      static_cast<const float*>(used.raw_data()), float(largest), static_cast<float*>(overflows.raw_data()),
+      static_cast<float*>(non_finite.raw_data()));
+  KILN_LAUNCH_CHECK("fp8_history_record_kernel", "fp8_history_record");
+}
+
+void kernels::fp8_history_step(const Tensor& history, const Tensor& position) {
+  DeviceGuard guard(history.device().index);
+  fp8_history_step_kernel<<<1, 1, 0, current_stream()>>>(static_cast<float*>(history.raw_data()), history.size(0),
+                                                         history.size(1), static_cast<int64_t*>(position.raw_data()));
+  KILN_LAUNCH_CHECK("fp8_history_step_kernel", "fp8_history_step");
 }
 
 }  // namespace kiln::cuda

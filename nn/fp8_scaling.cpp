@@ -4,6 +4,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/fp8.h>
 #include <kiln/core/ops.h>
 
 namespace kiln::nn {
@@ -17,27 +18,22 @@ Fp8ScalingState::Fp8ScalingState(const Fp8DelayedScalingOptions& options, Device
   overflows_ = zeros({kRoles}, f32);
   non_finite_ = zeros({kRoles}, f32);
   underflows_ = zeros({kRoles}, {.dtype = DType::f64, .device = device});
+  position_ = zeros({}, {.dtype = DType::i64, .device = device});
 }
 
 Tensor Fp8ScalingState::scale_amax(Role role) const {
-  NoGradGuard ng;
-  return mul(amax(history_.select(0, role)), std::ldexp(1.0, int(options_.margin)));
+  Tensor out = empty({}, {.dtype = DType::f32, .device = device_});
+  kernels::fp8_history_amax(history_, role, options_.margin, out);
+  return out;
 }
 
 void Fp8ScalingState::record(Role role, const Tensor& current, const Tensor& used, double largest) {
-  NoGradGuard ng;
-  KILN_CHECK(current.numel() == 1 && current.device() == device_ && used.numel() == 1 && used.device() == device_,
-             "Fp8ScalingState::record: expected one-element amaxes on ", device_.str(), ", got ", current.str(), " and ",
-             used.str());
-  const Tensor cur = cast(current.reshape({}), DType::f32), finite = isfinite(cur);
-  Tensor slot = history_.select(0, role).narrow(0, position_, 1).reshape({});
-  // the slot keeps the largest finite amax of the step
-  slot.copy_(where(finite, maximum(slot, cur), slot));
-  const Tensor finite01 = cast(finite, DType::f32);  // 1 where finite
-  non_finite_.select(0, role).add_(rsub(finite01, 1.0));
-  const Tensor u = cast(used.reshape({}), DType::f32);
-  const Tensor limit = masked_fill(u, eq(u, zeros({}, {.dtype = DType::f32, .device = device_})), largest);
-  overflows_.select(0, role).add_(mul(cast(gt(cur, limit), DType::f32), finite01));
+  KILN_CHECK(current.numel() == 1 && current.device() == device_ && current.dtype() == DType::f32 &&
+                 current.is_contiguous() && used.numel() == 1 && used.device() == device_ &&
+                 used.dtype() == DType::f32 && used.is_contiguous(),
+             "Fp8ScalingState::record: expected one-element f32 amaxes on ", device_.str(), ", got ", current.str(),
+             " and ", used.str());
+  kernels::fp8_history_record(history_, role, position_, current, used, largest, overflows_, non_finite_);
 }
 
 void Fp8ScalingState::record_underflows(Role role, const Tensor& x, const Tensor& used, double largest,
@@ -57,10 +53,9 @@ void Fp8ScalingState::record_underflows(Role role, const Tensor& x, const Tensor
   underflows_.select(0, role).add_(sum(flushed));
 }
 
-void Fp8ScalingState::step() {
-  position_ = (position_ + 1) % options_.history_len;
-  history_.narrow(1, position_, 1).zero_();
-}
+void Fp8ScalingState::step() { kernels::fp8_history_step(history_, position_); }
+
+int64_t Fp8ScalingState::position() const { return position_.item<int64_t>(); }
 
 std::vector<int64_t> Fp8ScalingState::overflows() const {
   std::vector<int64_t> out;
@@ -85,7 +80,7 @@ State Fp8ScalingState::save_state() const {
           {"overflows", overflows_},
           {"non_finite", non_finite_},
           {"underflows", underflows_},
-          {"position", position_},
+          {"position", position()},
           {"margin", options_.margin}};
 }
 
@@ -121,7 +116,7 @@ void Fp8ScalingState::apply_state(const State& state) {
   non_finite_.copy_(std::get<Tensor>(state.at("non_finite")));
   if (auto it = state.find("underflows"); it != state.end()) underflows_.copy_(std::get<Tensor>(it->second));
   else underflows_.zero_();
-  position_ = std::get<int64_t>(state.at("position"));
+  position_.fill_(double(std::get<int64_t>(state.at("position"))));
 }
 
 }  // namespace kiln::nn

@@ -54,7 +54,7 @@ class Fp8ScalingState : public Stateful {
   const Fp8DelayedScalingOptions& options() const { return options_; }
   Device device() const { return device_; }
   Tensor amax_history() const { return history_; }  // (3, history_len) f32, a view of the live state
-  int64_t position() const { return position_; }
+  int64_t position() const;  // this step's slot (read from the device)
   // Counts so far, per role (read from the device).
   std::vector<int64_t> overflows() const;
   std::vector<int64_t> non_finite() const;
@@ -73,7 +73,7 @@ class Fp8ScalingState : public Stateful {
   Tensor overflows_;   // (3) f32 counts
   Tensor non_finite_;  // (3) f32 counts
   Tensor underflows_;  // (3) f64 counts of elements
-  int64_t position_ = 0;
+  Tensor position_;    // one i64: this step's slot, on the device so that a CUDA graph replay moves it
 };
 
 }  // namespace kiln::nn

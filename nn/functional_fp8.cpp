@@ -8,7 +8,8 @@
 //   db = Σ_rows dy
 // scaled_mm takes a row-major first and a column-major second operand, so the backward's products read
 // transposed FP8 codes (w_qᵀ, dy_qᵀ, x_qᵀ), which the quantization writes in the same pass
-// (kernels::fp8_quantize; the scale from kernels::fp8_amax, on the device).
+// (kernels::fp8_quantize; the scale from kernels::fp8_amax, on the device, or with delayed scaling from the
+// layer's amax history).
 #include <cmath>
 
 #include <kiln/core/kernels/fp8.h>
@@ -28,24 +29,26 @@ struct Quantized {
 // t (M, K) → FP8 with the scale that maps amax(|t|) to the format's largest finite value (1 where t is all
 // zeros; a non-finite amax gives NaN codes, which the caller's loss scaler sees): two kernels, the amax and
 // one pass writing the codes and their transpose.
-// With a delayed-scaling state the scale comes from the role's amax history instead, and the current amax
-// is recorded there (nn/fp8_scaling.h).
+// With a delayed-scaling state the scale comes from the role's amax history instead (one tiny kernel), the
+// quantizing pass also takes the current amax, and a last tiny kernel records it there (nn/fp8_scaling.h).
 Quantized quantize(const Tensor& t, DType format, Fp8ScalingState* scaling = nullptr,
                    Fp8ScalingState::Role role = Fp8ScalingState::input) {
   const Tensor x = t.dtype() == DType::f64 ? cast(t, DType::f32) : t.contiguous();
   const TensorOptions f32{.dtype = DType::f32, .device = t.device()}, codes{.dtype = format, .device = t.device()};
   const Tensor a = empty({}, f32);
   Quantized q{empty({x.size(0), x.size(1)}, codes), empty({x.size(1), x.size(0)}, codes), empty({}, f32)};
-  kernels::fp8_amax(x, a);
-  const Tensor used = scaling ? scaling->scale_amax(role) : a;
-  kernels::fp8_quantize(x, used, format, q.codes, q.codes_t, q.scale_inv);
-  if (scaling) {
-    const double largest = format == DType::f8e4m3 ? 448.0 : 57344.0;
-    scaling->record(role, a, used, largest);
-    // e4m3's smallest subnormal is 2^-9, e5m2's 2^-16
-    if (scaling->options().count_underflows)
-      scaling->record_underflows(role, x, used, largest, std::ldexp(1.0, format == DType::f8e4m3 ? -9 : -16));
+  if (!scaling) {
+    kernels::fp8_amax(x, a);
+    kernels::fp8_quantize(x, a, format, q.codes, q.codes_t, q.scale_inv, Tensor());
+    return q;
   }
+  const Tensor used = scaling->scale_amax(role);
+  kernels::fp8_quantize(x, used, format, q.codes, q.codes_t, q.scale_inv, a);
+  const double largest = format == DType::f8e4m3 ? 448.0 : 57344.0;
+  scaling->record(role, a, used, largest);
+  // e4m3's smallest subnormal is 2^-9, e5m2's 2^-16
+  if (scaling->options().count_underflows)
+    scaling->record_underflows(role, x, used, largest, std::ldexp(1.0, format == DType::f8e4m3 ? -9 : -16));
   return q;
 }
 

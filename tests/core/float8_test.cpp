@@ -250,7 +250,9 @@ TEST(Fp8Kernels, AmaxAndQuantizeWithItsTranspose) {
     SCOPED_TRACE(dtype_name(f));
     const Tensor codes = empty({5, 7}, {.dtype = f}), codes_t = empty({7, 5}, {.dtype = f});
     const Tensor inv = empty({}, {.dtype = DType::f32});
-    kernels::fp8_quantize(x, a, f, codes, codes_t, inv);
+    const Tensor xa = empty({}, {.dtype = DType::f32});
+    kernels::fp8_quantize(x, a, f, codes, codes_t, inv, xa);
+    EXPECT_EQ(xa.item<double>(), a.item<double>());  // the pass's own amax
     const float s = (f == DType::f8e4m3 ? 448.0f : 57344.0f) / float(a.item<double>());
     EXPECT_EQ(inv.item<double>(), double(1.0f / s));
     const Tensor want = cast(mul(x, full({}, double(s), {.dtype = DType::f32})), f);
@@ -264,8 +266,38 @@ TEST(Fp8Kernels, AmaxAndQuantizeWithItsTranspose) {
   kernels::fp8_amax(zeros({4, 4}), a);
   EXPECT_EQ(a.item<double>(), 0.0);
   const Tensor inv = empty({}, {.dtype = DType::f32});
-  kernels::fp8_quantize(zeros({4, 4}), a, DType::f8e4m3, empty({4, 4}, {.dtype = DType::f8e4m3}), Tensor(), inv);
+  kernels::fp8_quantize(zeros({4, 4}), a, DType::f8e4m3, empty({4, 4}, {.dtype = DType::f8e4m3}), Tensor(), inv,
+                        Tensor());
   EXPECT_EQ(inv.item<double>(), 1.0);
+}
+
+// Delayed scaling's bookkeeping kernels: the history's maximum times 2^margin; a record keeps the slot's
+// largest finite amax and counts an overflow (amax above the one the scale came from, or above the format's
+// largest when that was 0) or a non-finite amax; a step moves the position on, wrapping, and clears its slot.
+TEST(Fp8Kernels, HistoryAmaxRecordAndStep) {
+  const Tensor h = tensor({1, 7, 3, 0, 2, 5}, {2, 3});
+  const Tensor out = empty({});
+  kernels::fp8_history_amax(h, 0, 0, out);
+  EXPECT_EQ(out.item<double>(), 7.0);
+  kernels::fp8_history_amax(h, 1, 3, out);
+  EXPECT_EQ(out.item<double>(), 40.0);
+  const Tensor pos = full({}, 2.0, {.dtype = DType::i64}), over = zeros({2}), nonf = zeros({2});
+  auto record = [&](int64_t role, double a, double used) {
+    kernels::fp8_history_record(h, role, pos, full({}, a), full({}, used), 448.0, over, nonf);
+  };
+  record(0, 2.0, 7.0);  // below the slot's 3: kept at 3, no overflow
+  record(1, 9.0, 5.0);  // above both: recorded, an overflow
+  record(1, 300.0, 0.0);  // scale 1: the limit is 448, no overflow
+  record(0, NAN, 7.0);
+  EXPECT_EQ(h.to_vector<double>(), (std::vector<double>{1, 7, 3, 0, 2, 300}));
+  EXPECT_EQ(over.to_vector<double>(), (std::vector<double>{0, 1}));
+  EXPECT_EQ(nonf.to_vector<double>(), (std::vector<double>{1, 0}));
+  kernels::fp8_history_step(h, pos);
+  EXPECT_EQ(pos.item<int64_t>(), 0);
+  EXPECT_EQ(h.to_vector<double>(), (std::vector<double>{0, 7, 3, 0, 2, 300}));
+  kernels::fp8_history_step(h, pos);
+  EXPECT_EQ(pos.item<int64_t>(), 1);
+  EXPECT_EQ(h.to_vector<double>(), (std::vector<double>{0, 0, 3, 0, 0, 300}));
 }
 
 }  // namespace

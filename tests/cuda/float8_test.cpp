@@ -146,11 +146,22 @@ TEST(CudaFp8Kernels, AmaxAndQuantizeMatchTheCpuBitForBit) {
         const Tensor c = empty(s, {.dtype = f}), ct = empty({s[1], s[0]}, {.dtype = f}), inv = empty({}, {.dtype = DType::f32});
         const TensorOptions on{.dtype = f, .device = gpu()};
         const Tensor cg = empty(s, on), ctg = empty({s[1], s[0]}, on), invg = empty({}, {.dtype = DType::f32, .device = gpu()});
-        kernels::fp8_quantize(x, a, f, c, ct, inv);
-        kernels::fp8_quantize(x.to(gpu()), ag, f, cg, ctg, invg);
+        kernels::fp8_quantize(x, a, f, c, ct, inv, Tensor());
+        // the GPU pass also takes x's amax (delayed scaling's current amax), which must be fp8_amax's bits
+        const Tensor xag = full({}, 123.0, {.dtype = DType::f32, .device = gpu()});
+        kernels::fp8_quantize(x.to(gpu()), ag, f, cg, ctg, invg, xag);
         EXPECT_TRUE(same_values(cg.cpu().to(DType::f32), c.to(DType::f32)));
         EXPECT_TRUE(same_values(ctg.cpu().to(DType::f32), ct.to(DType::f32)));
         EXPECT_EQ(invg.cpu().item<double>(), inv.item<double>());
+        EXPECT_EQ(xag.cpu().item<double>(), a.item<double>());
+        // without the transpose (the kernels' early exit) and without the row-major codes
+        const Tensor cg2 = empty(s, on), ctg2 = empty({s[1], s[0]}, on);
+        kernels::fp8_quantize(x.to(gpu()), ag, f, cg2, Tensor(), invg, xag);
+        EXPECT_TRUE(same_values(cg2.cpu().to(DType::f32), c.to(DType::f32)));
+        EXPECT_EQ(xag.cpu().item<double>(), a.item<double>());
+        kernels::fp8_quantize(x.to(gpu()), ag, f, Tensor(), ctg2, invg, xag);
+        EXPECT_TRUE(same_values(ctg2.cpu().to(DType::f32), ct.to(DType::f32)));
+        EXPECT_EQ(xag.cpu().item<double>(), a.item<double>());
       }
     }
   }
@@ -159,6 +170,53 @@ TEST(CudaFp8Kernels, AmaxAndQuantizeMatchTheCpuBitForBit) {
   const Tensor ag = empty({}, {.dtype = DType::f32, .device = gpu()});
   kernels::fp8_amax(with_nan, ag);
   EXPECT_TRUE(std::isnan(ag.cpu().item<double>()));
+  for (const Shape& s : {Shape{300, 300}, Shape{64, 64}}) {  // the fused amax sees a NaN too (both kernels)
+    Tensor xn = randn(s).to(gpu());
+    xn.narrow(0, s[0] / 2, 1).narrow(1, 7, 1).fill_(NAN);
+    const Tensor one = full({}, 1.0, {.dtype = DType::f32, .device = gpu()}), xag = empty({}, {.dtype = DType::f32, .device = gpu()});
+    const TensorOptions on{.dtype = DType::f8e4m3, .device = gpu()};
+    kernels::fp8_quantize(xn, one, DType::f8e4m3, empty(s, on), empty({s[1], s[0]}, on),
+                          empty({}, {.dtype = DType::f32, .device = gpu()}), xag);
+    EXPECT_TRUE(std::isnan(xag.cpu().item<double>())) << shape_str(s);
+  }
   kernels::fp8_amax(zeros({8, 8}, {.device = gpu()}), ag);
   EXPECT_EQ(ag.cpu().item<double>(), 0.0);
+}
+
+// Delayed scaling's bookkeeping kernels on the GPU do what the CPU's do: the history's scaled maximum, the
+// record (a larger amax kept, an overflow counted, a NaN counted as non-finite) and the step's wrap.
+TEST(CudaFp8Kernels, HistoryKernelsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(11);
+  const Tensor h = mul(rand({3, 5}), 100.0);
+  const Tensor pos = full({}, 3.0, {.dtype = DType::i64});
+  const Tensor over = zeros({3}), nonf = zeros({3});
+  Tensor gh = h.to(gpu()), gpos = pos.to(gpu()), gover = over.to(gpu()), gnonf = nonf.to(gpu());
+  auto both = [&](auto&& f) {
+    f(h, pos, over, nonf, Device::cpu());
+    f(gh, gpos, gover, gnonf, gpu());
+  };
+  for (int64_t role = 0; role < 3; ++role)
+    for (int64_t margin : {0, 2}) {
+      const Tensor out = empty({}), gout = empty({}, {.device = gpu()});
+      kernels::fp8_history_amax(h, role, margin, out);
+      kernels::fp8_history_amax(gh, role, margin, gout);
+      EXPECT_EQ(gout.cpu().item<double>(), out.item<double>());
+      EXPECT_EQ(out.item<double>(), amax(h.select(0, role)).item<double>() * (1 << margin));
+    }
+  for (const double a : {250.0, 20.0, double(NAN), 0.0}) {
+    both([&](const Tensor& hh, const Tensor& p, const Tensor& o, const Tensor& n, Device d) {
+      const TensorOptions on{.device = d};
+      kernels::fp8_history_record(hh, 1, p, full({}, a, on), full({}, 100.0, on), 448.0, o, n);
+      kernels::fp8_history_record(hh, 2, p, full({}, a, on), zeros({}, on), 448.0, o, n);
+      kernels::fp8_history_step(hh, p);
+    });
+    EXPECT_TRUE(same_values(gh.cpu(), h));
+    EXPECT_EQ(gpos.cpu().item<int64_t>(), pos.item<int64_t>());
+    EXPECT_TRUE(same_values(gover.cpu(), over));
+    EXPECT_TRUE(same_values(gnonf.cpu(), nonf));
+  }
+  EXPECT_EQ(pos.item<int64_t>(), 2);  // 3 + 4 steps, mod 5
+  EXPECT_EQ(over.to_vector<double>(), (std::vector<double>{0, 1, 0}));  // 250 > 100 once; nothing > 448
+  EXPECT_EQ(nonf.to_vector<double>(), (std::vector<double>{0, 1, 1}));
 }

@@ -13,6 +13,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/activation.h>
 #include <kiln/nn/dropout.h>
+#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/gpt.h>
 #include <kiln/nn/linear.h>
 #include <kiln/nn/sequential.h>
@@ -210,6 +211,63 @@ TEST(CudaGraph, ReplayedStepsOfADeterministicModelEqualTheUncapturedOnesBitForBi
   EXPECT_EQ(graph_losses, eager_losses);
   const auto pe = eager_net->parameters(), pg = graph_net->parameters();
   for (size_t i = 0; i < pe.size(); ++i) expect_identical(pg[i], pe[i], "parameter " + std::to_string(i));
+}
+
+// FP8 training inside a graph: the delayed-scaling state (amax histories, counters and the history's position)
+// lives on the device, so replays of a step under nn::Fp8Autocast with nn::fp8_step equal the uncaptured
+// steps bit for bit: losses, parameters, histories and positions.
+TEST(CudaGraph, Fp8StepsReplayToTheUncapturedOnes) {
+  KILN_REQUIRE_GPU();
+  auto make = [] {
+    manual_seed(5);
+    auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 64), std::make_unique<nn::GELU>(),
+                                                std::make_unique<nn::Linear>(64, 16));
+    net->to(kGpu);
+    return net;
+  };
+  Generator gen(6);
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < 7; ++i) {  // growing inputs: the amaxes grow, so scales change and overflows count
+    xs.push_back(mul(randn({16, 32}, {.device = kGpu}, &gen), double(1 + i)));
+    ys.push_back(randn({16, 16}, {.device = kGpu}, &gen));
+  }
+  auto eager_net = make(), graph_net = make();
+  optim::AdamW eager_opt(eager_net->parameters(), {.lr = 1e-2}), graph_opt(graph_net->parameters(), {.lr = 1e-2});
+  auto step = [](nn::Module& net, optim::AdamW& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      nn::Fp8Autocast fp8({.history_len = 3});
+      loss = nn::functional::mse_loss(net.forward(x), y);
+    }
+    loss.backward();
+    opt.step();
+    nn::fp8_step(net);
+    return loss;
+  };
+  std::vector<double> eager_losses, graph_losses;
+  for (int i = 0; i < 7; ++i) eager_losses.push_back(step(*eager_net, eager_opt, xs[size_t(i)], ys[size_t(i)]).item<double>());
+  Tensor x = xs[0].clone(), y = ys[0].clone(), loss;
+  graph_losses.push_back(step(*graph_net, graph_opt, x, y).item<double>());  // the warm-up step makes the states
+  cuda::Graph graph = cuda::capture([&] { loss = step(*graph_net, graph_opt, x, y); }, 0);
+  for (int i = 1; i < 7; ++i) {
+    x.copy_(xs[size_t(i)]);
+    y.copy_(ys[size_t(i)]);
+    graph.replay();
+    graph_losses.push_back(loss.item<double>());
+  }
+  EXPECT_EQ(graph_losses, eager_losses);
+  const auto pe = eager_net->parameters(), pg = graph_net->parameters();
+  for (size_t i = 0; i < pe.size(); ++i) expect_identical(pg[i], pe[i], "parameter " + std::to_string(i));
+  for (size_t layer : {0u, 2u}) {
+    auto* le = dynamic_cast<nn::Linear*>(&(*eager_net)[layer]);
+    auto* lg = dynamic_cast<nn::Linear*>(&(*graph_net)[layer]);
+    ASSERT_TRUE(le && lg && le->fp8_scaling() && lg->fp8_scaling());
+    expect_identical(lg->fp8_scaling()->amax_history(), le->fp8_scaling()->amax_history(), "amax history");
+    EXPECT_EQ(lg->fp8_scaling()->position(), le->fp8_scaling()->position());
+    EXPECT_EQ(le->fp8_scaling()->position(), 7 % 3);
+    EXPECT_EQ(lg->fp8_scaling()->overflows(), le->fp8_scaling()->overflows());
+  }
 }
 
 TEST(CudaGraph, DropoutMasksDifferBetweenReplaysAndMatchTheUncapturedDraws) {
