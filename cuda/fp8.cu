@@ -1,5 +1,6 @@
 // FP8 scaling and quantization on the GPU (core/kernels/fp8.h; the CPU's core/cpu/fp8.cpp gives the same
-// codes: the scale and the scaled values in f32, then core/float8.h's encoder, in its f32 form on the device).
+// codes: the scale and the scaled values in f32, then core/float8.h's encoder, which the device runs as the
+// hardware's conversion instruction where it has one).
 //   fp8_amax      max |x|: a grid-stride pass of 16-byte loads, the block's maximum by warp shuffles, one atomicMax on the
 //                 float's bits (non-negative floats order as unsigned integers, NaN above +inf: NaN wins)
 //   fp8_quantize  tiles: each element scaled and encoded once, written row-major (coalesced) and, through
@@ -8,6 +9,8 @@
 //                 64 x 64 tiles moved in 16-byte pieces; otherwise 32 x 32 tiles element by element.
 //                 With x_amax, the block's max |x| joins fp8_amax's atomicMax in the same pass.
 //   fp8_history_* delayed scaling's bookkeeping: one warp (the history's maximum) or one thread.
+#include <cuda_fp8.h>
+
 #include <kiln/core/float8.h>
 #include <kiln/core/kernels/fp8.h>
 #include <kiln/cuda/check.h>
@@ -19,6 +22,25 @@
 namespace kiln::cuda {
 
 namespace {
+
+// Two values x0, x1 scaled by s to FP8 codes (x0's in the low byte), as the CPU's quantization gives them:
+// encode_f32(x·s), except that a NaN x keeps its sign (the GPU's multiply returns the unsigned canonical NaN;
+// the CPU takes the sign from x). From compute capability 8.9 one cvt.rn.satfinite instruction converts the
+// pair (round to nearest even, overflow and infinity saturated to the largest finite value, as the encoder
+// does): the encoder's ~25 f32 operations an element were what bounded the quantization. The instruction's
+// NaN is the unsigned canonical code, so NaNs get the format's code with their sign back.
+template <class F>
+__device__ __forceinline__ uint16_t encode_scaled_pair(float x0, float x1, float s) {
+  const float a = x0 * s, b = x1 * s;
+  auto nan_code = [](float x) { return uint16_t((x != x ? __float_as_uint(x) >> 24 & 0x80 : 0) | F::nan_code); };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint16_t hw = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, F::ieee ? __NV_E5M2 : __NV_E4M3);
+  const uint16_t lo = a != a ? nan_code(x0) : uint16_t(hw & 0xFF), hi = b != b ? nan_code(x1) : uint16_t(hw >> 8);
+#else
+  const uint16_t lo = a != a ? nan_code(x0) : fp8::encode_f32<F>(a), hi = b != b ? nan_code(x1) : fp8::encode_f32<F>(b);
+#endif
+  return uint16_t(lo | hi << 8);
+}
 
 // a NaN-propagating maximum of non-negative values
 __device__ __forceinline__ float max_nan(float m, float v) { return (v > m || isnan(v)) && !isnan(m) ? v : m; }
@@ -69,7 +91,7 @@ __global__ void fp8_quantize_kernel(const T* x, int64_t M, int64_t K, const floa
     if (i < M && j < K) {
       const float v = convert<float>(x[i * K + j]);
       m = max_nan(m, fabsf(v));
-      const uint8_t c = fp8::encode_f32<F>(v * s);
+      const uint8_t c = uint8_t(encode_scaled_pair<F>(v, 0.0f, s));
       if (codes) codes[i * K + j] = c;
       tile[r][threadIdx.x] = c;
     }
@@ -104,12 +126,12 @@ __global__ void __launch_bounds__(256) fp8_quantize_tiles_kernel(const T* x, int
 #pragma unroll
     for (int q = 0; q < 16 / V; ++q) raw[q] = reinterpret_cast<const uint4*>(x + i * K + j)[q];
     const T* v = reinterpret_cast<const T*>(raw);
-    alignas(16) uint8_t out[16];
+    alignas(16) uint16_t out[8];
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const float f = convert<float>(v[e]);
-      m = max_nan(m, fabsf(f));
-      out[e] = fp8::encode_f32<F>(f * s);
+    for (int e = 0; e < 16; e += 2) {
+      const float f0 = convert<float>(v[e]), f1 = convert<float>(v[e + 1]);
+      m = max_nan(m, max_nan(fabsf(f0), fabsf(f1)));
+      out[e / 2] = encode_scaled_pair<F>(f0, f1, s);
     }
     if (codes) *reinterpret_cast<uint4*>(codes + i * K + j) = *reinterpret_cast<const uint4*>(out);
     *reinterpret_cast<uint4*>(&tile[r][c]) = *reinterpret_cast<const uint4*>(out);

@@ -8,8 +8,10 @@
 // non-finite anyway, which a GradScaler sees and skips); a current amax above the one its scale came from
 // (values that saturated at the format's largest) is counted as an overflow. With count_underflows, the
 // nonzero elements a quantization flushes to zero (|x|·scale at or below half the format's smallest
-// subnormal) are counted too, at the cost of one more pass over each quantized tensor. All of it stays on the device:
-// nothing is read back unless the counters are asked for. Checkpoints save it as a Stateful component.
+// subnormal) are counted too, at the cost of one more pass over each quantized tensor. All of it stays on the
+// device, the history's position included (kernels::fp8_history_*): nothing is read back unless the counters
+// or the position are asked for, and a step using it can be captured as a CUDA graph. Checkpoints save it as
+// a Stateful component.
 //
 //   nn::Fp8ScalingState scaling({.history_len = 16, .margin = 0}, device);
 //   y = nn::functional::fp8_linear(x, w, b, &scaling);   // for every step; then, after the optimizer step:

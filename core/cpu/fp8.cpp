@@ -30,7 +30,9 @@ void quantize(const Tensor& x, float s, const Tensor& codes, const Tensor& codes
   uint8_t* ct = codes_t.defined() ? static_cast<uint8_t*>(codes_t.raw_data()) : nullptr;
   parallel_for(M, K, [&](int64_t i) {
     for (int64_t j = 0; j < K; ++j) {
-      const uint8_t code = fp8::encode_f32<F>(float(p[i * K + j]) * s);
+      const float x = float(p[i * K + j]);
+      // a NaN keeps its sign (the product's NaN sign differs between CPUs and GPUs)
+      const uint8_t code = std::isnan(x) ? uint8_t((std::signbit(x) ? 0x80 : 0) | F::nan_code) : fp8::encode_f32<F>(x * s);
       if (c) c[i * K + j] = code;
       if (ct) ct[j * M + i] = code;
     }

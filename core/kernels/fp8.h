@@ -5,9 +5,10 @@
 // out (one-element f32) = max |x| over x (contiguous f32, bf16 or f16); NaN where x holds a NaN.
 KILN_KERNEL(fp8_amax, void(const Tensor& x, const Tensor& out));
 // With s = largest(format) / amax (448 for e4m3, 57344 for e5m2; 1 where amax is 0), computed in f32 from
-// the one-element f32 amax on x's device: codes = FP8(x · s) and codes_t = its transpose, for x contiguous
-// (M, K) f32, bf16 or f16 (codes (M, K), codes_t (K, M), both of the format's dtype; either may be
-// undefined), and scale_inv (one-element f32) = 1 / s. One pass over x; the same bits on both devices.
+// the one-element f32 amax on x's device: codes = FP8(x · s) (for a NaN x the NaN code with x's sign) and
+// codes_t = its transpose, for x contiguous (M, K) f32, bf16 or f16 (codes (M, K), codes_t (K, M), both of
+// the format's dtype; either may be undefined), and scale_inv (one-element f32) = 1 / s. One pass over x;
+// the same bits on both devices.
 // x_amax, where defined (one-element f32), receives max |x| as fp8_amax computes it, from the same pass: the
 // current amax that delayed scaling records while quantizing with an earlier one (a tensor other than amax).
 KILN_KERNEL(fp8_quantize, void(const Tensor& x, const Tensor& amax, DType format, const Tensor& codes,

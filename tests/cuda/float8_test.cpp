@@ -183,6 +183,64 @@ TEST(CudaFp8Kernels, AmaxAndQuantizeMatchTheCpuBitForBit) {
   EXPECT_EQ(ag.cpu().item<double>(), 0.0);
 }
 
+// The quantization's encoder on the GPU (the hardware's conversion on sm_89 and later) gives the CPU
+// encoder's codes for every value that decides a code: each code's value, its f32 neighbours, the midpoints
+// between neighbouring codes (ties to even) and theirs, subnormals, zeros of both signs, f32 subnormals,
+// values beyond the largest, infinities and NaNs of both signs. The scale is 1 (amax = the format's largest),
+// through the tiled kernel (a 16-multiple shape) and the element-wise one (an odd shape).
+TEST(CudaFp8Kernels, QuantizeEncodesTheDecidingValuesAsTheCpu) {
+  KILN_REQUIRE_GPU();
+  for (const DType f : {DType::f8e4m3, DType::f8e5m2}) {
+    SCOPED_TRACE(dtype_name(f));
+    const bool e4m3 = f == DType::f8e4m3;
+    auto decode = [&](int code) {
+      return e4m3 ? double(Float8E4M3::from_bits(uint8_t(code))) : double(Float8E5M2::from_bits(uint8_t(code)));
+    };
+    std::vector<double> values;
+    for (int code = 0; code < 128; ++code) {
+      const double d = decode(code);
+      if (!std::isfinite(d)) continue;
+      const float fd = float(d);
+      for (const float v : {fd, std::nextafter(fd, 0.0f), std::nextafter(fd, INFINITY)}) values.push_back(v);
+      const double next = decode(code + 1);
+      if (code + 1 < 128 && std::isfinite(next)) {
+        const float mid = float((d + next) / 2);
+        for (const float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) values.push_back(v);
+      }
+    }
+    for (const double v : {0.0, 1e-40, 1e30, double(INFINITY), double(NAN), 3e38}) values.push_back(v);
+    const size_t n = values.size();
+    for (size_t i = 0; i < n; ++i) values.push_back(-values[i]);
+    const double largest = e4m3 ? 448.0 : 57344.0;
+    for (const int64_t cols : {16, 13}) {  // the tiled kernel, then the element-wise one
+      const int64_t rows = int64_t((values.size() + size_t(cols) - 1) / size_t(cols) + 15) / 16 * 16;
+      std::vector<double> padded(values);
+      padded.resize(size_t(rows * cols), 0.0);
+      const Tensor x = tensor(padded, {rows, cols}, {.dtype = DType::f32});
+      const Tensor a = full({}, largest, {.dtype = DType::f32});
+      const Tensor c = empty({rows, cols}, {.dtype = f}), inv = empty({}, {.dtype = DType::f32});
+      kernels::fp8_quantize(x, a, f, c, Tensor(), inv, Tensor());
+      const TensorOptions on{.dtype = f, .device = gpu()};
+      const Tensor cg = empty({rows, cols}, on), ctg = empty({cols, rows}, on);
+      kernels::fp8_quantize(x.to(gpu()), a.to(gpu()), f, cg, ctg, empty({}, {.dtype = DType::f32, .device = gpu()}),
+                            Tensor());
+      // compare the bits (NaN codes included), as bytes
+      auto bytes = [](const Tensor& t) {
+        const Tensor h = t.cpu().contiguous();
+        const auto* p = static_cast<const uint8_t*>(h.raw_data());
+        return std::vector<int>(p, p + h.numel());
+      };
+      const std::vector<int> want = bytes(c), got = bytes(cg), got_t = bytes(ctg);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const size_t k = size_t(i * cols + j);
+          ASSERT_EQ(got[k], want[k]) << "value " << padded[k] << ", " << cols << " columns";
+          ASSERT_EQ(got_t[size_t(j * rows + i)], want[k]) << "value " << padded[k] << ", transposed";
+        }
+    }
+  }
+}
+
 // Delayed scaling's bookkeeping kernels on the GPU do what the CPU's do: the history's scaled maximum, the
 // record (a larger amax kept, an overflow counted, a NaN counted as non-finite) and the step's wrap.
 TEST(CudaFp8Kernels, HistoryKernelsMatchTheCpu) {
