@@ -4,13 +4,13 @@
 // (kiln::Error naming the op, shapes, dtypes, devices), arranges the layout its kernel promises to take,
 // calls the kernel through its family's dispatcher (core/kernels/<family>.h), and records its backward:
 //
-//   Tensor cumsum(const Tensor& a, int64_t dim) {
+//   Tensor cumsum(const Tensor& a, int64_t dim, bool exclusive, bool reverse) {
 //     ... checks ...
 //     Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
-//     kernels::cumsum(a.contiguous(), dim, out);
-//     if (any_requires_grad({a}))  // the reverse running sum: Σ_{i>=j} g_i = Σ_i g_i - cumsum(g)_j + g_j
-//       record("cumsum", {a}, {out}, [dim](const Grads& g) {
-//         return Grads{add(sub(sum(g[0], {dim}, true), cumsum(g[0], dim)), g[0])};
+//     kernels::cumsum(a.contiguous(), dim, exclusive, reverse, out);
+//     if (any_requires_grad({a}))  // the running sum of the gradient the other way: Σ_{i>=j} g_i
+//       record("cumsum", {a}, {out}, [dim, exclusive, reverse](const Grads& g) {
+//         return Grads{cumsum(g[0], dim, exclusive, !reverse)};
 //       });
 //     return out;
 //   }

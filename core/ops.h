@@ -62,7 +62,9 @@ Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim
 Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // i64
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
-Tensor cumsum(const Tensor& a, int64_t dim);  // inclusive running sum along dim; integers and bool sum in i64
+// Running sum along dim: out_i = Σ_{j <= i} a_j; exclusive: j < i (out_0 = 0); reverse: from the end (j >= i,
+// or j > i). Integers and bool sum in i64; 16-bit floats in f32, rounded once.
+Tensor cumsum(const Tensor& a, int64_t dim, bool exclusive = false, bool reverse = false);
 bool all_true(const Tensor& a);  // host bool: every element nonzero
 // Sums a broadcast gradient back to `shape` (the reverse of expand).
 Tensor sum_to(const Tensor& a, const Shape& shape);

@@ -12,7 +12,7 @@
 // or i64), seen as (outer, size, inner) around dim (split_at, core/shape.h): out[o, i, k] = Σ_{j <= i}
 // in[o, j, k], accumulated in double on the CPU, in f32 (f64 for f64) on the GPU and in int64 for i64, and
 // rounded once per element.
-KILN_KERNEL(cumsum, void(const Tensor& in, int64_t dim, const Tensor& out));
+KILN_KERNEL(cumsum, void(const Tensor& in, int64_t dim, bool exclusive, bool reverse, const Tensor& out));
 
 namespace kiln {
 
@@ -126,21 +126,21 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
   return div(sum(mul(centered, centered), dims, keepdim), double(std::max<int64_t>(p.cols - correction, 0)));
 }
 
-// out_i = Σ_{j <= i} a_j along dim. Backward: the reverse cumulative sum of the gradient, composed as
-// Σ_{i >= j} g_i = Σ_i g_i - cumsum(g)_j + g_j so that it is differentiable again.
-Tensor cumsum(const Tensor& a, int64_t dim) {
+// out_i = Σ_{j <= i} a_j along dim (j < i exclusive; j >= i, j > i reversed), summed in the compute dtype
+// and rounded once. Backward: the running sum of the gradient the other way, with the same exclusivity
+// (itself a cumsum, so differentiable again).
+Tensor cumsum(const Tensor& a, int64_t dim, bool exclusive, bool reverse) {
   KILN_CHECK(a.defined(), "cumsum: undefined tensor");
   const int64_t d = a.dim() == 0 ? (wrap_dim(dim, 1, "cumsum"), 0) : wrap_dim(dim, a.dim(), "cumsum");
   const DType t = is_floating(a.dtype()) ? a.dtype() : DType::i64;  // integers and bool sum in i64, as PyTorch's
   Tensor out = empty(a.sizes(), {.dtype = t, .device = a.device()});
   if (out.numel() > 0) {
     NoGradGuard ng;
-    kernels::cumsum(cast(a, t).contiguous(), d, out);
+    kernels::cumsum(cast(a, t).contiguous(), d, exclusive, reverse, out);
   }
   if (any_requires_grad({a}))
-    record("cumsum", {a}, {out}, [d, scalar = a.dim() == 0](const Grads& g) {
-      if (scalar) return Grads{g[0]};
-      return Grads{add(sub(sum(g[0], {d}, true), cumsum(g[0], d)), g[0])};
+    record("cumsum", {a}, {out}, [d, exclusive, reverse](const Grads& g) {
+      return Grads{cumsum(g[0], d, exclusive, !reverse)};
     });
   return out;
 }

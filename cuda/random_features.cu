@@ -1,7 +1,7 @@
 // The random-feature kernels on the GPU (core/kernels/random_features.h), matching core/cpu/random_features.cpp:
 // one warp per row of m features (Performer's m is a few hundred), each lane striding the row, arithmetic in
-// f32 (f64 for f64). Forward reads p once and writes the features once; backward reads dout and out once,
-// writes dp, and reduces −Σ dp over the row with warp shuffles into dr.
+// f32 (f64 for f64). The row statistics read p and x once; forward reads p once and writes the features
+// once; backward reads dout and out once, writes dp, and reduces −Σ dp over the row with warp shuffles into dr.
 #include <algorithm>
 
 #include <kiln/core/kernels/random_features.h>
@@ -45,6 +45,41 @@ __global__ void exp_features_backward_kernel(const T* __restrict__ g, const T* _
   if (lane == 0) dr[row] = -sum;
 }
 
+// One warp per row: the row's maximum of p and its first index (lanes stride the row in increasing order,
+// so a lane keeps its first maximum; the warp prefers the larger value, then the smaller index), and
+// s2 · ‖x‖² / 2 by warp shuffles.
+template <class T>
+__global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __restrict__ x, compute_t<T> half_s2,
+                                         compute_t<T>* __restrict__ rowmax, int64_t* __restrict__ rowarg,
+                                         compute_t<T>* __restrict__ h, int64_t rows, int64_t m, int64_t D) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  C best = -INFINITY;
+  int64_t at = 0;
+  for (int64_t c = lane; c < m; c += 32) {
+    const C v = convert<C>(p[row * m + c]);
+    if (v > best) best = v, at = c;
+  }
+  C ss = 0;
+  for (int64_t c = lane; c < D; c += 32) {
+    const C v = convert<C>(x[row * D + c]);
+    ss += v * v;
+  }
+  for (int s = 16; s > 0; s /= 2) {
+    const C ob = __shfl_xor_sync(0xffffffffu, best, s);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, s);
+    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
+    ss += __shfl_xor_sync(0xffffffffu, ss, s);
+  }
+  if (lane == 0) {
+    rowmax[row] = best;
+    rowarg[row] = at;
+    h[row] = half_s2 * ss;
+  }
+}
+
 void check_rows(const char* op, const Tensor& a, const Tensor& b, const Tensor& row_values) {
   KILN_CHECK(a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
                  row_values.is_contiguous() && a.device() == b.device() && row_values.device() == a.device(),
@@ -68,6 +103,30 @@ void kernels::exp_features(const Tensor& p, const Tensor& r, double offset, cons
         static_cast<const D*>(p.raw_data()), static_cast<const C*>(r.raw_data()), C(offset),
         static_cast<D*>(out.raw_data()), rows, m);
     KILN_LAUNCH_CHECK("exp_features_kernel", "exp_features");
+  });
+}
+
+void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax,
+                                const Tensor& rowarg, const Tensor& h) {
+  NvtxRange range("feature_row_stats");
+  check_rows("feature_row_stats", rowmax, h, rowarg);
+  const int64_t m = p.size(-1), D = x.size(-1), rows = p.numel() / std::max<int64_t>(m, 1);
+  KILN_CHECK(p.is_contiguous() && x.is_contiguous() && p.dtype() == x.dtype() && x.numel() == rows * D &&
+                 rowmax.numel() == rows && rowarg.numel() == rows && rowarg.dtype() == DType::i64 &&
+                 p.device() == x.device() && rowmax.device() == p.device(),
+             "feature_row_stats: expected contiguous p (M, m) and x (M, D) of one dtype with M-element outputs, got ",
+             p.str(), ", ", x.str(), ", ", rowmax.str(), ", ", rowarg.str());
+  DeviceGuard guard(p.device().index);
+  if (rows == 0) return;
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  KILN_CUDA_DISPATCH_FLOATING(p.dtype(), "feature_row_stats", {
+    using Dv = device_t<scalar_t>;
+    using C = compute_t<Dv>;
+    feature_row_stats_kernel<Dv><<<unsigned(blocks), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+        static_cast<const Dv*>(p.raw_data()), static_cast<const Dv*>(x.raw_data()), C(0.5 * s2),
+        static_cast<C*>(rowmax.raw_data()), static_cast<int64_t*>(rowarg.raw_data()), static_cast<C*>(h.raw_data()),
+        rows, m, D);
+    KILN_LAUNCH_CHECK("feature_row_stats_kernel", "feature_row_stats");
   });
 }
 

@@ -244,16 +244,25 @@ namespace {
 // One thread per (outer, inner) column, summing down `size` in the compute type: consecutive threads take
 // consecutive inner columns, so every load and store of a step is coalesced when inner is large (a scan
 // over the sequence of (B, T, D) features); a scan along the last dim (inner = 1) is one row per thread.
+// exclusive: each output takes the sum before its own element is added; reverse: the column runs from its end.
 template <class T>
-__global__ void cumsum_kernel(const T* in, T* out, int64_t outer, int64_t size, int64_t inner) {
+__global__ void cumsum_kernel(const T* in, T* out, int64_t outer, int64_t size, int64_t inner, bool exclusive,
+                              bool reverse) {
   using A = compute_t<T>;
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < outer * inner;
        c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t base = (c / inner) * size * inner + c % inner;
     A acc = A(0);
-    for (int64_t i = 0; i < size; ++i) {
-      acc += convert<A>(in[base + i * inner]);
-      out[base + i * inner] = convert<T>(acc);
+    for (int64_t s = 0; s < size; ++s) {
+      const int64_t at = base + (reverse ? size - 1 - s : s) * inner;
+      const A x = convert<A>(in[at]);
+      if (exclusive) {
+        out[at] = convert<T>(acc);
+        acc += x;
+      } else {
+        acc += x;
+        out[at] = convert<T>(acc);
+      }
     }
   }
 }
@@ -261,7 +270,7 @@ __global__ void cumsum_kernel(const T* in, T* out, int64_t outer, int64_t size, 
 }  // namespace
 
 namespace kernels {  // declared next to its op, core/ops_reduce.cpp
-void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
+void cumsum(const Tensor& in, int64_t dim, bool exclusive, bool reverse, const Tensor& out) {
   NvtxRange range("cumsum");
   KILN_CHECK(in.device().is_cuda() && out.device() == in.device() && in.is_contiguous() && out.is_contiguous() &&
                  in.sizes() == out.sizes() && in.dtype() == out.dtype(),
@@ -272,7 +281,8 @@ void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
   auto launch = [&](auto tag) {
     using D = device_t<decltype(tag)>;
     cumsum_kernel<D><<<blocks_for(s.outer * s.inner), 256, 0, current_stream()>>>(
-        static_cast<const D*>(in.raw_data()), static_cast<D*>(out.raw_data()), s.outer, s.size, s.inner);
+        static_cast<const D*>(in.raw_data()), static_cast<D*>(out.raw_data()), s.outer, s.size, s.inner, exclusive,
+        reverse);
   };
   if (in.dtype() == DType::i64) launch(int64_t{});  // the op sums integers and bool in i64
   else KILN_CUDA_DISPATCH_FLOATING(in.dtype(), "cumsum", launch(scalar_t{}));

@@ -14,7 +14,8 @@
 // to a multiple of 8, so rows stay 16-byte aligned for the GEMMs): [V | 1] carries the denominator through
 // the numerator's own products, φ(K_c)ᵀ[V_c | 1] = [S_c | z_c], and no separate sum (with its copies and
 // broadcast gradients) is needed. The chunks' own sums are one batched GEMM, their exclusive running sums
-// over the chunks the cumsum kernel (in f32), and within a chunk the masked C x C products times [V_c | 1].
+// over the chunks one exclusive cumsum (summed in f32), and within a chunk the masked C x C products times
+// [V_c | 1].
 // Time and memory are linear in T: the largest tensors are the
 // features (T x m per head) and the chunk states ((T / C) x m x D_p per head). C defaults to 256: on an H200
 // at m = 256, D = 64 it measured faster than 128 and 64 at T = 8192 (2.76 against 3.08 and 3.87 ms) and
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <vector>
 
+#include <kiln/core/kernels/index.h>
 #include <kiln/core/kernels/random_features.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
@@ -42,27 +44,56 @@ void check_projection(const Tensor& x, const Tensor& projection, const char* op)
              ": expected floating inputs on one device, got ", x.str(), " and projection ", projection.str());
 }
 
-// exp(p − r) + offset, r (..., T, 1) one value per row, as one node (kernels::exp_features): out in p's dtype,
-// computed in f32 (f64 for f64); backward dp = dout · (out − offset), dr = −Σ_row dp.
-Tensor exp_features(const Tensor& p_in, const Tensor& r_in, double offset) {
+// The softmax-kernel features of p = x'·Ωᵀ (..., T, m), x' = s·x, as one node:
+//   φ_ij = exp(p_ij − r_i) + offset,   r_i = s2·‖x_i‖²/2 + c_i + log_sqrt_m      (s2 = s²)
+// with the stabilizer c_i the row's max of p (queries: per_row) or the max over the whole (T, m) of the row's
+// head (keys). Forward: the rows' statistics (max, its index, the norm) in one pass over p and x
+// (kernels::feature_row_stats), then exp_features. Backward, with dp = dφ·(φ − offset) and
+// dr_i = −Σ_j dp_ij from exp_features_backward: dx_i = dr_i·s2·x_i, and each stabilizer's gradient, the sum of
+// its rows' dr, added at the element of p it was taken from (its exact gradient, nonzero only through the
+// offset, which the stabilizer does not scale); no (T, m) mask or gather is formed either way.
+Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool per_row, double log_sqrt_m,
+                        double offset) {
   const DType ct = p_in.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const Tensor p = p_in.contiguous(), r = cast(r_in, ct).contiguous();
-  const int64_t m = p.size(-1), M = m > 0 ? p.numel() / m : 0;
-  KILN_CHECK(r.numel() == M, "exp_features: one row value per row of ", p.str(), ", got ", r.str());
+  const Tensor p = p_in.contiguous(), x = cast(x_in, p_in.dtype()).contiguous();
+  const int64_t m = p.size(-1), D = x.size(-1), T = p.size(-2);
+  const int64_t M = m > 0 ? p.numel() / m : 0, G = T > 0 ? M / T : 0;
+  const TensorOptions c_opts{.dtype = ct, .device = p.device()}, i_opts{.dtype = DType::i64, .device = p.device()};
   Tensor out = empty(p.sizes(), {.dtype = p.dtype(), .device = p.device()});
+  Tensor flat;  // the flat index into p of each stabilizer's element: (M) per row, (G) per head
   {
     NoGradGuard ng;
-    kernels::exp_features(p.reshape({M, m}), r.reshape({M}), offset, out.reshape({M, m}));
+    Tensor rowmax = empty({M}, c_opts), rowarg = empty({M}, i_opts), h = empty({M}, c_opts);
+    kernels::feature_row_stats(p.reshape({M, m}), x.reshape({M, D}), s2, rowmax, rowarg, h);
+    Tensor r;
+    if (per_row) {
+      r = add(add(h, rowmax), log_sqrt_m);
+      flat = add(rowarg, arange(int64_t(0), M * m, m, i_opts));
+    } else {
+      const Tensor heads = rowmax.reshape({G, T});
+      const Tensor at = argmax(heads, 1, true);  // (G, 1): the row of each head's maximum
+      r = add(add(h.reshape({G, T}), gather(heads, 1, at)), log_sqrt_m).reshape({M});
+      const Tensor row = add(at, arange(int64_t(0), G * T, T, i_opts).reshape({G, 1}));  // (G, 1) rows of p
+      flat = add(mul(row, double(m)), gather(rowarg.reshape({G, T}), 1, at)).reshape({G});
+    }
+    kernels::exp_features(p.reshape({M, m}), r, offset, out.reshape({M, m}));
   }
-  if (any_requires_grad({p, r}))
-    record("exp_features", {p, r}, {out},
-           [so = SavedTensor(out), offset, M, m, rshape = r.sizes(), ct](const Grads& g) {
-             const Tensor y = so.unpack("exp_features");
+  if (any_requires_grad({p_in, x_in}))
+    record("softmax_features", {p_in, x_in}, {out},
+           [so = SavedTensor(out), sx = SavedTensor(x), flat, offset, s2, per_row, M, m, G, T, ct,
+            xdt = x_in.dtype()](const Grads& g) {
+             NoGradGuard ng;
+             const Tensor y = so.unpack("softmax_features"), xs = sx.unpack("softmax_features");
              const TensorOptions o{.dtype = y.dtype(), .device = y.device()};
              Tensor dp = empty(y.sizes(), o), dr = empty({M}, {.dtype = ct, .device = y.device()});
-             kernels::exp_features_backward(cast(g[0], y.dtype()).contiguous().reshape({M, m}), y.reshape({M, m}), offset,
-                                            dp.reshape({M, m}), dr);
-             return Grads{dp, dr.reshape(rshape)};
+             kernels::exp_features_backward(cast(g[0], y.dtype()).contiguous().reshape({M, m}), y.reshape({M, m}),
+                                            offset, dp.reshape({M, m}), dr);
+             const Tensor dc = per_row ? dr : sum(dr.reshape({G, T}), {1});
+             kernels::index_add(dp.reshape({M * m}), 0, flat, cast(dc, dp.dtype()).contiguous());
+             Shape rows = xs.sizes();
+             rows.back() = 1;
+             const Tensor dx = cast(mul(cast(xs, ct), mul(dr, s2).reshape(rows)), xdt);
+             return Grads{dp, dx};
            });
   return out;
 }
@@ -105,32 +136,15 @@ Tensor orthogonal_random_projection(int64_t m, int64_t d, Generator* gen, const 
 Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureKernel kernel, bool is_query) {
   check_projection(x, projection, "random_features");
   const int64_t m = projection.size(0), D = x.size(-1);
-  const Tensor xs = mul(x, std::pow(double(D), -0.25));
-  // Ω x' in the GEMM's dtype (the autocast dtype under autocast), the rest in f32 (f64 for f64).
-  const Tensor proj = matmul(xs, projection.t());
-  const DType wide = proj.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  if (kernel == RandomFeatureKernel::relu)
+  const double s = std::pow(double(D), -0.25);
+  // Ω x' in the GEMM's dtype (the autocast dtype under autocast), the rest in f32 (f64 for f64); x' = s·x
+  // is never formed: the scale goes on the (m, D) projection, and ‖x'‖² = s²‖x‖².
+  const Tensor proj = matmul(x, mul(projection, s).t());
+  if (kernel == RandomFeatureKernel::relu) {
+    const DType wide = proj.dtype() == DType::f64 ? DType::f64 : DType::f32;
     return add(kiln::relu(mul(cast(proj, wide), 1.0 / std::sqrt(double(m)))), kFeatureEps);
-  const Tensor xw = cast(xs, wide);
-  const Tensor half_norm = mul(sum(mul(xw, xw), {-1}, true), 0.5);
-  // The stabilizer c: a query row's max over its m features, the max over a key head's whole (T, m). Taken
-  // by gather at the argmax, so that its exact gradient (nonzero only through the 1e-5) goes to the one
-  // element it came from; amax's backward would build full-size masks for it.
-  const int64_t T = proj.size(-2);
-  const Tensor rows = is_query ? proj.reshape({-1, m}) : proj.reshape({-1, T * m});
-  Tensor index;
-  {
-    NoGradGuard ng;
-    index = argmax(rows, 1, true);
   }
-  Shape c_shape = proj.sizes();
-  c_shape.back() = 1;
-  if (!is_query) c_shape[c_shape.size() - 2] = 1;
-  const Tensor stabilizer = gather(rows, 1, index).reshape(c_shape);
-  // m^(-1/2) · (exp(p − h − c) + ε) = exp(p − r) + ε/√m with r = h + c + ln √m one value per row: the (T, m)
-  // features are one pass over the projection, forward and backward (kernels::exp_features).
-  const Tensor r = add(add(half_norm, cast(stabilizer, wide)), 0.5 * std::log(double(m)));
-  return exp_features(proj, r, kFeatureEps / std::sqrt(double(m)));
+  return softmax_features(proj, x, s * s, is_query, 0.5 * std::log(double(m)), kFeatureEps / std::sqrt(double(m)));
 }
 
 Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection, bool causal,
@@ -178,14 +192,9 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       pad.narrow(-1, 0, 1).fill_(1.0);
     }
     const Tensor qc = chunks(qf), kc = chunks(kf), vc = chunks(cat({vt, pad}, -1));
-    // Each chunk's φ(K)ᵀ[V | 1] = [S | z] (m, Dp); their sums over the chunks before, in f32 (the running
-    // sums over T / C chunks), then back in the GEMMs' dtype.
-    const DType wide = t == DType::f64 ? DType::f64 : DType::f32;
-    auto before = [&](const Tensor& per_chunk) {
-      const Tensor x = cast(per_chunk, wide);
-      return cast(sub(cumsum(x, 1), x), t);
-    };
-    const Tensor state_before = before(matmul(kc.transpose(-2, -1), vc));  // (BH, nc, m, Dp)
+    // Each chunk's φ(K)ᵀ[V | 1] = [S | z] (m, Dp); their sums over the chunks before: one exclusive running
+    // sum over the T / C chunks (summed in f32, rounded once to the GEMMs' dtype; backward the same the other way).
+    const Tensor state_before = cumsum(matmul(kc.transpose(-2, -1), vc), 1, /*exclusive=*/true);  // (BH, nc, m, Dp)
     // this chunk, keys j <= t: the C x C products times a constant lower-triangular mask (a broadcast
     // multiply, forward and backward, where tril would select through a bool mask each way)
     Tensor causal_mask;

@@ -43,7 +43,35 @@ void exp_features_backward_rows(const Tensor& dout, const Tensor& out, double of
   });
 }
 
+template <class T>
+void feature_row_stats_rows(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax, const Tensor& rowarg,
+                            const Tensor& h) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int64_t m = p.size(-1), D = x.size(-1), M = p.numel() / std::max<int64_t>(m, 1);
+  const T* pp = static_cast<const T*>(p.raw_data());
+  const T* xx = static_cast<const T*>(x.raw_data());
+  C* mx = static_cast<C*>(rowmax.raw_data());
+  int64_t* arg = static_cast<int64_t*>(rowarg.raw_data());
+  C* hh = static_cast<C*>(h.raw_data());
+  parallel_for(M, m + D, [&](int64_t row) {
+    C best = -INFINITY;
+    int64_t at = 0;
+    for (int64_t c = 0; c < m; ++c)
+      if (C(pp[row * m + c]) > best) best = C(pp[row * m + c]), at = c;
+    double ss = 0;
+    for (int64_t c = 0; c < D; ++c) ss += double(xx[row * D + c]) * double(xx[row * D + c]);
+    mx[row] = best;
+    arg[row] = at;
+    hh[row] = C(0.5 * s2 * ss);
+  });
+}
+
 }  // namespace
+
+void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax,
+                                const Tensor& rowarg, const Tensor& h) {
+  KILN_DISPATCH_FLOATING(p.dtype(), "feature_row_stats", feature_row_stats_rows<scalar_t>(p, x, s2, rowmax, rowarg, h));
+}
 
 void kernels::exp_features(const Tensor& p, const Tensor& r, double offset, const Tensor& out) {
   KILN_DISPATCH_FLOATING(p.dtype(), "exp_features", exp_features_rows<scalar_t>(p, r, offset, out));

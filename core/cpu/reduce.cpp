@@ -91,11 +91,11 @@ void kernels::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
   }
 }
 
-// cumsum: each (outer, inner) column summed down `size` in double (int64
-// for i64), rounded once per element; the outer blocks run in parallel, so results do not depend on the
-// number of threads.
+// cumsum: each (outer, inner) column summed down `size` (up it when reversed) in double (int64 for i64),
+// rounded once per element, an exclusive sum before its own element; the outer blocks run in parallel, so
+// results do not depend on the number of threads.
 namespace kernels {  // declared next to its op, core/ops_reduce.cpp
-void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
+void cumsum(const Tensor& in, int64_t dim, bool exclusive, bool reverse, const Tensor& out) {
   const DimSplit s = split_at(in.sizes(), dim);
   KILN_DISPATCH_ALL(in.dtype(), "cumsum", {
     using A = std::conditional_t<std::is_integral_v<scalar_t>, int64_t, double>;
@@ -104,10 +104,12 @@ void cumsum(const Tensor& in, int64_t dim, const Tensor& out) {
     parallel_for(s.outer, s.size * s.inner, [&](int64_t o) {
       std::vector<A> acc(size_t(s.inner), A(0));
       for (int64_t i = 0; i < s.size; ++i) {
-        const int64_t row = (o * s.size + i) * s.inner;
+        const int64_t row = (o * s.size + (reverse ? s.size - 1 - i : i)) * s.inner;
         for (int64_t k = 0; k < s.inner; ++k) {
-          acc[size_t(k)] += A(x[row + k]);
-          y[row + k] = scalar_t(acc[size_t(k)]);
+          const A v = A(x[row + k]);
+          if (exclusive) y[row + k] = scalar_t(acc[size_t(k)]);
+          acc[size_t(k)] += v;
+          if (!exclusive) y[row + k] = scalar_t(acc[size_t(k)]);
         }
       }
     });

@@ -6,6 +6,12 @@
 // terms (‖x'‖²/2, the stabilizer, ln √m) are folded into r. p and out contiguous, of one floating dtype; r
 // contiguous in the compute dtype (f32; f64 for f64). Computed in the compute dtype and rounded once.
 KILN_KERNEL(exp_features, void(const Tensor& p, const Tensor& r, double offset, const Tensor& out));
+// Each row's statistics for the softmax-kernel features of p (M, m) = x'·Ωᵀ, x (M, D): rowmax (M) = max_j p_ij,
+// rowarg (M, i64) = the first j reaching it (0 for a row without a number), and h (M) = s2 · ‖x_i‖² / 2 (with
+// s2 the square of x's scale: ‖x'‖²/2 without forming x'). p and x contiguous, of one floating dtype; rowmax
+// and h contiguous in the compute dtype (f32; f64 for f64). One pass over p and x.
+KILN_KERNEL(feature_row_stats, void(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax,
+                                    const Tensor& rowarg, const Tensor& h));
 // Its gradient from dout (M, m): dp = dout · (out − offset) (that is dout · exp(p − r)) in out's dtype, and
 // dr (M) = −Σ_row dp in the compute dtype, summed before rounding.
 KILN_KERNEL(exp_features_backward,

@@ -238,6 +238,11 @@ TEST(Reduce, CumsumValuesDtypesAndBadDims) {
   Tensor flags = gt(tensor({1, 0, 2, 3}, {4}), full({}, 0.5));
   EXPECT_EQ(cumsum(flags, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 3}));
   EXPECT_EQ(cumsum(tensor({4.0}, {}), 0).item<float>(), 4.0f);  // a 0-d tensor is its own running sum
+  // exclusive (the sum before each element) and reverse (from the end), alone and together
+  const Tensor r = tensor({1, 2, 3, 4}, {4});
+  EXPECT_EQ(cumsum(r, 0, true).to_vector<double>(), (std::vector<double>{0, 1, 3, 6}));
+  EXPECT_EQ(cumsum(r, 0, false, true).to_vector<double>(), (std::vector<double>{10, 9, 7, 4}));
+  EXPECT_EQ(cumsum(r, 0, true, true).to_vector<double>(), (std::vector<double>{9, 7, 4, 0}));
   EXPECT_EQ(cumsum(empty({0, 3}), 1).sizes(), (Shape{0, 3}));
   try {
     cumsum(x, 3);

@@ -145,7 +145,11 @@ TEST(CudaReduce, CumsumMatchesTheCpuForIntegersAndLongScans) {
   // i64 (exact), and an f32 scan along a long middle dim with many columns (the coalesced layout).
   Tensor ints = cast(mul(randn({3, 1000, 5}, {.dtype = DType::f64}), 1000.0), DType::i64);
   for (int64_t dim : {0, 1, 2})
-    EXPECT_EQ(cumsum(ints.to(gpu()), dim).cpu().to_vector<int64_t>(), cumsum(ints, dim).to_vector<int64_t>()) << dim;
+    for (const bool exclusive : {false, true})
+      for (const bool reverse : {false, true})
+        EXPECT_EQ(cumsum(ints.to(gpu()), dim, exclusive, reverse).cpu().to_vector<int64_t>(),
+                  cumsum(ints, dim, exclusive, reverse).to_vector<int64_t>())
+            << dim << (exclusive ? " exclusive" : "") << (reverse ? " reverse" : "");
   Tensor flags = gt(randn({4, 300}), full({}, 0.0));
   EXPECT_EQ(cumsum(flags.to(gpu()), 1).cpu().to_vector<int64_t>(), cumsum(flags, 1).to_vector<int64_t>());
   Tensor x = randn({2, 4096, 96});
