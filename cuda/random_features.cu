@@ -1,8 +1,13 @@
-// The random-feature kernels on the GPU (core/kernels/random_features.h), matching core/cpu/random_features.cpp:
-// one warp per row of m features (Performer's m is a few hundred), each lane striding the row, arithmetic in
-// f32 (f64 for f64). The row statistics read p and x once; forward reads p once and writes the features
-// once; backward reads dout and out once, writes dp, and reduces −Σ dp over the row with warp shuffles into dr.
+// Performer's kernels on the GPU (core/kernels/random_features.h), matching core/cpu/random_features.cpp: one
+// warp per row (Performer's rows are a few hundred features, or a head's D + a few columns), arithmetic in
+// f32 (f64 for f64). Rows whose length is a multiple of 16 bytes and whose tensors are 16-byte aligned are
+// moved 16 bytes a lane at a time (kRowVec); others element by element. The row statistics read p and x once;
+// the features read p once and write them once; their backward reads dout and out once, writes dp, and
+// reduces −Σ dp over the row with warp shuffles into dr; the ratio and its backward read and write a row once.
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include <kiln/core/kernels/random_features.h>
 #include <kiln/cuda/check.h>
@@ -16,39 +21,49 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// Elements of T in 16 bytes.
 template <class T>
-__global__ void exp_features_kernel(const T* __restrict__ p, const compute_t<T>* __restrict__ r, compute_t<T> offset,
-                                    T* __restrict__ out, int64_t rows, int64_t m) {
-  using C = compute_t<T>;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  const C rr = r[row];
-  const T* pr = p + row * m;
-  T* o = out + row * m;
-  for (int64_t c = threadIdx.x % 32; c < m; c += 32) o[c] = convert<T>(C(exp(convert<C>(pr[c]) - rr)) + offset);
+constexpr int kRowVec = int(16 / sizeof(T));
+
+// Whether rows of n elements of every tensor can be read 16 bytes at a time.
+template <class T>
+bool rows_vectorizable(int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % kRowVec<T> != 0) return false;
+  for (const void* p : pointers)
+    if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) return false;
+  return true;
 }
 
-template <class T>
-__global__ void exp_features_backward_kernel(const T* __restrict__ g, const T* __restrict__ y, compute_t<T> offset,
-                                             T* __restrict__ dp, compute_t<T>* __restrict__ dr, int64_t rows, int64_t m) {
-  using C = compute_t<T>;
-  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  C sum = 0;
-  for (int64_t c = lane; c < m; c += 32) {
-    const C v = convert<C>(g[row * m + c]) * (convert<C>(y[row * m + c]) - offset);
-    dp[row * m + c] = convert<T>(v);
-    sum += v;
+// The V elements at row + c, as compute values.
+template <class T, int V>
+__device__ __forceinline__ void load_row(const T* row, int64_t c, compute_t<T> (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = convert<compute_t<T>>(row[c]);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + c);
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[e] = convert<compute_t<T>>(v[e]);
   }
-  for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  if (lane == 0) dr[row] = -sum;
 }
 
-// One warp per row: the row's maximum of p and its first index (lanes stride the row in increasing order,
-// so a lane keeps its first maximum; the warp prefers the larger value, then the smaller index), and
-// s2 · ‖x‖² / 2 by warp shuffles.
-template <class T>
+template <class T, int V>
+__device__ __forceinline__ void store_row(T* row, int64_t c, const compute_t<T> (&in)[V]) {
+  if constexpr (V == 1) {
+    row[c] = convert<T>(in[0]);
+  } else {
+    uint4 raw;
+    T* v = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = convert<T>(in[e]);
+    *reinterpret_cast<uint4*>(row + c) = raw;
+  }
+}
+
+// One warp per row: the row's maximum of p and its first index (a lane walks its elements in increasing
+// order and keeps its first maximum; the warp prefers the larger value, then the smaller index), and
+// s2 · ‖x‖² / 2 by warp shuffles. V: elements a lane reads at once.
+template <class T, int V>
 __global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __restrict__ x, compute_t<T> half_s2,
                                          compute_t<T>* __restrict__ rowmax, int64_t* __restrict__ rowarg,
                                          compute_t<T>* __restrict__ h, int64_t rows, int64_t m, int64_t D) {
@@ -58,14 +73,19 @@ __global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __res
   const int lane = threadIdx.x % 32;
   C best = -INFINITY;
   int64_t at = 0;
-  for (int64_t c = lane; c < m; c += 32) {
-    const C v = convert<C>(p[row * m + c]);
-    if (v > best) best = v, at = c;
+  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(p + row * m, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (v[e] > best) best = v[e], at = c + e;
   }
   C ss = 0;
-  for (int64_t c = lane; c < D; c += 32) {
-    const C v = convert<C>(x[row * D + c]);
-    ss += v * v;
+  for (int64_t c = int64_t(lane) * V; c < D; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(x + row * D, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) ss += v[e] * v[e];
   }
   for (int s = 16; s > 0; s /= 2) {
     const C ob = __shfl_xor_sync(0xffffffffu, best, s);
@@ -80,6 +100,75 @@ __global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __res
   }
 }
 
+template <class T, int V>
+__global__ void exp_features_kernel(const T* __restrict__ p, const compute_t<T>* __restrict__ r, compute_t<T> offset,
+                                    T* __restrict__ out, int64_t rows, int64_t m) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const C rr = r[row];
+  for (int64_t c = int64_t(threadIdx.x % 32) * V; c < m; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(p + row * m, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = C(exp(v[e] - rr)) + offset;
+    store_row<T, V>(out + row * m, c, v);
+  }
+}
+
+template <class T, int V>
+__global__ void exp_features_backward_kernel(const T* __restrict__ g, const T* __restrict__ y, compute_t<T> offset,
+                                             T* __restrict__ dp, compute_t<T>* __restrict__ dr, int64_t rows, int64_t m) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  C sum = 0;
+  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
+    C gv[V], yv[V];
+    load_row<T, V>(g + row * m, c, gv);
+    load_row<T, V>(y + row * m, c, yv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      gv[e] *= yv[e] - offset;
+      sum += gv[e];
+    }
+    store_row<T, V>(dp + row * m, c, gv);
+  }
+  for (int s = 16; s > 0; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (lane == 0) dr[row] = -sum;
+}
+
+// One warp per row; a lane takes columns lane, lane + 32, ...
+template <class T>
+__global__ void divide_by_column_kernel(const T* __restrict__ both, T* __restrict__ out, int64_t rows, int64_t Dp,
+                                        int64_t Dv) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const C den = convert<C>(both[row * Dp + Dv]);
+  for (int64_t j = threadIdx.x % 32; j < Dv; j += 32) out[row * Dv + j] = convert<T>(convert<C>(both[row * Dp + j]) / den);
+}
+
+template <class T>
+__global__ void divide_by_column_backward_kernel(const T* __restrict__ g, const T* __restrict__ both,
+                                                 const T* __restrict__ y, T* __restrict__ dboth, int64_t rows,
+                                                 int64_t Dp, int64_t Dv) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const C den = convert<C>(both[row * Dp + Dv]);
+  C dot = 0;
+  for (int64_t j = lane; j < Dv; j += 32) {
+    const C gj = convert<C>(g[row * Dv + j]);
+    dboth[row * Dp + j] = convert<T>(gj / den);
+    dot += gj * convert<C>(y[row * Dv + j]);
+  }
+  for (int s = 16; s > 0; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+  for (int64_t j = Dv + lane; j < Dp; j += 32) dboth[row * Dp + j] = convert<T>(j == Dv ? -dot / den : C(0));
+}
+
 void check_rows(const char* op, const Tensor& a, const Tensor& b, const Tensor& row_values) {
   KILN_CHECK(a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
                  row_values.is_contiguous() && a.device() == b.device() && row_values.device() == a.device(),
@@ -87,24 +176,9 @@ void check_rows(const char* op, const Tensor& a, const Tensor& b, const Tensor& 
              ", ", row_values.str());
 }
 
-}  // namespace
+unsigned warp_rows_blocks(int64_t rows) { return unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-void kernels::exp_features(const Tensor& p, const Tensor& r, double offset, const Tensor& out) {
-  NvtxRange range("exp_features");
-  check_rows("exp_features", p, out, r);
-  DeviceGuard guard(p.device().index);
-  const int64_t m = p.size(-1), rows = p.numel() / std::max<int64_t>(m, 1);
-  if (p.numel() == 0) return;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  KILN_CUDA_DISPATCH_FLOATING(p.dtype(), "exp_features", {
-    using D = device_t<scalar_t>;
-    using C = compute_t<D>;
-    exp_features_kernel<D><<<unsigned(blocks), 32 * kWarpsPerBlock, 0, current_stream()>>>(
-        static_cast<const D*>(p.raw_data()), static_cast<const C*>(r.raw_data()), C(offset),
-        static_cast<D*>(out.raw_data()), rows, m);
-    KILN_LAUNCH_CHECK("exp_features_kernel", "exp_features");
-  });
-}
+}  // namespace
 
 void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax,
                                 const Tensor& rowarg, const Tensor& h) {
@@ -118,15 +192,42 @@ void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, con
              p.str(), ", ", x.str(), ", ", rowmax.str(), ", ", rowarg.str());
   DeviceGuard guard(p.device().index);
   if (rows == 0) return;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   KILN_CUDA_DISPATCH_FLOATING(p.dtype(), "feature_row_stats", {
-    using Dv = device_t<scalar_t>;
-    using C = compute_t<Dv>;
-    feature_row_stats_kernel<Dv><<<unsigned(blocks), 32 * kWarpsPerBlock, 0, current_stream()>>>(
-        static_cast<const Dv*>(p.raw_data()), static_cast<const Dv*>(x.raw_data()), C(0.5 * s2),
-        static_cast<C*>(rowmax.raw_data()), static_cast<int64_t*>(rowarg.raw_data()), static_cast<C*>(h.raw_data()),
-        rows, m, D);
+    using T = device_t<scalar_t>;
+    using C = compute_t<T>;
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      feature_row_stats_kernel<T, V><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(p.raw_data()), static_cast<const T*>(x.raw_data()), C(0.5 * s2),
+          static_cast<C*>(rowmax.raw_data()), static_cast<int64_t*>(rowarg.raw_data()), static_cast<C*>(h.raw_data()),
+          rows, m, D);
+    };
+    if (rows_vectorizable<T>(m, {p.raw_data()}) && rows_vectorizable<T>(D, {x.raw_data()}))
+      launch(std::integral_constant<int, kRowVec<T>>());
+    else
+      launch(std::integral_constant<int, 1>());
     KILN_LAUNCH_CHECK("feature_row_stats_kernel", "feature_row_stats");
+  });
+}
+
+void kernels::exp_features(const Tensor& p, const Tensor& r, double offset, const Tensor& out) {
+  NvtxRange range("exp_features");
+  check_rows("exp_features", p, out, r);
+  DeviceGuard guard(p.device().index);
+  const int64_t m = p.size(-1), rows = p.numel() / std::max<int64_t>(m, 1);
+  if (p.numel() == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(p.dtype(), "exp_features", {
+    using T = device_t<scalar_t>;
+    using C = compute_t<T>;
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      exp_features_kernel<T, V><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(p.raw_data()), static_cast<const C*>(r.raw_data()), C(offset),
+          static_cast<T*>(out.raw_data()), rows, m);
+    };
+    if (rows_vectorizable<T>(m, {p.raw_data(), out.raw_data()})) launch(std::integral_constant<int, kRowVec<T>>());
+    else launch(std::integral_constant<int, 1>());
+    KILN_LAUNCH_CHECK("exp_features_kernel", "exp_features");
   });
 }
 
@@ -138,14 +239,56 @@ void kernels::exp_features_backward(const Tensor& dout, const Tensor& out, doubl
   DeviceGuard guard(out.device().index);
   const int64_t m = out.size(-1), rows = out.numel() / std::max<int64_t>(m, 1);
   if (out.numel() == 0) return;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   KILN_CUDA_DISPATCH_FLOATING(out.dtype(), "exp_features_backward", {
-    using D = device_t<scalar_t>;
-    using C = compute_t<D>;
-    exp_features_backward_kernel<D><<<unsigned(blocks), 32 * kWarpsPerBlock, 0, current_stream()>>>(
-        static_cast<const D*>(dout.raw_data()), static_cast<const D*>(out.raw_data()), C(offset),
-        static_cast<D*>(dp.raw_data()), static_cast<C*>(dr.raw_data()), rows, m);
+    using T = device_t<scalar_t>;
+    using C = compute_t<T>;
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      exp_features_backward_kernel<T, V><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(dout.raw_data()), static_cast<const T*>(out.raw_data()), C(offset),
+          static_cast<T*>(dp.raw_data()), static_cast<C*>(dr.raw_data()), rows, m);
+    };
+    if (rows_vectorizable<T>(m, {dout.raw_data(), out.raw_data(), dp.raw_data()}))
+      launch(std::integral_constant<int, kRowVec<T>>());
+    else
+      launch(std::integral_constant<int, 1>());
     KILN_LAUNCH_CHECK("exp_features_backward_kernel", "exp_features_backward");
+  });
+}
+
+void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
+  NvtxRange range("divide_by_column");
+  const int64_t Dp = both.size(-1), Dv = out.size(-1), rows = out.numel() / std::max<int64_t>(Dv, 1);
+  KILN_CHECK(both.is_contiguous() && out.is_contiguous() && both.dtype() == out.dtype() && Dp > Dv &&
+                 both.numel() == rows * Dp && both.device() == out.device(),
+             "divide_by_column: expected contiguous both (M, Dp) and out (M, Dv), Dp > Dv, of one dtype, got ",
+             both.str(), " and ", out.str());
+  DeviceGuard guard(both.device().index);
+  if (rows == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(both.dtype(), "divide_by_column", {
+    using T = device_t<scalar_t>;
+    divide_by_column_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+        static_cast<const T*>(both.raw_data()), static_cast<T*>(out.raw_data()), rows, Dp, Dv);
+    KILN_LAUNCH_CHECK("divide_by_column_kernel", "divide_by_column");
+  });
+}
+
+void kernels::divide_by_column_backward(const Tensor& dout, const Tensor& both, const Tensor& out,
+                                        const Tensor& dboth) {
+  NvtxRange range("divide_by_column_backward");
+  check_rows("divide_by_column_backward", dout, out, both);
+  check_rows("divide_by_column_backward", both, dboth, out);
+  const int64_t Dp = both.size(-1), Dv = out.size(-1), rows = out.numel() / std::max<int64_t>(Dv, 1);
+  KILN_CHECK(Dp > Dv && both.numel() == rows * Dp, "divide_by_column_backward: both ", both.str(),
+             " must have more columns than out ", out.str());
+  DeviceGuard guard(both.device().index);
+  if (rows == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(both.dtype(), "divide_by_column_backward", {
+    using T = device_t<scalar_t>;
+    divide_by_column_backward_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+        static_cast<const T*>(dout.raw_data()), static_cast<const T*>(both.raw_data()),
+        static_cast<const T*>(out.raw_data()), static_cast<T*>(dboth.raw_data()), rows, Dp, Dv);
+    KILN_LAUNCH_CHECK("divide_by_column_backward_kernel", "divide_by_column_backward");
   });
 }
 

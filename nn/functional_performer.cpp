@@ -23,6 +23,9 @@
 // products grow (docs/sketched.md).
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include <kiln/core/kernels/index.h>
@@ -60,7 +63,8 @@ Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool 
   const int64_t M = m > 0 ? p.numel() / m : 0, G = T > 0 ? M / T : 0;
   const TensorOptions c_opts{.dtype = ct, .device = p.device()}, i_opts{.dtype = DType::i64, .device = p.device()};
   Tensor out = empty(p.sizes(), {.dtype = p.dtype(), .device = p.device()});
-  Tensor flat;  // the flat index into p of each stabilizer's element: (M) per row, (G) per head
+  Tensor at_elem;  // where each stabilizer's element sits: its column in the row (M, 1), or its index in the
+                   // head's (T·m) elements (G, 1)
   {
     NoGradGuard ng;
     Tensor rowmax = empty({M}, c_opts), rowarg = empty({M}, i_opts), h = empty({M}, c_opts);
@@ -68,19 +72,18 @@ Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool 
     Tensor r;
     if (per_row) {
       r = add(add(h, rowmax), log_sqrt_m);
-      flat = add(rowarg, arange(int64_t(0), M * m, m, i_opts));
+      at_elem = rowarg.reshape({M, 1});
     } else {
       const Tensor heads = rowmax.reshape({G, T});
       const Tensor at = argmax(heads, 1, true);  // (G, 1): the row of each head's maximum
       r = add(add(h.reshape({G, T}), gather(heads, 1, at)), log_sqrt_m).reshape({M});
-      const Tensor row = add(at, arange(int64_t(0), G * T, T, i_opts).reshape({G, 1}));  // (G, 1) rows of p
-      flat = add(mul(row, double(m)), gather(rowarg.reshape({G, T}), 1, at)).reshape({G});
+      at_elem = add(mul(at, double(m)), gather(rowarg.reshape({G, T}), 1, at));
     }
     kernels::exp_features(p.reshape({M, m}), r, offset, out.reshape({M, m}));
   }
   if (any_requires_grad({p_in, x_in}))
     record("softmax_features", {p_in, x_in}, {out},
-           [so = SavedTensor(out), sx = SavedTensor(x), flat, offset, s2, per_row, M, m, G, T, ct,
+           [so = SavedTensor(out), sx = SavedTensor(x), at_elem, offset, s2, per_row, M, m, G, T, ct,
             xdt = x_in.dtype()](const Grads& g) {
              NoGradGuard ng;
              const Tensor y = so.unpack("softmax_features"), xs = sx.unpack("softmax_features");
@@ -88,13 +91,54 @@ Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool 
              Tensor dp = empty(y.sizes(), o), dr = empty({M}, {.dtype = ct, .device = y.device()});
              kernels::exp_features_backward(cast(g[0], y.dtype()).contiguous().reshape({M, m}), y.reshape({M, m}),
                                             offset, dp.reshape({M, m}), dr);
-             const Tensor dc = per_row ? dr : sum(dr.reshape({G, T}), {1});
-             kernels::index_add(dp.reshape({M * m}), 0, flat, cast(dc, dp.dtype()).contiguous());
+             const Tensor dc = per_row ? dr.reshape({M, 1}) : sum(dr.reshape({G, T}), {1}, true);
+             kernels::scatter_add(per_row ? dp.reshape({M, m}) : dp.reshape({G, T * m}), 1, at_elem,
+                                  cast(dc, dp.dtype()).contiguous());
+             // dx = dr·s2·x in x's dtype, one pass (dr·s2 rounded to it first)
              Shape rows = xs.sizes();
              rows.back() = 1;
-             const Tensor dx = cast(mul(cast(xs, ct), mul(dr, s2).reshape(rows)), xdt);
+             const Tensor dx = cast(mul(xs, cast(mul(dr, s2), xs.dtype()).reshape(rows)), xdt);
              return Grads{dp, dx};
            });
+  return out;
+}
+
+// The constant lower-triangular (C, C) mask of the chunks' own products, made once per chunk size, dtype and
+// device (a tril of ones costs a handful of small kernels and host round trips on every call otherwise).
+Tensor causal_chunk_mask(int64_t chunk, DType dtype, Device device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int, int, int>, Tensor> masks;
+  const std::lock_guard<std::mutex> lock(mutex);
+  Tensor& mask = masks[{chunk, int(dtype), int(device.type), device.index}];
+  if (!mask.defined()) {
+    NoGradGuard ng;
+    mask = tril(ones({chunk, chunk}, {.dtype = dtype, .device = device}));
+  }
+  return mask;
+}
+
+// out (..., Dv) = both[..., :Dv] / both[..., Dv] for both (..., Dp), Dp > Dv: the numerators over the
+// denominator column the ones column of [V | 1] carried (kernels::divide_by_column). Backward:
+// dboth[..., :Dv] = g / den, dboth[..., Dv] = −Σ_j g_j·out_j / den, 0 in the padding columns.
+Tensor divide_by_column(const Tensor& both_in, int64_t Dv) {
+  const Tensor both = both_in.contiguous();
+  const int64_t Dp = both.size(-1), M = Dp > 0 ? both.numel() / Dp : 0;
+  Shape s = both.sizes();
+  s.back() = Dv;
+  Tensor out = empty(s, {.dtype = both.dtype(), .device = both.device()});
+  {
+    NoGradGuard ng;
+    kernels::divide_by_column(both.reshape({M, Dp}), out.reshape({M, Dv}));
+  }
+  if (any_requires_grad({both_in}))
+    record("divide_by_column", {both_in}, {out}, [sb = SavedTensor(both), so = SavedTensor(out), M, Dp, Dv](const Grads& g) {
+      NoGradGuard ng;
+      const Tensor b = sb.unpack("divide_by_column"), y = so.unpack("divide_by_column");
+      Tensor db = empty(b.sizes(), {.dtype = b.dtype(), .device = b.device()});
+      kernels::divide_by_column_backward(cast(g[0], y.dtype()).contiguous().reshape({M, Dv}), b.reshape({M, Dp}),
+                                         y.reshape({M, Dv}), db.reshape({M, Dp}));
+      return Grads{db};
+    });
   return out;
 }
 
@@ -197,22 +241,14 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
     const Tensor state_before = cumsum(matmul(kc.transpose(-2, -1), vc), 1, /*exclusive=*/true);  // (BH, nc, m, Dp)
     // this chunk, keys j <= t: the C x C products times a constant lower-triangular mask (a broadcast
     // multiply, forward and backward, where tril would select through a bool mask each way)
-    Tensor causal_mask;
-    {
-      NoGradGuard ng;
-      causal_mask = tril(ones({chunk, chunk}, {.dtype = t, .device = q.device()}));
-    }
-    const Tensor a = mul(matmul(qc, kc.transpose(-2, -1)), causal_mask);  // (BH, nc, C, C)
-    // [numerator | denominator | 0 ...] of every position: (BH, Tp, Dp)
+    const Tensor a = mul(matmul(qc, kc.transpose(-2, -1)), causal_chunk_mask(chunk, t, q.device()));  // (BH, nc, C, C)
+    // [numerator | denominator | 0 ...] of every position: (BH, Tp, Dp), then their ratio
     Tensor both = add(matmul(qc, state_before), matmul(a, vc)).reshape({BH, Tp, Dp});
     if (Tp != T) both = both.narrow(1, 0, T);
     Shape s = lead;
     s.push_back(T);
-    s.push_back(Dp);
-    both = both.reshape(s);
-    // contiguous operands for the division (a strided one would take the generic strided kernel)
-    num = both.narrow(-1, 0, Dv).contiguous();
-    den = both.narrow(-1, Dv, 1).contiguous();
+    s.push_back(Dv);
+    return divide_by_column(both, Dv).reshape(s);
   }
   return div(num, den);
 }

@@ -66,7 +66,49 @@ void feature_row_stats_rows(const Tensor& p, const Tensor& x, double s2, const T
   });
 }
 
+template <class T>
+void divide_by_column_rows(const Tensor& both, const Tensor& out) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int64_t Dp = both.size(-1), Dv = out.size(-1), M = out.numel() / std::max<int64_t>(Dv, 1);
+  const T* b = static_cast<const T*>(both.raw_data());
+  T* o = static_cast<T*>(out.raw_data());
+  parallel_for(M, Dp, [&](int64_t row) {
+    const C den = C(b[row * Dp + Dv]);
+    for (int64_t j = 0; j < Dv; ++j) o[row * Dv + j] = T(C(b[row * Dp + j]) / den);
+  });
+}
+
+template <class T>
+void divide_by_column_backward_rows(const Tensor& dout, const Tensor& both, const Tensor& out, const Tensor& dboth) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int64_t Dp = both.size(-1), Dv = out.size(-1), M = out.numel() / std::max<int64_t>(Dv, 1);
+  const T* g = static_cast<const T*>(dout.raw_data());
+  const T* b = static_cast<const T*>(both.raw_data());
+  const T* y = static_cast<const T*>(out.raw_data());
+  T* d = static_cast<T*>(dboth.raw_data());
+  parallel_for(M, Dp, [&](int64_t row) {
+    const C den = C(b[row * Dp + Dv]);
+    C dot = 0;
+    for (int64_t j = 0; j < Dv; ++j) {
+      d[row * Dp + j] = T(C(g[row * Dv + j]) / den);
+      dot += C(g[row * Dv + j]) * C(y[row * Dv + j]);
+    }
+    d[row * Dp + Dv] = T(-dot / den);
+    for (int64_t j = Dv + 1; j < Dp; ++j) d[row * Dp + j] = T(0);
+  });
+}
+
 }  // namespace
+
+void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
+  KILN_DISPATCH_FLOATING(both.dtype(), "divide_by_column", divide_by_column_rows<scalar_t>(both, out));
+}
+
+void kernels::divide_by_column_backward(const Tensor& dout, const Tensor& both, const Tensor& out,
+                                        const Tensor& dboth) {
+  KILN_DISPATCH_FLOATING(both.dtype(), "divide_by_column_backward",
+                         divide_by_column_backward_rows<scalar_t>(dout, both, out, dboth));
+}
 
 void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, const Tensor& rowmax,
                                 const Tensor& rowarg, const Tensor& h) {
