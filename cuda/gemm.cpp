@@ -275,6 +275,21 @@ void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   run_gemm(a, oa, b, ob, out);
 }
 
+void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+  NvtxRange range("bmm_add");
+  KILN_CHECK(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype() && a_in.device() == out.device() &&
+                 b_in.device() == out.device() && out.is_contiguous(),
+             "bmm_add: expected a, b and a contiguous out of one dtype on one device, got ", a_in.str(), ", ",
+             b_in.str(), " -> ", out.str());
+  (void)type_info(out.dtype(), false);
+  DeviceGuard guard(out.device().index);
+  if (out.numel() == 0 || a_in.size(2) == 0) return;  // nothing to add
+  Operand oa, ob;
+  Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
+  KILN_CHECK(try_gemm(a, oa, b, ob, out, EpilogueSpec{}, /*accumulate=*/true), "bmm_add: cuBLASLt has no algorithm for ",
+             a_in.str(), " · ", b_in.str(), " added to ", out.str());
+}
+
 bool kernels::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   const DType t = a.dtype();
   if (out.dtype() != DType::f32 || b.dtype() != t || (t != DType::bf16 && t != DType::f16 && t != DType::f32) ||

@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/index.h>
 #include <kiln/core/kernels/random_features.h>
 #include <kiln/core/op.h>
@@ -115,6 +116,54 @@ Tensor causal_chunk_mask(int64_t chunk, DType dtype, Device device) {
     mask = tril(ones({chunk, chunk}, {.dtype = dtype, .device = device}));
   }
   return mask;
+}
+
+// kernels::bmm into a new (B, M, N) tensor of a's dtype and device.
+Tensor bmm_into_new(const Tensor& a, const Tensor& b) {
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
+  kernels::bmm(a, b, out);
+  return out;
+}
+
+// The causal chunks' products as one node, for qc, kc (B3, C, m) and vc = [V | 1 | 0 ...] chunks (B3, C, Dp),
+// B3 = BH·nc with a head's nc chunks consecutive, and the (C, C) lower-triangular mask M:
+//   S_c = kc_cᵀ·vc_c,  Sb = the exclusive running sum of S over a head's chunks,  A = (qc·kcᵀ) ⊙ M,
+//   both = qc·Sb + A·vc                                                       (B3, C, Dp)
+// Backward, with G = dboth: dA = (G·vcᵀ) ⊙ M, dS = the reverse exclusive running sum of qcᵀ·G, and
+//   dqc = G·Sbᵀ + dA·kc,  dkc = dAᵀ·qc + vc·dSᵀ,  dvc = Aᵀ·G + kc·dS
+// each second product added into the first's output by the GEMM (kernels::bmm_add) rather than by a pass of
+// its own: autograd's composition accumulated qc, kc and vc's gradients with (T, m)-sized adds.
+Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Tensor& vc_in, const Tensor& mask,
+                             int64_t BH, int64_t nc) {
+  const Tensor qc = qc_in.contiguous(), kc = kc_in.contiguous(), vc = vc_in.contiguous();
+  const int64_t B3 = qc.size(0), m = qc.size(2), Dp = vc.size(2);
+  Tensor sb, a, both;
+  {
+    NoGradGuard ng;
+    sb = cumsum(bmm_into_new(kc.transpose(1, 2), vc).reshape({BH, nc, m, Dp}), 1, /*exclusive=*/true).reshape({B3, m, Dp});
+    a = mul(bmm_into_new(qc, kc.transpose(1, 2)), mask);
+    both = bmm_into_new(qc, sb);
+    kernels::bmm_add(a, vc, both);
+  }
+  if (any_requires_grad({qc_in, kc_in, vc_in}))
+    record("causal_chunk_products", {qc_in, kc_in, vc_in}, {both},
+           [sq = SavedTensor(qc), sk = SavedTensor(kc), sv = SavedTensor(vc), sb, a, mask, BH, nc, B3, m,
+            Dp](const Grads& g) {
+             NoGradGuard ng;
+             const char* op = "causal_chunk_products";
+             const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op);
+             const Tensor G = cast(g[0], q.dtype()).contiguous();
+             const Tensor da = mul(bmm_into_new(G, v.transpose(1, 2)), mask);
+             const Tensor ds = cumsum(bmm_into_new(q.transpose(1, 2), G).reshape({BH, nc, m, Dp}), 1, true, true)
+                                   .reshape({B3, m, Dp});
+             Tensor dq = bmm_into_new(G, sb.transpose(1, 2)), dk = bmm_into_new(da.transpose(1, 2), q),
+                    dv = bmm_into_new(a.transpose(1, 2), G);
+             kernels::bmm_add(da, k, dq);
+             kernels::bmm_add(v, ds.transpose(1, 2), dk);
+             kernels::bmm_add(k, ds, dv);
+             return Grads{dq, dk, dv};
+           });
+  return both;
 }
 
 // out (..., Dv) = both[..., :Dv] / both[..., Dv] for both (..., Dp), Dp > Dv: the numerators over the
@@ -235,15 +284,14 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       pad = zeros(ps, {.dtype = t, .device = q.device()});
       pad.narrow(-1, 0, 1).fill_(1.0);
     }
-    const Tensor qc = chunks(qf), kc = chunks(kf), vc = chunks(cat({vt, pad}, -1));
-    // Each chunk's φ(K)ᵀ[V | 1] = [S | z] (m, Dp); their sums over the chunks before: one exclusive running
-    // sum over the T / C chunks (summed in f32, rounded once to the GEMMs' dtype; backward the same the other way).
-    const Tensor state_before = cumsum(matmul(kc.transpose(-2, -1), vc), 1, /*exclusive=*/true);  // (BH, nc, m, Dp)
-    // this chunk, keys j <= t: the C x C products times a constant lower-triangular mask (a broadcast
-    // multiply, forward and backward, where tril would select through a bool mask each way)
-    const Tensor a = mul(matmul(qc, kc.transpose(-2, -1)), causal_chunk_mask(chunk, t, q.device()));  // (BH, nc, C, C)
-    // [numerator | denominator | 0 ...] of every position: (BH, Tp, Dp), then their ratio
-    Tensor both = add(matmul(qc, state_before), matmul(a, vc)).reshape({BH, Tp, Dp});
+    auto chunk3 = [&](const Tensor& x) { return chunks(x).reshape({BH * nc, chunk, x.size(-1)}); };
+    // Each chunk's φ(K)ᵀ[V | 1] = [S | z] (m, Dp); their sums over the chunks before (one exclusive running
+    // sum over the T / C chunks, in f32); within a chunk, keys j <= t, the C x C products times a constant
+    // lower-triangular mask (a broadcast multiply, where tril would select through a bool mask); then
+    // [numerator | denominator | 0 ...] of every position, (BH, Tp, Dp), and their ratio.
+    Tensor both = causal_chunk_products(chunk3(qf), chunk3(kf), chunk3(cat({vt, pad}, -1)),
+                                        causal_chunk_mask(chunk, t, q.device()), BH, nc)
+                      .reshape({BH, Tp, Dp});
     if (Tp != T) both = both.narrow(1, 0, T);
     Shape s = lead;
     s.push_back(T);

@@ -2,6 +2,7 @@
 // depend on the thread count. f16/bf16 operands are widened to f32 first: the CPU is the reference, not
 // the fast path for half types.
 #include <algorithm>
+#include <type_traits>
 
 // Eigen never threads a product itself: the tiles below are the only parallelism (this is the one file
 // that includes Eigen, so the setting is the same for every instantiation).
@@ -96,6 +97,27 @@ void kernels::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
     }
     default: KILN_FAIL("matmul: unsupported dtype ", dtype_name(out.dtype()));
   }
+}
+
+// The product in the compute dtype (f64, else f32), added to out's values there and rounded once.
+void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0 || a.size(2) == 0) return;
+  const DType ct = out.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor prod = empty(out.sizes(), {.dtype = ct});
+  if (ct == out.dtype()) {
+    kernels::bmm(a, b, prod);
+  } else {
+    Tensor a32 = empty(a.sizes(), {.dtype = ct}), b32 = empty(b.sizes(), {.dtype = ct});
+    copy(a, a32);
+    copy(b, b32);
+    kernels::bmm(a32, b32, prod);
+  }
+  KILN_DISPATCH_FLOATING(out.dtype(), "bmm_add", {
+    using C = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    scalar_t* o = static_cast<scalar_t*>(out.raw_data());
+    const C* p = static_cast<const C*>(prod.raw_data());
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = scalar_t(C(o[i]) + p[i]);
+  });
 }
 
 void kernels::gemm(const Tensor& a, const Tensor& b, double alpha, const Tensor& bias, const Tensor& out) {

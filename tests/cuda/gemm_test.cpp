@@ -58,6 +58,26 @@ TEST(CudaGemm, BatchedTransposedViews) {
   }
 }
 
+// bmm_add: out += a·b on the GPU (cuBLASLt's beta = 1) equals the f64 sum of the old values and the product,
+// for every dtype and both layouts of each operand, and the CPU's kernel agrees.
+TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
+  KILN_REQUIRE_GPU();
+  manual_seed(3);
+  for (DType t : kFloatTypes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Tensor a = ta ? rnd({3, 17, 31}, t).transpose(1, 2) : rnd({3, 31, 17}, t);
+        Tensor b = tb ? rnd({3, 45, 17}, t).transpose(1, 2) : rnd({3, 17, 45}, t);
+        const Tensor old = rnd({3, 31, 45}, t);
+        const Tensor want = add(old.to(DType::f64), ref_matmul(a, b));
+        Tensor got = old.to(gpu()).clone(), cpu = old.clone();
+        kernels::bmm_add(a.to(gpu()), b.to(gpu()), got);
+        kernels::bmm_add(a.contiguous(), b.contiguous(), cpu);
+        EXPECT_LT(rel_err(got, want), tol_for(t)) << dtype_name(t) << " ta=" << ta << " tb=" << tb;
+        EXPECT_LT(rel_err(cpu, want), tol_for(t)) << dtype_name(t) << " (CPU)";
+      }
+}
+
 TEST(CudaGemm, BroadcastBatches) {
   KILN_REQUIRE_GPU();
   manual_seed(3);
