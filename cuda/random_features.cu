@@ -139,6 +139,15 @@ __global__ void exp_features_backward_kernel(const T* __restrict__ g, const T* _
   if (lane == 0) dr[row] = -sum;
 }
 
+// One warp per matrix row i: columns i + 1 .. C - 1 set to zero bits (W: an unsigned type of the element's size).
+template <class W>
+__global__ void zero_above_diagonal_kernel(W* __restrict__ x, int64_t rows, int64_t C) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int64_t i = row % C;
+  for (int64_t j = i + 1 + threadIdx.x % 32; j < C; j += 32) x[row * C + j] = W(0);
+}
+
 // One warp per row; a lane takes columns lane, lane + 32, ...
 template <class T>
 __global__ void divide_by_column_kernel(const T* __restrict__ both, T* __restrict__ out, int64_t rows, int64_t Dp,
@@ -169,6 +178,52 @@ __global__ void divide_by_column_backward_kernel(const T* __restrict__ g, const 
   for (int64_t j = Dv + lane; j < Dp; j += 32) dboth[row * Dp + j] = convert<T>(j == Dv ? -dot / den : C(0));
 }
 
+// The same two with L = Dv / V lanes to a row (L a power of two up to 32), each lane moving V elements (16
+// bytes) of it: rows of a head's width are a few hundred bytes, which a whole warp would read 2 bytes a lane.
+template <class T, int L>
+__global__ void divide_by_column_vec_kernel(const T* __restrict__ both, T* __restrict__ out, int64_t rows, int64_t Dp,
+                                            int64_t Dv) {
+  using C = compute_t<T>;
+  constexpr int V = kRowVec<T>;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / L;
+  if (row >= rows) return;
+  const int64_t c = int64_t(threadIdx.x % L) * V;
+  const C den = convert<C>(both[row * Dp + Dv]);
+  C v[V];
+  load_row<T, V>(both + row * Dp, c, v);
+#pragma unroll
+  for (int e = 0; e < V; ++e) v[e] /= den;
+  store_row<T, V>(out + row * Dv, c, v);
+}
+
+template <class T, int L>
+__global__ void divide_by_column_backward_vec_kernel(const T* __restrict__ g, const T* __restrict__ both,
+                                                     const T* __restrict__ y, T* __restrict__ dboth, int64_t rows,
+                                                     int64_t Dp, int64_t Dv) {
+  using C = compute_t<T>;
+  constexpr int V = kRowVec<T>;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / L;
+  const bool valid = row < rows;  // every lane takes part in the shuffles
+  const int lane = int(threadIdx.x % L);
+  const int64_t c = int64_t(lane) * V;
+  C den = 1, dot = 0;
+  if (valid) {
+    den = convert<C>(both[row * Dp + Dv]);
+    C gv[V], yv[V];
+    load_row<T, V>(g + row * Dv, c, gv);
+    load_row<T, V>(y + row * Dv, c, yv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      dot += gv[e] * yv[e];
+      gv[e] /= den;
+    }
+    store_row<T, V>(dboth + row * Dp, c, gv);
+  }
+  for (int s = L / 2; s > 0; s /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, s);
+  if (!valid) return;
+  for (int64_t j = Dv + lane; j < Dp; j += L) dboth[row * Dp + j] = convert<T>(j == Dv ? -dot / den : C(0));
+}
+
 void check_rows(const char* op, const Tensor& a, const Tensor& b, const Tensor& row_values) {
   KILN_CHECK(a.is_contiguous() && b.is_contiguous() && a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
                  row_values.is_contiguous() && a.device() == b.device() && row_values.device() == a.device(),
@@ -177,6 +232,31 @@ void check_rows(const char* op, const Tensor& a, const Tensor& b, const Tensor& 
 }
 
 unsigned warp_rows_blocks(int64_t rows) { return unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+// Blocks of 256 threads, L to a row.
+unsigned vec_rows_blocks(int64_t rows, int L) { return unsigned((rows * L + 255) / 256); }
+
+// The lanes a row of Dv elements takes at 16 bytes a lane, where the ratio kernels' vector form applies
+// (Dv and Dp multiples of 16 bytes, Dv / V a power of two up to 32, aligned tensors); 0 where it does not.
+template <class T>
+int vec_lanes(int64_t Dv, int64_t Dp, std::initializer_list<const void*> pointers) {
+  if (!rows_vectorizable<T>(Dv, pointers) || Dp % kRowVec<T> != 0) return 0;
+  const int64_t L = Dv / kRowVec<T>;
+  return L >= 1 && L <= 32 && (L & (L - 1)) == 0 ? int(L) : 0;
+}
+
+// Calls f with std::integral_constant<int, L> for L in 4, 8, 16, 32 (heads of 32 to 256 16-bit or f32 values);
+// false for any other L (the warp-per-row kernels then).
+template <class F>
+bool by_lanes(int L, F&& f) {
+  switch (L) {
+    case 4: f(std::integral_constant<int, 4>()); return true;
+    case 8: f(std::integral_constant<int, 8>()); return true;
+    case 16: f(std::integral_constant<int, 16>()); return true;
+    case 32: f(std::integral_constant<int, 32>()); return true;
+    default: return false;
+  }
+}
 
 }  // namespace
 
@@ -256,6 +336,27 @@ void kernels::exp_features_backward(const Tensor& dout, const Tensor& out, doubl
   });
 }
 
+void kernels::zero_above_diagonal(const Tensor& x) {
+  NvtxRange range("zero_above_diagonal");
+  const int64_t C = x.size(-1);
+  KILN_CHECK(x.is_contiguous() && x.dim() >= 2 && x.size(-2) == C, "zero_above_diagonal: expected contiguous square "
+             "matrices (..., C, C), got ", x.str());
+  DeviceGuard guard(x.device().index);
+  const int64_t rows = C > 0 ? x.numel() / C : 0;
+  if (rows == 0) return;
+  const size_t es = x.element_size();
+  auto launch = [&](auto w) {
+    using W = decltype(w);
+    zero_above_diagonal_kernel<W><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+        static_cast<W*>(x.raw_data()), rows, C);
+  };
+  if (es == 2) launch(uint16_t());
+  else if (es == 4) launch(uint32_t());
+  else if (es == 8) launch(uint64_t());
+  else KILN_FAIL("zero_above_diagonal: unsupported element size ", es, " of ", x.str());
+  KILN_LAUNCH_CHECK("zero_above_diagonal_kernel", "zero_above_diagonal");
+}
+
 void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
   NvtxRange range("divide_by_column");
   const int64_t Dp = both.size(-1), Dv = out.size(-1), rows = out.numel() / std::max<int64_t>(Dv, 1);
@@ -267,8 +368,15 @@ void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
   if (rows == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(both.dtype(), "divide_by_column", {
     using T = device_t<scalar_t>;
-    divide_by_column_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
-        static_cast<const T*>(both.raw_data()), static_cast<T*>(out.raw_data()), rows, Dp, Dv);
+    const int L = vec_lanes<T>(Dv, Dp, {both.raw_data(), out.raw_data()});
+    auto vec = [&](auto lanes) {
+      constexpr int kL = decltype(lanes)::value;
+      divide_by_column_vec_kernel<T, kL><<<vec_rows_blocks(rows, kL), 256, 0, current_stream()>>>(
+          static_cast<const T*>(both.raw_data()), static_cast<T*>(out.raw_data()), rows, Dp, Dv);
+    };
+    if (!by_lanes(L, vec))
+      divide_by_column_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(both.raw_data()), static_cast<T*>(out.raw_data()), rows, Dp, Dv);
     KILN_LAUNCH_CHECK("divide_by_column_kernel", "divide_by_column");
   });
 }
@@ -285,9 +393,17 @@ void kernels::divide_by_column_backward(const Tensor& dout, const Tensor& both, 
   if (rows == 0) return;
   KILN_CUDA_DISPATCH_FLOATING(both.dtype(), "divide_by_column_backward", {
     using T = device_t<scalar_t>;
-    divide_by_column_backward_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
-        static_cast<const T*>(dout.raw_data()), static_cast<const T*>(both.raw_data()),
-        static_cast<const T*>(out.raw_data()), static_cast<T*>(dboth.raw_data()), rows, Dp, Dv);
+    const int L = vec_lanes<T>(Dv, Dp, {dout.raw_data(), both.raw_data(), out.raw_data(), dboth.raw_data()});
+    auto vec = [&](auto lanes) {
+      constexpr int kL = decltype(lanes)::value;
+      divide_by_column_backward_vec_kernel<T, kL><<<vec_rows_blocks(rows, kL), 256, 0, current_stream()>>>(
+          static_cast<const T*>(dout.raw_data()), static_cast<const T*>(both.raw_data()),
+          static_cast<const T*>(out.raw_data()), static_cast<T*>(dboth.raw_data()), rows, Dp, Dv);
+    };
+    if (!by_lanes(L, vec))
+      divide_by_column_backward_kernel<T><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(dout.raw_data()), static_cast<const T*>(both.raw_data()),
+          static_cast<const T*>(out.raw_data()), static_cast<T*>(dboth.raw_data()), rows, Dp, Dv);
     KILN_LAUNCH_CHECK("divide_by_column_backward_kernel", "divide_by_column_backward");
   });
 }

@@ -135,11 +135,11 @@ Tensor orthogonal_random_projection(int64_t m, int64_t d, Generator* gen = nullp
 // that cancels in the attention (nn/functional_performer.cpp).
 Tensor random_features(const Tensor& x, const Tensor& projection, RandomFeatureKernel kernel, bool is_query);
 // out = φ(Q)(φ(K)ᵀV) / (φ(Q) Σ_j φ(k_j)) for q, k (..., T, D), v (..., T, Dv); causal (query t sees keys
-// j <= t) by prefix sums over chunks of `chunk` positions. Composed of differentiable ops (autograd's
-// gradients); under autocast its GEMMs run in the autocast dtype, the features and chunk sums in f32.
+// j <= t) by prefix sums over chunks of `chunk` positions. Differentiable; under autocast its GEMMs run in
+// the autocast dtype, the features' statistics and the chunk sums in f32.
 Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& projection,
                            bool causal = false, RandomFeatureKernel kernel = RandomFeatureKernel::softmax,
-                           int64_t chunk = 256);
+                           int64_t chunk = 128);
 
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel_size{2, 2};

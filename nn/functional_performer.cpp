@@ -1,6 +1,6 @@
 // Random-feature attention (Performer's FAVOR+, Choromanski et al. 2021; ../shared/ALGORITHMS.md,
-// docs/sketched.md), composed of differentiable ops: every gradient is autograd's, and every op runs on
-// both devices.
+// docs/sketched.md). Every op runs on both devices; three nodes have hand-written backwards (the softmax
+// features, the causal chunks' products, the final ratio), checked against finite differences in f64.
 //
 // Features of x (..., T, D) through a projection Ω (m, D), with x' = x · D^(-1/4):
 //   softmax kernel  φ(x) = m^(-1/2) · (exp(Ω x' − ‖x'‖²/2 − c) + 1e-5),   E[φ(q)ᵀφ(k)] ∝ exp(qᵀk / √D)
@@ -14,18 +14,13 @@
 // to a multiple of 8, so rows stay 16-byte aligned for the GEMMs): [V | 1] carries the denominator through
 // the numerator's own products, φ(K_c)ᵀ[V_c | 1] = [S_c | z_c], and no separate sum (with its copies and
 // broadcast gradients) is needed. The chunks' own sums are one batched GEMM, their exclusive running sums
-// over the chunks one exclusive cumsum (summed in f32), and within a chunk the masked C x C products times
-// [V_c | 1].
-// Time and memory are linear in T: the largest tensors are the
-// features (T x m per head) and the chunk states ((T / C) x m x D_p per head). C defaults to 256: on an H200
-// at m = 256, D = 64 it measured faster than 128 and 64 at T = 8192 (2.76 against 3.08 and 3.87 ms) and
-// 32768 (9.44 against 10.8 and 13.9 ms), with less memory: the states shrink as C grows while the C x C
-// products grow (docs/sketched.md).
+// over the chunks one exclusive cumsum (summed in f32), and within a chunk the C x C products with their
+// upper triangle zeroed, times [V_c | 1]; the output is the numerator columns over the ones column.
+// Time and memory are linear in T: the largest tensors are the features (T x m per head), the chunk states
+// ((T / C) x m x D_p per head) and the chunks' products (T x C per head). C defaults to 128: at m = 256,
+// D = 64 it measured faster than 256 and 64 on an H100 and an H200, at T = 8192 and 32768 (docs/sketched.md).
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <vector>
 
 #include <kiln/core/kernels/gemm.h>
@@ -104,20 +99,6 @@ Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool 
   return out;
 }
 
-// The constant lower-triangular (C, C) mask of the chunks' own products, made once per chunk size, dtype and
-// device (a tril of ones costs a handful of small kernels and host round trips on every call otherwise).
-Tensor causal_chunk_mask(int64_t chunk, DType dtype, Device device) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int64_t, int, int, int>, Tensor> masks;
-  const std::lock_guard<std::mutex> lock(mutex);
-  Tensor& mask = masks[{chunk, int(dtype), int(device.type), device.index}];
-  if (!mask.defined()) {
-    NoGradGuard ng;
-    mask = tril(ones({chunk, chunk}, {.dtype = dtype, .device = device}));
-  }
-  return mask;
-}
-
 // kernels::bmm into a new (B, M, N) tensor of a's dtype and device.
 Tensor bmm_into_new(const Tensor& a, const Tensor& b) {
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
@@ -126,34 +107,35 @@ Tensor bmm_into_new(const Tensor& a, const Tensor& b) {
 }
 
 // The causal chunks' products as one node, for qc, kc (B3, C, m) and vc = [V | 1 | 0 ...] chunks (B3, C, Dp),
-// B3 = BH·nc with a head's nc chunks consecutive, and the (C, C) lower-triangular mask M:
+// B3 = BH·nc with a head's nc chunks consecutive, and M the (C, C) lower-triangular mask (keys j <= t):
 //   S_c = kc_cᵀ·vc_c,  Sb = the exclusive running sum of S over a head's chunks,  A = (qc·kcᵀ) ⊙ M,
 //   both = qc·Sb + A·vc                                                       (B3, C, Dp)
 // Backward, with G = dboth: dA = (G·vcᵀ) ⊙ M, dS = the reverse exclusive running sum of qcᵀ·G, and
 //   dqc = G·Sbᵀ + dA·kc,  dkc = dAᵀ·qc + vc·dSᵀ,  dvc = Aᵀ·G + kc·dS
 // each second product added into the first's output by the GEMM (kernels::bmm_add) rather than by a pass of
 // its own: autograd's composition accumulated qc, kc and vc's gradients with (T, m)-sized adds.
-Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Tensor& vc_in, const Tensor& mask,
-                             int64_t BH, int64_t nc) {
+// The mask is applied in place (kernels::zero_above_diagonal: the upper triangle zeroed, nothing read).
+Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Tensor& vc_in, int64_t BH, int64_t nc) {
   const Tensor qc = qc_in.contiguous(), kc = kc_in.contiguous(), vc = vc_in.contiguous();
   const int64_t B3 = qc.size(0), m = qc.size(2), Dp = vc.size(2);
   Tensor sb, a, both;
   {
     NoGradGuard ng;
     sb = cumsum(bmm_into_new(kc.transpose(1, 2), vc).reshape({BH, nc, m, Dp}), 1, /*exclusive=*/true).reshape({B3, m, Dp});
-    a = mul(bmm_into_new(qc, kc.transpose(1, 2)), mask);
+    a = bmm_into_new(qc, kc.transpose(1, 2));
+    kernels::zero_above_diagonal(a);
     both = bmm_into_new(qc, sb);
     kernels::bmm_add(a, vc, both);
   }
   if (any_requires_grad({qc_in, kc_in, vc_in}))
     record("causal_chunk_products", {qc_in, kc_in, vc_in}, {both},
-           [sq = SavedTensor(qc), sk = SavedTensor(kc), sv = SavedTensor(vc), sb, a, mask, BH, nc, B3, m,
-            Dp](const Grads& g) {
+           [sq = SavedTensor(qc), sk = SavedTensor(kc), sv = SavedTensor(vc), sb, a, BH, nc, B3, m, Dp](const Grads& g) {
              NoGradGuard ng;
              const char* op = "causal_chunk_products";
              const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op);
              const Tensor G = cast(g[0], q.dtype()).contiguous();
-             const Tensor da = mul(bmm_into_new(G, v.transpose(1, 2)), mask);
+             const Tensor da = bmm_into_new(G, v.transpose(1, 2));
+             kernels::zero_above_diagonal(da);
              const Tensor ds = cumsum(bmm_into_new(q.transpose(1, 2), G).reshape({BH, nc, m, Dp}), 1, true, true)
                                    .reshape({B3, m, Dp});
              Tensor dq = bmm_into_new(G, sb.transpose(1, 2)), dk = bmm_into_new(da.transpose(1, 2), q),
@@ -286,12 +268,10 @@ Tensor performer_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
     }
     auto chunk3 = [&](const Tensor& x) { return chunks(x).reshape({BH * nc, chunk, x.size(-1)}); };
     // Each chunk's φ(K)ᵀ[V | 1] = [S | z] (m, Dp); their sums over the chunks before (one exclusive running
-    // sum over the T / C chunks, in f32); within a chunk, keys j <= t, the C x C products times a constant
-    // lower-triangular mask (a broadcast multiply, where tril would select through a bool mask); then
-    // [numerator | denominator | 0 ...] of every position, (BH, Tp, Dp), and their ratio.
-    Tensor both = causal_chunk_products(chunk3(qf), chunk3(kf), chunk3(cat({vt, pad}, -1)),
-                                        causal_chunk_mask(chunk, t, q.device()), BH, nc)
-                      .reshape({BH, Tp, Dp});
+    // sum over the T / C chunks, in f32); within a chunk, keys j <= t, the C x C products with their upper
+    // triangle zeroed; then [numerator | denominator | 0 ...] of every position, (BH, Tp, Dp), and their ratio.
+    Tensor both =
+        causal_chunk_products(chunk3(qf), chunk3(kf), chunk3(cat({vt, pad}, -1)), BH, nc).reshape({BH, Tp, Dp});
     if (Tp != T) both = both.narrow(1, 0, T);
     Shape s = lead;
     s.push_back(T);

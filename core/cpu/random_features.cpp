@@ -1,6 +1,7 @@
 // The random-feature kernels on the CPU (core/kernels/random_features.h): a row a task, in the compute dtype.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include <kiln/core/cpu/strided.h>
@@ -99,6 +100,16 @@ void divide_by_column_backward_rows(const Tensor& dout, const Tensor& both, cons
 }
 
 }  // namespace
+
+void kernels::zero_above_diagonal(const Tensor& x) {
+  const int64_t C = x.size(-1), B = x.numel() / std::max<int64_t>(C * C, 1);
+  auto* bytes = static_cast<unsigned char*>(x.raw_data());
+  const size_t es = x.element_size();
+  parallel_for(B * C, C, [&](int64_t row) {  // row i of matrix b: columns i + 1 .. C - 1 (all-zero bits are 0)
+    const int64_t i = row % C;
+    if (i + 1 < C) std::memset(bytes + size_t(row * C + i + 1) * es, 0, size_t(C - i - 1) * es);
+  });
+}
 
 void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
   KILN_DISPATCH_FLOATING(both.dtype(), "divide_by_column", divide_by_column_rows<scalar_t>(both, out));

@@ -17,6 +17,10 @@ KILN_KERNEL(exp_features, void(const Tensor& p, const Tensor& r, double offset, 
 KILN_KERNEL(exp_features_backward,
             void(const Tensor& dout, const Tensor& out, double offset, const Tensor& dp, const Tensor& dr));
 
+// x (B, C, C) contiguous, in place: x[b, i, j] = 0 where j > i (the causal chunks' own products, keys after
+// the query dropped); the lower triangle is neither read nor written.
+KILN_KERNEL(zero_above_diagonal, void(const Tensor& x));
+
 // out (M, Dv) = both[:, :Dv] / both[:, Dv] for both (M, Dp), Dp > Dv, contiguous, of one floating dtype:
 // the numerators over the denominator column; computed in the compute dtype. Backward from dout (M, Dv),
 // with out: dboth[:, :Dv] = dout / den, dboth[:, Dv] = −Σ_j dout_j·out_j / den, dboth[:, Dv+1:] = 0.

@@ -58,7 +58,8 @@ TEST(CudaPerformer, MatchesCpu) {
 
 // The kernels themselves, GPU against CPU, on rows that move 16 bytes a lane (m 256, D 64, Dv 64 of 72) and
 // rows that do not (m 13, D 5, Dv 7 of 9), in f32, bf16 and f64: the row maxima and their first indices
-// exactly (ties included: a row of equal values), the rest to the dtype's rounding.
+// exactly (ties included: a row of equal values), the causal chunk mask exactly, the rest to the dtype's
+// rounding.
 TEST(CudaPerformer, KernelsMatchTheCpuOnEveryRowLayout) {
   KILN_REQUIRE_GPU();
   manual_seed(52);
@@ -107,6 +108,12 @@ TEST(CudaPerformer, KernelsMatchTheCpuOnEveryRowLayout) {
       kernels::divide_by_column_backward(g.to(gpu()), both.to(gpu()), o.to(gpu()), gdb);
       EXPECT_LT(rel_err(gdb.cpu(), db), tol) << what;
       EXPECT_EQ(sum(abs(db.narrow(1, s.Dv + 1, s.Dp - s.Dv - 1))).item<double>(), 0.0) << what;  // padding: 0
+      // the chunks' causal mask in place: the upper triangle zeroed, the rest untouched
+      const Tensor sq = rand_t({3, s.m, s.m}, t), zc = sq.clone(), zg = sq.to(gpu());
+      kernels::zero_above_diagonal(zc);
+      kernels::zero_above_diagonal(zg);
+      EXPECT_EQ(rel_err(zg.cpu(), zc), 0.0) << what;
+      EXPECT_EQ(rel_err(zc, tril(sq)), 0.0) << what;
     }
 }
 
