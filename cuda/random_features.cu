@@ -100,6 +100,49 @@ __global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __res
   }
 }
 
+// feature_row_stats' pass, then (every lane holding the row's results after the xor shuffles) the features
+// with r = s2·‖x‖²/2 + max + shift, the row read again from cache.
+template <class T, int V>
+__global__ void exp_features_rowmax_kernel(const T* __restrict__ p, const T* __restrict__ x, compute_t<T> half_s2,
+                                           compute_t<T> shift, compute_t<T> offset, T* __restrict__ out,
+                                           int64_t* __restrict__ rowarg, int64_t rows, int64_t m, int64_t D) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  C best = -INFINITY;
+  int64_t at = 0;
+  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(p + row * m, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (v[e] > best) best = v[e], at = c + e;
+  }
+  C ss = 0;
+  for (int64_t c = int64_t(lane) * V; c < D; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(x + row * D, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) ss += v[e] * v[e];
+  }
+  for (int s = 16; s > 0; s /= 2) {
+    const C ob = __shfl_xor_sync(0xffffffffu, best, s);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, s);
+    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
+    ss += __shfl_xor_sync(0xffffffffu, ss, s);
+  }
+  if (lane == 0) rowarg[row] = at;
+  const C h = half_s2 * ss, r = C(h + best) + shift;
+  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
+    C v[V];
+    load_row<T, V>(p + row * m, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = C(exp(v[e] - r)) + offset;
+    store_row<T, V>(out + row * m, c, v);
+  }
+}
+
 template <class T, int V>
 __global__ void exp_features_kernel(const T* __restrict__ p, const compute_t<T>* __restrict__ r, compute_t<T> offset,
                                     T* __restrict__ out, int64_t rows, int64_t m) {
@@ -287,6 +330,34 @@ void kernels::feature_row_stats(const Tensor& p, const Tensor& x, double s2, con
     else
       launch(std::integral_constant<int, 1>());
     KILN_LAUNCH_CHECK("feature_row_stats_kernel", "feature_row_stats");
+  });
+}
+
+void kernels::exp_features_rowmax(const Tensor& p, const Tensor& x, double s2, double shift, double offset,
+                                  const Tensor& out, const Tensor& rowarg) {
+  NvtxRange range("exp_features_rowmax");
+  check_rows("exp_features_rowmax", p, out, rowarg);
+  const int64_t m = p.size(-1), D = x.size(-1), rows = p.numel() / std::max<int64_t>(m, 1);
+  KILN_CHECK(x.is_contiguous() && p.dtype() == x.dtype() && x.numel() == rows * D && rowarg.numel() == rows &&
+                 rowarg.dtype() == DType::i64 && x.device() == p.device(),
+             "exp_features_rowmax: expected x (M, D) of p's dtype and an M-element i64 rowarg, got ", p.str(), ", ",
+             x.str(), ", ", rowarg.str());
+  DeviceGuard guard(p.device().index);
+  if (rows == 0) return;
+  KILN_CUDA_DISPATCH_FLOATING(p.dtype(), "exp_features_rowmax", {
+    using T = device_t<scalar_t>;
+    using C = compute_t<T>;
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      exp_features_rowmax_kernel<T, V><<<warp_rows_blocks(rows), 32 * kWarpsPerBlock, 0, current_stream()>>>(
+          static_cast<const T*>(p.raw_data()), static_cast<const T*>(x.raw_data()), C(0.5 * s2), C(shift), C(offset),
+          static_cast<T*>(out.raw_data()), static_cast<int64_t*>(rowarg.raw_data()), rows, m, D);
+    };
+    if (rows_vectorizable<T>(m, {p.raw_data(), out.raw_data()}) && rows_vectorizable<T>(D, {x.raw_data()}))
+      launch(std::integral_constant<int, kRowVec<T>>());
+    else
+      launch(std::integral_constant<int, 1>());
+    KILN_LAUNCH_CHECK("exp_features_rowmax_kernel", "exp_features_rowmax");
   });
 }
 

@@ -46,8 +46,9 @@ void check_projection(const Tensor& x, const Tensor& projection, const char* op)
 // The softmax-kernel features of p = x'·Ωᵀ (..., T, m), x' = s·x, as one node:
 //   φ_ij = exp(p_ij − r_i) + offset,   r_i = s2·‖x_i‖²/2 + c_i + log_sqrt_m      (s2 = s²)
 // with the stabilizer c_i the row's max of p (queries: per_row) or the max over the whole (T, m) of the row's
-// head (keys). Forward: the rows' statistics (max, its index, the norm) in one pass over p and x
-// (kernels::feature_row_stats), then exp_features. Backward, with dp = dφ·(φ − offset) and
+// head (keys). Forward: for queries one kernel (kernels::exp_features_rowmax); for keys the rows' statistics
+// (max, its index, the norm) in one pass over p and x (kernels::feature_row_stats), each head's maximum of
+// them, then exp_features. Backward, with dp = dφ·(φ − offset) and
 // dr_i = −Σ_j dp_ij from exp_features_backward: dx_i = dr_i·s2·x_i, and each stabilizer's gradient, the sum of
 // its rows' dr, added at the element of p it was taken from (its exact gradient, nonzero only through the
 // offset, which the stabilizer does not scale); no (T, m) mask or gather is formed either way.
@@ -61,20 +62,20 @@ Tensor softmax_features(const Tensor& p_in, const Tensor& x_in, double s2, bool 
   Tensor out = empty(p.sizes(), {.dtype = p.dtype(), .device = p.device()});
   Tensor at_elem;  // where each stabilizer's element sits: its column in the row (M, 1), or its index in the
                    // head's (T·m) elements (G, 1)
-  {
+  if (per_row) {  // one kernel: each row's statistics and its features
+    NoGradGuard ng;
+    const Tensor rowarg = empty({M}, i_opts);
+    kernels::exp_features_rowmax(p.reshape({M, m}), x.reshape({M, D}), s2, log_sqrt_m, offset, out.reshape({M, m}),
+                                 rowarg);
+    at_elem = rowarg.reshape({M, 1});
+  } else {
     NoGradGuard ng;
     Tensor rowmax = empty({M}, c_opts), rowarg = empty({M}, i_opts), h = empty({M}, c_opts);
     kernels::feature_row_stats(p.reshape({M, m}), x.reshape({M, D}), s2, rowmax, rowarg, h);
-    Tensor r;
-    if (per_row) {
-      r = add(add(h, rowmax), log_sqrt_m);
-      at_elem = rowarg.reshape({M, 1});
-    } else {
-      const Tensor heads = rowmax.reshape({G, T});
-      const Tensor at = argmax(heads, 1, true);  // (G, 1): the row of each head's maximum
-      r = add(add(h.reshape({G, T}), gather(heads, 1, at)), log_sqrt_m).reshape({M});
-      at_elem = add(mul(at, double(m)), gather(rowarg.reshape({G, T}), 1, at));
-    }
+    const Tensor heads = rowmax.reshape({G, T});
+    const Tensor at = argmax(heads, 1, true);  // (G, 1): the row of each head's maximum
+    const Tensor r = add(add(h.reshape({G, T}), gather(heads, 1, at)), log_sqrt_m).reshape({M});
+    at_elem = add(mul(at, double(m)), gather(rowarg.reshape({G, T}), 1, at));
     kernels::exp_features(p.reshape({M, m}), r, offset, out.reshape({M, m}));
   }
   if (any_requires_grad({p_in, x_in}))

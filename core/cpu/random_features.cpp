@@ -111,6 +111,21 @@ void kernels::zero_above_diagonal(const Tensor& x) {
   });
 }
 
+void kernels::exp_features_rowmax(const Tensor& p, const Tensor& x, double s2, double shift, double offset,
+                                  const Tensor& out, const Tensor& rowarg) {
+  const int64_t m = p.size(-1), M = p.numel() / std::max<int64_t>(m, 1);
+  const DType ct = p.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor rowmax = empty({M}, {.dtype = ct}), h = empty({M}, {.dtype = ct}), r = empty({M}, {.dtype = ct});
+  kernels::feature_row_stats(p, x, s2, rowmax, rowarg, h);
+  KILN_DISPATCH_FLOATING(ct, "exp_features_rowmax", {
+    const scalar_t* mx = static_cast<const scalar_t*>(rowmax.raw_data());
+    const scalar_t* hh = static_cast<const scalar_t*>(h.raw_data());
+    scalar_t* rr = static_cast<scalar_t*>(r.raw_data());
+    for (int64_t i = 0; i < M; ++i) rr[i] = scalar_t(hh[i] + mx[i]) + scalar_t(shift);
+  });
+  kernels::exp_features(p, r, offset, out);
+}
+
 void kernels::divide_by_column(const Tensor& both, const Tensor& out) {
   KILN_DISPATCH_FLOATING(both.dtype(), "divide_by_column", divide_by_column_rows<scalar_t>(both, out));
 }

@@ -12,6 +12,11 @@ KILN_KERNEL(feature_row_stats, void(const Tensor& p, const Tensor& x, double s2,
 // terms (‖x'‖²/2, the stabilizer, ln √m) are folded into r. p and out contiguous, of one floating dtype; r
 // contiguous in the compute dtype (f32; f64 for f64). Computed in the compute dtype and rounded once.
 KILN_KERNEL(exp_features, void(const Tensor& p, const Tensor& r, double offset, const Tensor& out));
+// The queries' features in one kernel: out = exp(p − r) + offset with r_i = s2·‖x_i‖²/2 + max_j p_ij + shift
+// (each row its own stabilizer), and rowarg as feature_row_stats gives it; the same values as
+// feature_row_stats, r summed in that order in the compute dtype, then exp_features.
+KILN_KERNEL(exp_features_rowmax, void(const Tensor& p, const Tensor& x, double s2, double shift, double offset,
+                                      const Tensor& out, const Tensor& rowarg));
 // Its gradient from dout (M, m): dp = dout · (out − offset) (that is dout · exp(p − r)) in out's dtype, and
 // dr (M) = −Σ_row dp in the compute dtype, summed before rounding.
 KILN_KERNEL(exp_features_backward,

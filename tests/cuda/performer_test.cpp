@@ -88,6 +88,14 @@ TEST(CudaPerformer, KernelsMatchTheCpuOnEveryRowLayout) {
       EXPECT_EQ(garg.cpu().to_vector<int64_t>(), arg.to_vector<int64_t>()) << what;
       EXPECT_EQ(arg.to_vector<int64_t>()[3], 0) << what;
       EXPECT_LT(rel_err(gh.cpu(), h), tol) << what;
+      // the queries' one-kernel form: the same row indices, features to rounding
+      const Tensor yq = empty({s.M, s.m}, on), gyq = empty({s.M, s.m}, on_gpu(on));
+      const Tensor aq = empty({s.M}, {.dtype = DType::i64}), gaq = empty({s.M}, {.dtype = DType::i64, .device = gpu()});
+      kernels::exp_features_rowmax(p, x, 0.3, 1.7, 1e-3, yq, aq);
+      kernels::exp_features_rowmax(p.to(gpu()), x.to(gpu()), 0.3, 1.7, 1e-3, gyq, gaq);
+      EXPECT_EQ(gaq.cpu().to_vector<int64_t>(), arg.to_vector<int64_t>()) << what;
+      EXPECT_EQ(aq.to_vector<int64_t>(), arg.to_vector<int64_t>()) << what;
+      EXPECT_LT(rel_err(gyq.cpu(), yq), tol) << what;
       const Tensor r = mul(rand_t({s.M}, c.dtype), 0.1), y = empty({s.M, s.m}, on), gy = empty({s.M, s.m}, on_gpu(on));
       kernels::exp_features(p, r, 1e-3, y);
       kernels::exp_features(p.to(gpu()), r.to(gpu()), 1e-3, gy);
