@@ -128,7 +128,7 @@ Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const 
     return out;
   }
   kernels::scaled_gemm(a, b, scale_a.reshape({1}), scale_b.reshape({1}), bias.defined() ? bias.contiguous() : bias,
-                       out, use_fast_accum);
+                       out, use_fast_accum, Tensor());
   return out;
 }
 

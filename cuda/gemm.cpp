@@ -356,7 +356,7 @@ namespace {
 struct Fp8PlanKey {
   int device, a_dtype, b_dtype, out_dtype;
   int64_t m, n, k, lda, ldb;
-  bool bias, fast_accum;
+  bool bias, fast_accum, gelu;
   int sm_target;
   auto operator<=>(const Fp8PlanKey&) const = default;
 };
@@ -375,12 +375,20 @@ Plan build_fp8_plan(const Fp8PlanKey& key, size_t workspace_bytes) {
     int32_t sms = key.sm_target;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
   }
-  if (key.bias) {
-    const uint32_t kind = CUBLASLT_EPILOGUE_BIAS;
+  const cudaDataType_t out_type = type_info(DType(key.out_dtype), false).data;
+  if (key.bias || key.gelu) {
+    const uint32_t kind = key.gelu ? (key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                   : CUBLASLT_EPILOGUE_BIAS;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
-    const cudaDataType_t bias_type = type_info(DType(key.out_dtype), false).data;
+  }
+  if (key.bias)
     KILN_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type, sizeof(out_type)));
+  if (key.gelu) {  // the pre-activation ("aux") matrix: (M, N) row-major, as the output
+    const int64_t ld = key.n;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &out_type, sizeof(out_type)));
   }
   // cuBLASLt's A = our b: (K x N) column-major with leading dim ldb, op T; its B = our a: (K x M), ld lda, op N
   p.la = make_layout(fp8_type(DType(key.b_dtype)), key.k, key.n, key.ldb, 1, 0);
@@ -412,8 +420,12 @@ std::map<Fp8PlanKey, Plan>& fp8_plans() {
 }  // namespace
 
 void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                          const Tensor& bias, const Tensor& out, bool fast_accum) {
+                          const Tensor& bias, const Tensor& out, bool fast_accum, const Tensor& pre_gelu) {
   NvtxRange range("scaled_gemm");
+  if (pre_gelu.defined())
+    KILN_CHECK(pre_gelu.sizes() == out.sizes() && pre_gelu.dtype() == out.dtype() && pre_gelu.is_contiguous() &&
+                   pre_gelu.device() == out.device() && alignment_of(pre_gelu.raw_data()) >= 16,
+               "scaled_gemm: pre_gelu ", pre_gelu.str(), " must be a 16-byte aligned contiguous tensor like ", out.str());
   KILN_CHECK(a.device().is_cuda() && b.device() == a.device() && out.device() == a.device() &&
                  scale_a.device() == a.device() && scale_b.device() == a.device() &&
                  (!bias.defined() || bias.device() == a.device()),
@@ -426,16 +438,22 @@ void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_
   size_t ws_bytes = 0;
   void* ws = cublaslt_workspace(&ws_bytes);
   Fp8PlanKey key{out.device().index, int(a.dtype()), int(b.dtype()), int(out.dtype()), M, N, K,
-                 a.stride(0), b.stride(1), bias.defined(), fast_accum, 0};
+                 a.stride(0), b.stride(1), bias.defined(), fast_accum, pre_gelu.defined(), 0};
   if (int carve = sm_carveout_count().load(std::memory_order_relaxed); carve > 0) {
     int sms = 0;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, key.device));
     key.sm_target = std::max(1, sms - carve);
   }
   // the pointers live in the shared descriptor: set and launch under the lock
-  std::lock_guard<std::mutex> lock(plan_mutex());
+  std::unique_lock<std::mutex> lock(plan_mutex());
   auto it = fp8_plans().find(key);
   if (it == fp8_plans().end()) it = fp8_plans().emplace(key, build_fp8_plan(key, ws_bytes)).first;
+  if (key.gelu && !it->second.found) {  // no GELU epilogue for it: the product into pre_gelu, then the GELU
+    lock.unlock();
+    kernels::scaled_gemm(a, b, scale_a, scale_b, bias, pre_gelu, fast_accum, Tensor());
+    kernels::unary(UnaryOp::gelu_tanh, pre_gelu, out, 0.0, 0.0);
+    return;
+  }
   const Plan& plan = it->second;
   KILN_CHECK(plan.found, "scaled_gemm: cuBLASLt has no FP8 algorithm for (", M, " x ", K, ") · (", K, " x ", N, ") ",
              dtype_name(a.dtype()), " x ", dtype_name(b.dtype()), " -> ", dtype_name(out.dtype()),
@@ -448,6 +466,11 @@ void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_
   if (bias.defined()) {
     const void* bp = bias.raw_data();
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  if (pre_gelu.defined()) {
+    const void* ap = pre_gelu.raw_data();
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof(ap)));
   }
   const float alpha = 1.0f, beta = 0.0f;
   KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, &alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb,

@@ -191,4 +191,10 @@ bool kernels::linear_backward_f32_params(const Tensor& dy, const Tensor& x, cons
   return true;
 }
 
+bool kernels::gelu_tanh_backward_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
+  if (!dy.device().is_cuda()) return false;
+  DeviceGuard guard(dy.device().index);
+  return gelu_tanh_backward_with_bias(dy, pre, dz, db);
+}
+
 }  // namespace kiln::cuda

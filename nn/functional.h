@@ -28,6 +28,10 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 // must outlive the backward pass.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                   Fp8ScalingState* scaling = nullptr);
+// gelu_tanh(fp8_linear(x, weight, bias, scaling)) as one node: the GELU in the FP8 product's epilogue, its
+// backward and the bias gradient in one pass before the output gradient is quantized (linear_gelu in FP8).
+Tensor fp8_linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                       Fp8ScalingState* scaling = nullptr);
 // The sketched linear layer (nn::SKLinear, ../shared/ALGORITHMS.md): over the last dim of x (..., in),
 //   y = 1/(2L) · Σ_i ( x · s1_i · u1_i + x · u2_i · s2_i ) + bias
 // with s1 (L, in, k), s2 (L, k, out) trained, u1 (L, k, out), u2 (L, in, k) fixed sketches (they take no

@@ -12,7 +12,9 @@
 // layer's amax history).
 #include <cmath>
 
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/kernels/fp8.h>
+#include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
 #include <kiln/nn/functional.h>
@@ -54,8 +56,14 @@ Quantized quantize(const Tensor& t, DType format, Fp8ScalingState* scaling = nul
 
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8ScalingState* scaling) {
-  const char* op = "fp8_linear";
+namespace {
+
+// fp8_linear, and with gelu its GELU (tanh approximation) in the FP8 product's epilogue: forward
+// out = gelu_tanh(z) with z = x_q·w_qᵀ/(s_x s_w) + b kept for backward (cuBLASLt's GELU_AUX_BIAS: one
+// kernel for the product, its bias and the GELU, as the bf16 linear_gelu); backward dz = dy·gelu_tanh'(z)
+// and db = Σ_rows dz in one pass (the bf16 layer's kernel), then the FP8 products on dz.
+Tensor fp8_linear_node(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       Fp8ScalingState* scaling, bool gelu) {
   KILN_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
   KILN_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.str(),
              " and weight ", weight.str(), " (out_features, in_features) do not fit");
@@ -72,7 +80,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
              ") and the rows of the input (", M, ", from ", x.str(), ") must be multiples of 16");
   const DType out_dtype = x.dtype() == DType::bf16 || x.dtype() == DType::f16 ? x.dtype() : DType::f32;
   Quantized xq, wq;
-  Tensor out;
+  Tensor out, pre;  // pre: z, the GELU's input (gelu only)
   {
     NoGradGuard ng;
     if (scaling)
@@ -81,9 +89,20 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
     xq = quantize(x.reshape({M, K}), DType::f8e4m3, scaling, Fp8ScalingState::input);
     wq = quantize(weight, DType::f8e4m3, scaling, Fp8ScalingState::weight);
     const bool fused_bias = bias.defined() && out_dtype != DType::f32;  // cuBLASLt's bias epilogue: 16-bit outputs
-    out = scaled_mm(xq.codes, wq.codes.t(), xq.scale_inv, wq.scale_inv, out_dtype,
-                    fused_bias ? cast(bias, out_dtype) : Tensor());
-    if (bias.defined() && !fused_bias) out = add(out, cast(bias, out_dtype));
+    if (gelu && fused_bias) {  // product, bias and GELU in one epilogue
+      out = empty({M, N}, {.dtype = out_dtype, .device = x.device()});
+      pre = empty({M, N}, {.dtype = out_dtype, .device = x.device()});
+      kernels::scaled_gemm(xq.codes, wq.codes.t(), xq.scale_inv.reshape({1}), wq.scale_inv.reshape({1}),
+                           cast(bias, out_dtype).contiguous(), out, false, pre);
+    } else {
+      out = scaled_mm(xq.codes, wq.codes.t(), xq.scale_inv, wq.scale_inv, out_dtype,
+                      fused_bias ? cast(bias, out_dtype) : Tensor());
+      if (bias.defined() && !fused_bias) out = add(out, cast(bias, out_dtype));
+      if (gelu) {
+        pre = out;
+        out = kiln::gelu(pre, /*tanh_approximation=*/true);
+      }
+    }
   }
   Shape shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(N);
@@ -91,10 +110,20 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
   if (any_requires_grad({x, weight, bias})) {
     const bool rx = x.requires_grad(), rw = weight.requires_grad(), rb = bias.defined() && bias.requires_grad();
     record(op, {x, weight, bias}, {out},
-           [xq, wq, rx, rw, rb, M, K, N, scaling, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
+           [xq, wq, pre, gelu, rx, rw, rb, M, K, N, scaling, xs = x.sizes(), xdt = x.dtype(), wdt = weight.dtype(),
             bdt = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
              NoGradGuard ng;
-             const Tensor dy = g[0].reshape({M, N});
+             Tensor dy = g[0].contiguous().reshape({M, N});
+             const bool half = dy.dtype() == DType::bf16 || dy.dtype() == DType::f16;
+             Tensor db32 = rb ? empty({N}, {.dtype = DType::f32, .device = dy.device()}) : Tensor();
+             bool db_done = !rb;
+             if (gelu) {  // dz = dy·gelu_tanh'(z), with Σ_rows dz in the same pass where the device has it
+               const Tensor z = cast(pre, dy.dtype()).contiguous();
+               Tensor dz = empty({M, N}, {.dtype = dy.dtype(), .device = dy.device()});
+               db_done = rb && kernels::gelu_tanh_backward_bias(dy, z, dz, db32);
+               if (!db_done) kernels::binary(BinaryOp::gelu_tanh_backward, dy, z, dz);
+               dy = dz;
+             }
              const Quantized dq = quantize(dy, DType::f8e5m2, scaling, Fp8ScalingState::grad_output);
              Tensor dx, dw, db;
              if (rx) {  // dy_q (M, N) · w_q (N, K): w_q column-major, the transpose of its transposed codes
@@ -104,10 +133,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
              if (rw)  // dy_qᵀ (N, M) · x_q (M, K)
                dw = cast(scaled_mm(dq.codes_t, xq.codes_t.t(), dq.scale_inv, xq.scale_inv, DType::f32), wdt);
              if (rb) {  // Σ_rows dy: an f32 column sum straight from 16-bit dy where the device has one
-               Tensor db32 = empty({N}, {.dtype = DType::f32, .device = dy.device()});
-               const bool half = dy.dtype() == DType::bf16 || dy.dtype() == DType::f16;
-               if (!half || !kernels::linear_backward_f32_params(dy.contiguous(), Tensor(), Tensor(), Tensor(),
-                                                                  Epilogue::bias, Tensor(), Tensor(), db32))
+               if (!db_done && (!half || !kernels::linear_backward_f32_params(dy, Tensor(), Tensor(), Tensor(),
+                                                                               Epilogue::bias, Tensor(), Tensor(), db32)))
                  db32 = sum(cast(dy, DType::f32), {0});
                db = cast(db32, bdt);
              }
@@ -115,6 +142,16 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
            });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8ScalingState* scaling) {
+  return fp8_linear_node("fp8_linear", x, weight, bias, scaling, false);
+}
+
+Tensor fp8_linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8ScalingState* scaling) {
+  return fp8_linear_node("fp8_linear_gelu", x, weight, bias, scaling, true);
 }
 
 }  // namespace kiln::nn::functional

@@ -13,7 +13,6 @@
 #include <kiln/core/ops.h>
 #include <kiln/core/profiler.h>
 #include <kiln/core/random.h>
-#include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/functional.h>
 #include <kiln/nn/init.h>
 
@@ -50,10 +49,8 @@ GPTMLP::GPTMLP(const GPTConfig& c)
 
 Tensor GPTMLP::forward(const Tensor& x) {
   // fc with hooks runs as itself (the hooks see the pre-activation), as does a sketched fc (nn::sketch);
-  // otherwise fused with the GELU.
-  // Under Fp8Autocast it runs as itself too (an FP8 Linear, then the GELU).
-  Tensor a = fc.has_hooks() || fc.sketched() || fp8_enabled() ? gelu(fc(x), /*tanh_approximation=*/true)
-                                                               : functional::linear_gelu(x, fc.weight, fc.bias);
+  // otherwise fused with the GELU (in FP8 under Fp8Autocast: Linear::forward_gelu).
+  Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
   return drop(proj(a));
 }
 

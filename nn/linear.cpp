@@ -46,6 +46,19 @@ Tensor Linear::forward(const Tensor& x) {
   return functional::linear(x, weight, bias);
 }
 
+Tensor Linear::forward_gelu(const Tensor& x) {
+  KILN_CHECK(x.defined(), repr(), ": the input is undefined");
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, repr(), ": expected an input of shape [..., ", in_features_,
+             "], got ", x.str(), " (weight ", weight.str(), ")");
+  if (sketch_) return functional::gelu((*sketch_)(x), /*tanh_approximation=*/true);
+  if (fp8_enabled() && in_features_ % 16 == 0 && out_features_ % 16 == 0 && (x.numel() / in_features_) % 16 == 0 &&
+      x.numel() > 0) {
+    if (!fp8_) make_fp8_scaling(fp8_recipe());
+    return functional::fp8_linear_gelu(x, weight, bias, fp8_.get());
+  }
+  return functional::linear_gelu(x, weight, bias);
+}
+
 Fp8ScalingState& Linear::make_fp8_scaling(const Fp8DelayedScalingOptions& recipe) {
   KILN_CHECK(weight.defined(), repr(), ": FP8 needs the dense weight (this layer is sketched)");
   fp8_ = std::make_unique<Fp8ScalingState>(recipe, weight.device());

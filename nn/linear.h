@@ -39,6 +39,10 @@ class Linear : public Module {
   SKLinear& sketch(const SKLinearOptions& options);
   SKLinear* sketched() const { return sketch_.get(); }
 
+  // gelu_tanh(forward(x)) with the GELU fused into the product where the layer allows (functional::linear_gelu,
+  // fp8_linear_gelu under Fp8Autocast); it bypasses the module's hooks, which would see the pre-activation.
+  Tensor forward_gelu(const Tensor& x);
+
   // FP8 (nn/fp8_autocast.h): inside an Fp8Autocast scope forward runs functional::fp8_linear with this
   // layer's delayed-scaling state, made at its first FP8 forward (nullptr before).
   Fp8ScalingState* fp8_scaling() const { return fp8_.get(); }

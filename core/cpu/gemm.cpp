@@ -143,7 +143,8 @@ void kernels::gemm(const Tensor& a, const Tensor& b, double alpha, const Tensor&
 // The reference: the FP8 codes decoded to double (exact), the product in double, scaled, the bias added,
 // rounded once into out.
 void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                          const Tensor& bias, const Tensor& out, bool /*fast_accum: a GPU mode*/) {
+                          const Tensor& bias, const Tensor& out, bool /*fast_accum: a GPU mode*/,
+                          const Tensor& pre_gelu) {
   auto wide = [](const Tensor& t) {
     Tensor w = empty(t.sizes(), {.dtype = DType::f64});
     copy(t, w);
@@ -154,6 +155,10 @@ void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_
   const double scale = wide(scale_a).item<double>() * wide(scale_b).item<double>();  // f32 · f32: exact in double
   unary(UnaryOp::mul_scalar, acc, acc, scale, 0.0);
   if (bias.defined()) binary(BinaryOp::add, acc, wide(bias).unsqueeze(0).expand(acc.sizes()), acc);
+  if (pre_gelu.defined()) {  // the epilogue: the product kept, its GELU (in double, before rounding) the output
+    copy(acc, pre_gelu);
+    unary(UnaryOp::gelu_tanh, acc, acc, 0.0, 0.0);
+  }
   copy(acc, out);
 }
 

@@ -21,5 +21,8 @@ KILN_KERNEL(gemm, void(const Tensor& a, const Tensor& b, double alpha, const Ten
 // column-major FP8 matrices (not both e5m2), row and column strides multiples of 16 bytes, K a multiple of
 // 16; scale_a, scale_b one-element f32; out bf16, f16 or f32; bias of out's dtype (bf16/f16) or undefined.
 // Accumulated in f32 (the CPU: in double). fast_accum: the GPU's faster FP8 accumulation (ignored on the CPU).
+// pre_gelu (M, N) contiguous of out's dtype, where defined: the GELU epilogue, pre_gelu = that product (with
+// its bias) and out = gelu_tanh of it, computed before rounding (on the GPU cuBLASLt's GELU_AUX(_BIAS), or
+// the product into pre_gelu and an elementwise GELU where it has no algorithm).
 KILN_KERNEL(scaled_gemm, void(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
-                              const Tensor& bias, const Tensor& out, bool fast_accum));
+                              const Tensor& bias, const Tensor& out, bool fast_accum, const Tensor& pre_gelu));

@@ -30,3 +30,8 @@ KILN_KERNEL(linear_backward, void(const Tensor& dy, const Tensor& x, const Tenso
 KILN_CUDA_KERNEL(linear_backward_f32_params, bool(const Tensor& dy, const Tensor& x, const Tensor& w,
                                                   const Tensor& pre_activation, Epilogue ep, const Tensor& dx,
                                                   const Tensor& dw, const Tensor& db));
+// Optional: the GELU epilogue's backward with the bias gradient in one pass, dz = dy ⊙ gelu_tanh'(pre) rounded
+// to dy's dtype and db (N) = Σ_rows dz; dy, pre, dz contiguous bf16/f16 (M, N), N a multiple of 8, db in
+// their dtype or f32. False (nothing done) elsewhere.
+KILN_CUDA_KERNEL(gelu_tanh_backward_bias, bool(const Tensor& dy, const Tensor& pre, const Tensor& dz,
+                                               const Tensor& db));

@@ -51,6 +51,36 @@ TEST(Fp8Linear, ProductsAreThoseOfTheDequantizedOperands) {
   EXPECT_EQ(w.grad().dtype(), DType::f32);
 }
 
+// fp8_linear_gelu is gelu_tanh(fp8_linear(...)) as one node: in f32 (the product, then the bias and the GELU
+// as ops) bit for bit, forward and every gradient, with and without a delayed-scaling state; in bf16 (the
+// GELU in the product's epilogue, z rounded once) within bf16's rounding of the composition.
+TEST(Fp8Linear, GeluNodeIsTheGeluOfTheLinear) {
+  manual_seed(41);
+  for (const bool delayed : {false, true}) {
+    const Tensor x = mul(randn({32, 48}), 3.0), w = mul(randn({64, 48}), 0.1), b = randn({64}), g = randn({32, 64});
+    Fp8ScalingState s1({.history_len = 2}), s2({.history_len = 2});
+    Tensor ax = x.clone().requires_grad_(), aw = w.clone().requires_grad_(), ab = b.clone().requires_grad_();
+    Tensor bx = x.clone().requires_grad_(), bw = w.clone().requires_grad_(), bb = b.clone().requires_grad_();
+    const Tensor fused = functional::fp8_linear_gelu(ax, aw, ab, delayed ? &s1 : nullptr);
+    const Tensor composed = functional::gelu(functional::fp8_linear(bx, bw, bb, delayed ? &s2 : nullptr), true);
+    EXPECT_EQ(fused.to_vector<double>(), composed.to_vector<double>()) << delayed;
+    sum(mul(fused, g)).backward();
+    sum(mul(composed, g)).backward();
+    EXPECT_EQ(ax.grad().to_vector<double>(), bx.grad().to_vector<double>()) << delayed;
+    EXPECT_EQ(aw.grad().to_vector<double>(), bw.grad().to_vector<double>()) << delayed;
+    EXPECT_EQ(ab.grad().to_vector<double>(), bb.grad().to_vector<double>()) << delayed;
+    if (delayed) {
+      EXPECT_EQ(s1.amax_history().to_vector<double>(), s2.amax_history().to_vector<double>());
+    }
+  }
+  const Tensor x = mul(randn({32, 48}), 3.0).to(DType::bf16), w = mul(randn({64, 48}), 0.1), b = randn({64});
+  const Tensor fused = functional::fp8_linear_gelu(x, w, b);
+  const Tensor composed = functional::gelu(functional::fp8_linear(x, w, b), true);
+  ASSERT_EQ(fused.dtype(), DType::bf16);
+  const double err = amax(abs(sub(fused.to(DType::f64), composed.to(DType::f64)))).item<double>();
+  EXPECT_LT(err, 0.02 * amax(abs(composed.to(DType::f64))).item<double>());
+}
+
 TEST(Fp8Linear, AllZeroInputsAndBadShapes) {
   const Tensor w = randn({16, 32});
   EXPECT_EQ(amax(abs(fp8_linear(zeros({16, 32}), w))).item<double>(), 0.0);  // scale 1, not 448 / 0
