@@ -60,48 +60,57 @@ __device__ __forceinline__ void store_row(T* row, int64_t c, const compute_t<T> 
   }
 }
 
-// One warp per row: the row's maximum of p and its first index (a lane walks its elements in increasing
-// order and keeps its first maximum; the warp prefers the larger value, then the smaller index), and
-// s2 · ‖x‖² / 2 by warp shuffles. V: elements a lane reads at once.
+// A row's statistics, by its warp: the maximum of p and its first index (a lane walks its elements in
+// increasing order and keeps its first maximum; the warp prefers the larger value, then the smaller index),
+// and ‖x‖² by warp shuffles. Every lane ends with the row's values (xor shuffles). V: elements a lane reads
+// at once.
+template <class T, int V>
+struct RowStats {
+  compute_t<T> max = -INFINITY, sum_squares = 0;
+  int64_t at = 0;
+};
+
+template <class T, int V>
+__device__ __forceinline__ RowStats<T, V> row_stats(const T* p_row, const T* x_row, int64_t m, int64_t D, int lane) {
+  RowStats<T, V> s;
+  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
+    compute_t<T> v[V];
+    load_row<T, V>(p_row, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (v[e] > s.max) s.max = v[e], s.at = c + e;
+  }
+  for (int64_t c = int64_t(lane) * V; c < D; c += 32 * V) {
+    compute_t<T> v[V];
+    load_row<T, V>(x_row, c, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) s.sum_squares += v[e] * v[e];
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const compute_t<T> ob = __shfl_xor_sync(0xffffffffu, s.max, o);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, s.at, o);
+    if (ob > s.max || (ob == s.max && oa < s.at)) s.max = ob, s.at = oa;
+    s.sum_squares += __shfl_xor_sync(0xffffffffu, s.sum_squares, o);
+  }
+  return s;
+}
+
+// One warp per row: row_stats, written out (h = s2 · ‖x‖² / 2).
 template <class T, int V>
 __global__ void feature_row_stats_kernel(const T* __restrict__ p, const T* __restrict__ x, compute_t<T> half_s2,
                                          compute_t<T>* __restrict__ rowmax, int64_t* __restrict__ rowarg,
                                          compute_t<T>* __restrict__ h, int64_t rows, int64_t m, int64_t D) {
-  using C = compute_t<T>;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  C best = -INFINITY;
-  int64_t at = 0;
-  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
-    C v[V];
-    load_row<T, V>(p + row * m, c, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-      if (v[e] > best) best = v[e], at = c + e;
-  }
-  C ss = 0;
-  for (int64_t c = int64_t(lane) * V; c < D; c += 32 * V) {
-    C v[V];
-    load_row<T, V>(x + row * D, c, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e) ss += v[e] * v[e];
-  }
-  for (int s = 16; s > 0; s /= 2) {
-    const C ob = __shfl_xor_sync(0xffffffffu, best, s);
-    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, s);
-    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-    ss += __shfl_xor_sync(0xffffffffu, ss, s);
-  }
-  if (lane == 0) {
-    rowmax[row] = best;
-    rowarg[row] = at;
-    h[row] = half_s2 * ss;
+  const RowStats<T, V> s = row_stats<T, V>(p + row * m, x + row * D, m, D, int(threadIdx.x % 32));
+  if (threadIdx.x % 32 == 0) {
+    rowmax[row] = s.max;
+    rowarg[row] = s.at;
+    h[row] = half_s2 * s.sum_squares;
   }
 }
 
-// feature_row_stats' pass, then (every lane holding the row's results after the xor shuffles) the features
-// with r = s2·‖x‖²/2 + max + shift, the row read again from cache.
+// row_stats, then the features with r = s2·‖x‖²/2 + max + shift, the row read again from cache.
 template <class T, int V>
 __global__ void exp_features_rowmax_kernel(const T* __restrict__ p, const T* __restrict__ x, compute_t<T> half_s2,
                                            compute_t<T> shift, compute_t<T> offset, T* __restrict__ out,
@@ -109,31 +118,10 @@ __global__ void exp_features_rowmax_kernel(const T* __restrict__ p, const T* __r
   using C = compute_t<T>;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  C best = -INFINITY;
-  int64_t at = 0;
-  for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
-    C v[V];
-    load_row<T, V>(p + row * m, c, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-      if (v[e] > best) best = v[e], at = c + e;
-  }
-  C ss = 0;
-  for (int64_t c = int64_t(lane) * V; c < D; c += 32 * V) {
-    C v[V];
-    load_row<T, V>(x + row * D, c, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e) ss += v[e] * v[e];
-  }
-  for (int s = 16; s > 0; s /= 2) {
-    const C ob = __shfl_xor_sync(0xffffffffu, best, s);
-    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, s);
-    if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-    ss += __shfl_xor_sync(0xffffffffu, ss, s);
-  }
-  if (lane == 0) rowarg[row] = at;
-  const C h = half_s2 * ss, r = C(h + best) + shift;
+  const int lane = int(threadIdx.x % 32);
+  const RowStats<T, V> s = row_stats<T, V>(p + row * m, x + row * D, m, D, lane);
+  if (lane == 0) rowarg[row] = s.at;
+  const C h = half_s2 * s.sum_squares, r = C(h + s.max) + shift;
   for (int64_t c = int64_t(lane) * V; c < m; c += 32 * V) {
     C v[V];
     load_row<T, V>(p + row * m, c, v);
