@@ -187,7 +187,8 @@ __global__ void divide_by_column_kernel(const T* __restrict__ both, T* __restric
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   const C den = convert<C>(both[row * Dp + Dv]);
-  for (int64_t j = threadIdx.x % 32; j < Dv; j += 32) out[row * Dv + j] = convert<T>(convert<C>(both[row * Dp + j]) / den);
+  for (int64_t j = threadIdx.x % 32; j < Dv; j += 32)
+    out[row * Dv + j] = convert<T>(convert<C>(both[row * Dp + j]) / den);
 }
 
 template <class T>

@@ -133,9 +133,10 @@ Tensor fp8_linear_node(const char* op, const Tensor& x, const Tensor& weight, co
              if (rw)  // dy_qᵀ (N, M) · x_q (M, K)
                dw = cast(scaled_mm(dq.codes_t, xq.codes_t.t(), dq.scale_inv, xq.scale_inv, DType::f32), wdt);
              if (rb) {  // Σ_rows dy: an f32 column sum straight from 16-bit dy where the device has one
-               if (!db_done && (!half || !kernels::linear_backward_f32_params(dy, Tensor(), Tensor(), Tensor(),
-                                                                               Epilogue::bias, Tensor(), Tensor(), db32)))
-                 db32 = sum(cast(dy, DType::f32), {0});
+               const bool ready = db_done || (half && kernels::linear_backward_f32_params(
+                                                      dy, Tensor(), Tensor(), Tensor(), Epilogue::bias, Tensor(),
+                                                      Tensor(), db32));
+               if (!ready) db32 = sum(cast(dy, DType::f32), {0});
                db = cast(db32, bdt);
              }
              return Grads{dx, dw, db};

@@ -122,7 +122,8 @@ Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Ten
   Tensor sb, a, both;
   {
     NoGradGuard ng;
-    sb = cumsum(bmm_into_new(kc.transpose(1, 2), vc).reshape({BH, nc, m, Dp}), 1, /*exclusive=*/true).reshape({B3, m, Dp});
+    const Tensor states = bmm_into_new(kc.transpose(1, 2), vc).reshape({BH, nc, m, Dp});  // S_c
+    sb = cumsum(states, 1, /*exclusive=*/true).reshape({B3, m, Dp});
     a = bmm_into_new(qc, kc.transpose(1, 2));
     kernels::zero_above_diagonal(a);
     both = bmm_into_new(qc, sb);
@@ -130,7 +131,8 @@ Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Ten
   }
   if (any_requires_grad({qc_in, kc_in, vc_in}))
     record("causal_chunk_products", {qc_in, kc_in, vc_in}, {both},
-           [sq = SavedTensor(qc), sk = SavedTensor(kc), sv = SavedTensor(vc), sb, a, BH, nc, B3, m, Dp](const Grads& g) {
+           [sq = SavedTensor(qc), sk = SavedTensor(kc), sv = SavedTensor(vc), sb, a, BH, nc, B3, m,
+            Dp](const Grads& g) {
              NoGradGuard ng;
              const char* op = "causal_chunk_products";
              const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op);
@@ -163,7 +165,8 @@ Tensor divide_by_column(const Tensor& both_in, int64_t Dv) {
     kernels::divide_by_column(both.reshape({M, Dp}), out.reshape({M, Dv}));
   }
   if (any_requires_grad({both_in}))
-    record("divide_by_column", {both_in}, {out}, [sb = SavedTensor(both), so = SavedTensor(out), M, Dp, Dv](const Grads& g) {
+    record("divide_by_column", {both_in}, {out},
+           [sb = SavedTensor(both), so = SavedTensor(out), M, Dp, Dv](const Grads& g) {
       NoGradGuard ng;
       const Tensor b = sb.unpack("divide_by_column"), y = so.unpack("divide_by_column");
       Tensor db = empty(b.sizes(), {.dtype = b.dtype(), .device = b.device()});

@@ -46,8 +46,9 @@ TEST(CudaPerformer, MatchesCpu) {
         Tensor g = rnd({2, 4, 200, 64});
         Result rc = run(q, k, v, proj, g, Device::cpu(), causal, kind, autocast);
         Result rg = run(q, k, v, proj, g, gpu(), causal, kind, autocast);
-        const std::string what = std::string(autocast == DType::f32 ? "f32" : std::string(dtype_name(autocast)) + " autocast") +
-                                 (causal ? " causal" : "") + (kind == F::RandomFeatureKernel::relu ? " relu" : " softmax");
+        const std::string what =
+            std::string(autocast == DType::f32 ? "f32" : std::string(dtype_name(autocast)) + " autocast") +
+            (causal ? " causal" : "") + (kind == F::RandomFeatureKernel::relu ? " relu" : " softmax");
         ASSERT_EQ(rg.y.dtype(), autocast) << what;
         const double e[4] = {rel_err(rg.y, rc.y), rel_err(rg.dq, rc.dq), rel_err(rg.dk, rc.dk), rel_err(rg.dv, rc.dv)};
         std::printf("PERFORMER_ERR %-28s y=%.2e dq=%.2e dk=%.2e dv=%.2e\n", what.c_str(), e[0], e[1], e[2], e[3]);
@@ -112,7 +113,8 @@ TEST(CudaPerformer, KernelsMatchTheCpuOnEveryRowLayout) {
       kernels::divide_by_column(both, o);
       kernels::divide_by_column(both.to(gpu()), go);
       EXPECT_LT(rel_err(go.cpu(), o), tol) << what;
-      const Tensor g = rand_t({s.M, s.Dv}, t), db = full({s.M, s.Dp}, 7.0, on), gdb = full({s.M, s.Dp}, 7.0, on_gpu(on));
+      const Tensor g = rand_t({s.M, s.Dv}, t), db = full({s.M, s.Dp}, 7.0, on);
+      const Tensor gdb = full({s.M, s.Dp}, 7.0, on_gpu(on));
       kernels::divide_by_column_backward(g, both, o, db);
       kernels::divide_by_column_backward(g.to(gpu()), both.to(gpu()), o.to(gpu()), gdb);
       EXPECT_LT(rel_err(gdb.cpu(), db), tol) << what;
