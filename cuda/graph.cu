@@ -37,12 +37,13 @@ constexpr int kSlabWords = 512;  // replay words come from 4 KiB slabs of their 
 struct Graph::Impl {
   int device = -1;
   int pool = 0;
+  uint64_t id = 0;                // Graph::id: the first pool id it captured into
   cudaStream_t stream = nullptr;  // the capturing stream
   bool capturing = false;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   size_t nodes = 0;
-  std::vector<std::function<void()>> hooks;
+  std::vector<std::function<void()>> hooks, after_hooks;
   std::vector<GeneratorDraws> draws;
   std::vector<uint64_t*> slabs;  // replay words (cudaMalloc'ed, outside the caching allocator)
   int slab_used = kSlabWords;
@@ -52,6 +53,7 @@ struct Graph::Impl {
   // Everything the capture made, dropped; the pool back to the general cache.
   void release() noexcept {
     hooks.clear();
+    after_hooks.clear();
     draws.clear();
     for (uint64_t* s : slabs) cudaFree(s);
     slabs.clear();
@@ -106,6 +108,7 @@ void Graph::capture_begin() {
   g.device = current_device();
   g.stream = current_stream();
   g.pool = next_pool.fetch_add(1);
+  g.id = uint64_t(g.pool);
   allocator(g.device).begin_capture_pool(g.pool, uintptr_t(g.stream));
   // Thread-local mode: what this thread does that a capture cannot hold fails loudly. The capture takes
   // whatever is queued on this stream, so other threads must not queue work on it meanwhile (a GPU monitor
@@ -177,11 +180,19 @@ void Graph::replay() {
   if (!g.replayed) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&g.replayed, cudaEventDisableTiming));
   KILN_CUDA_CHECK(cudaEventRecord(g.replayed, stream));
   g.last_replay = stream;
+  for (auto& hook : g.after_hooks) hook();
 }
 
 bool Graph::captured() const { return impl_ && impl_->exec; }
 size_t Graph::num_nodes() const { return impl_ ? impl_->nodes : 0; }
 int Graph::device() const { return impl_ ? impl_->device : -1; }
+
+uint64_t Graph::id() const { return impl_ ? impl_->id : 0; }
+
+void Graph::after_replay(std::function<void()> hook) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::after_replay: only during capture");
+  impl_->after_hooks.push_back(std::move(hook));
+}
 
 void Graph::on_replay(std::function<void()> hook) {
   KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::on_replay: only during capture");

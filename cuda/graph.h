@@ -64,9 +64,15 @@ class Graph {
   size_t num_nodes() const;  // kernels, copies and other nodes of the captured graph
   int device() const;
 
+  // A number no other capture of this process shares (a graph keeps it for life).
+  uint64_t id() const;
+
   // For Kiln's parts, during capture: `hook` runs on the host before each replay (in registration order)
   // and may queue small writes of this replay's values on the current stream (write_words).
   void on_replay(std::function<void()> hook);
+  // During capture: `hook` runs on the host after each replay's launch, with the replay's stream current
+  // (what a collective's watchdog uses to time the replay: an event recorded there completes with it).
+  void after_replay(std::function<void()> hook);
   // During capture: `n` <= 512 words of device memory that only hooks write (before the graph runs) and
   // captured kernels read, valid as long as the graph. Not from the graph's pool: a pool block may have
   // served a temporary of earlier captured work, which a replay would write over the hook's values.

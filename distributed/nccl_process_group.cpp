@@ -17,6 +17,7 @@
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/context.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/distributed/mpi_process_group.h>
@@ -53,6 +54,9 @@ struct NcclProcessGroup::State {
   int device = 0;
   cuda::Stream stream;
   std::unique_ptr<CollectiveWatchdog> watchdog;
+  // the CUDA graph whose capture the last captured collective joined, and that graph's collectives
+  uint64_t watched_graph = 0;
+  std::shared_ptr<std::vector<std::string>> captured;
 };
 
 namespace {
@@ -177,14 +181,54 @@ Device NcclProcessGroup::device() const { return Device::cuda(state_->device); }
 
 namespace {
 
+// During a CUDA graph capture the collectives are not running yet: the watchdog times each replay instead.
+// The first collective a graph captures from this group adds an after-replay hook that hands the watchdog
+// an event recorded behind the replay, named after the graph's collectives (their count grows as the
+// capture goes on). A replay whose collectives never finish (a peer that died or did not replay) then
+// ends the process as an eager collective would.
+void watch_replays(const std::shared_ptr<NcclProcessGroup::State>& state, cuda::Graph& graph, const std::string& what) {
+  NcclProcessGroup::State& s = *state;
+  if (s.watched_graph != graph.id()) {
+    s.watched_graph = graph.id();
+    s.captured = std::make_shared<std::vector<std::string>>();
+    graph.after_replay([weak = std::weak_ptr<NcclProcessGroup::State>(state), captured = s.captured] {
+      const std::shared_ptr<NcclProcessGroup::State> st = weak.lock();
+      if (!st || !st->watchdog) return;  // the group is gone: nothing left to watch
+      cuda::DeviceGuard guard(st->device);
+      auto done = std::make_shared<cuda::Event>(/*enable_timing=*/false);
+      done->record(cuda::Stream::current(st->device));
+      const uint64_t ticket = st->watchdog->begin(
+          "the " + std::to_string(captured->size()) + " collective(s) of a CUDA graph replay (the first: " +
+          captured->front() + ")");
+      st->watchdog->launched(ticket, [done, device = st->device] {
+        cuda::DeviceGuard g(device);
+        return done->query();
+      });
+    });
+  }
+  s.captured->push_back(what);
+}
+
 // Runs `launch` on the group's stream after the current stream's work, marks `tensors` used there, and
-// returns the Work that completes with it.
+// returns the Work that completes with it. Inside a CUDA graph capture the group's stream joins the
+// capture (it waits for the capturing stream), and Work::wait joins it back.
 template <class Launch>
-std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& what,
+std::shared_ptr<Work> enqueue(const std::shared_ptr<NcclProcessGroup::State>& state, const std::string& what,
                               std::initializer_list<Tensor> tensors, Launch launch, bool host_blocking = false) {
+  NcclProcessGroup::State& s = *state;
   cuda::DeviceGuard guard(s.device);
+  cuda::Graph* graph = cuda::capturing_graph();
+  if (graph && host_blocking) cuda::check_not_capturing(what.c_str());
   s.stream.wait(cuda::Stream::current(s.device));
-  auto done = std::make_shared<cuda::Event>(/*enable_timing=*/true);  // Work::completion_event's timeline
+  // a timing event for Work::completion_event's timeline; a captured one only orders the streams
+  auto done = std::make_shared<cuda::Event>(/*enable_timing=*/graph == nullptr);
+  if (graph) {
+    launch(static_cast<cudaStream_t>(s.stream.handle()));
+    for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
+    done->record(s.stream);
+    watch_replays(state, *graph, what);
+    return std::make_shared<NcclWork>(done, s.device, /*host_blocking=*/false);
+  }
   const uint64_t ticket = s.watchdog->begin(what);  // timed from before NCCL is entered
   try {
     launch(static_cast<cudaStream_t>(s.stream.handle()));
@@ -205,7 +249,7 @@ std::shared_ptr<Work> enqueue(NcclProcessGroup::State& s, const std::string& wha
 
 std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
   const std::string what = check_all_reduce(t, op);
-  return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
+  return enqueue(state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
                                   state_->comm, stream),
                     what);
@@ -214,7 +258,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, Reduce
 
 std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int root) {
   const std::string what = check_broadcast(t, root);
-  return enqueue(*state_, what, {t}, [&](cudaStream_t stream) {
+  return enqueue(state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root,
                                   state_->comm, stream),
                     what);
@@ -223,7 +267,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int roo
 
 std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
   const std::string what = check_all_gather(output, input);  // in place: NCCL takes input = output + rank·n
-  return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
+  return enqueue(state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), size_t(input.numel()), nccl_type(input.dtype()),
                                   state_->comm, stream),
                     what);
@@ -232,7 +276,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, c
 
 std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
   const std::string what = check_reduce_scatter(output, input, op);
-  return enqueue(*state_, what, {output, input}, [&](cudaStream_t stream) {
+  return enqueue(state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(), size_t(output.numel()),
                                       nccl_type(output.dtype()), nccl_op(op), state_->comm, stream),
                     what);
@@ -244,7 +288,7 @@ std::shared_ptr<Work> NcclProcessGroup::barrier_async() {
   const std::string what = describe("barrier");
   Tensor token = zeros({1}, {.dtype = DType::f32, .device = device()});
   return enqueue(
-      *state_, what, {token},
+      state_, what, {token},
       [&](cudaStream_t stream) {
         KILN_NCCL_CHECK(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, state_->comm, stream),
                         what);

@@ -33,9 +33,9 @@ for n in "${sizes[@]}"; do
     trace=()
     [ "$n" -eq 1 ] && [ "$gpus" -gt 1 ] && trace=(--trace "$out/one_gpu_trace.json")
     [ "$n" -eq 2 ] && trace=(--timeline --trace "$out/ddp_trace.json")
-    # the 1-GPU baseline without a CUDA graph, as the DDP steps run (the graph is one GPU's only): the ratio
-    # measures the data parallelism
-    if [ "$n" -eq 1 ]; then run "kiln_$n" 180 "$build/examples/gpt2_bench" --steps "$steps" --no-cuda-graph "${trace[@]}"
+    # every size with its step captured as a CUDA graph (the default; DDP's and ZeRO-1's collectives are
+    # captured with it), so the ratio measures the data parallelism
+    if [ "$n" -eq 1 ]; then run "kiln_$n" 180 "$build/examples/gpt2_bench" --steps "$steps" "${trace[@]}"
     else
       run "kiln_$n" 180 "${launch[@]}" "$build/examples/gpt2_bench" --steps "$steps" "${trace[@]}"
       run "zero_$n" 180 "${launch[@]}" --master-port $(( port + 1 )) "$build/examples/gpt2_bench" --steps "$steps" --zero

@@ -1,7 +1,7 @@
 // The NCCL group on 2 GPUs (ctest label gpu; started with mpiexec -n 2, one GPU a rank): every collective in
 // every dtype against an expectation each rank computes itself, collectives ordered against the compute
 // stream, DistributedDataParallel on the GPU against one process on the whole batch, ZeroAdamW against DDP,
-// and DDP's timeline. Skips (exit 0 on
+// both captured in a CUDA graph against their eager steps, and DDP's timeline. Skips (exit 0 on
 // every rank) where there are fewer GPUs than ranks; `mpiexec -n 1` runs it on one GPU, and so does
 // `scripts/kilnrun --nproc-per-node 1` (the environment-variable rendezvous).
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/distributed/nccl_process_group.h>
@@ -160,6 +161,67 @@ TEST(Nccl, ZeroAdamWMatchesDistributedDataParallelWithAdamW) {
   for (size_t i = 0; i < pa.size(); ++i) {
     auto u = pa[i].second.cpu().contiguous().to_vector<float>(), v = pb[i].second.cpu().contiguous().to_vector<float>();
     for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-5) << pa[i].first << " element " << k;
+  }
+}
+
+// DDP's all-reduces, and ZeroAdamW's reduce-scatter and all-gather, captured with the whole step as one CUDA
+// graph: each replay leaves the parameters the eager step leaves (and a learning rate changed between
+// replays reaches both; ZeroAdamW counts the replays as steps).
+TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
+  auto pg = group();
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "ZeroAdamW" : "DistributedDataParallel + AdamW");
+    manual_seed(41 + uint64_t(pg->rank()));  // rank 0's weights reach every rank through the broadcast
+    testing::Mlp a(7, 9, 4, gpu()), b(7, 9, 4, gpu());
+    b.load_state_dict(a.state_dict());
+    const DistributedDataParallelOptions small{.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4};
+    std::unique_ptr<DistributedDataParallel> ddp_a, ddp_b;
+    std::unique_ptr<optim::Optimizer> opt_a, opt_b;
+    auto make = [&](testing::Mlp& m, std::unique_ptr<DistributedDataParallel>& ddp, std::unique_ptr<optim::Optimizer>& opt) {
+      if (zero) {
+        opt = std::make_unique<ZeroAdamW>(
+            std::vector<ZeroParamGroup>{{{m.fc1.weight, m.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1}},
+                                        {{m.fc1.bias, m.fc2.bias}, {.lr = 0.02, .weight_decay = 0.0}}},
+            pg);
+      } else {
+        ddp = std::make_unique<DistributedDataParallel>(m, pg, small);
+        opt = std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.1});
+      }
+    };
+    make(a, ddp_a, opt_a);
+    make(b, ddp_b, opt_b);
+    auto step = [&](testing::Mlp& m, DistributedDataParallel* ddp, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+      if (zero) static_cast<ZeroAdamW&>(opt).zero_grad();
+      else opt.zero_grad();
+      nn::functional::mse_loss(ddp ? (*ddp)(x) : m(x), y).backward();
+      opt.step();
+    };
+    Generator gen(9 + uint64_t(pg->rank()));  // each rank its own batches
+    std::vector<std::pair<Tensor, Tensor>> batches;
+    for (int k = 0; k < 6; ++k) batches.emplace_back(randn({5, 7}, {}, &gen).to(gpu()), randn({5, 4}, {}, &gen).to(gpu()));
+    Tensor gx = empty({5, 7}, {.device = gpu()}), gy = empty({5, 4}, {.device = gpu()});
+    // step 0 eager on both (the optimizer state, NCCL's connections), then b's step captured
+    step(a, ddp_a.get(), *opt_a, batches[0].first, batches[0].second);
+    step(b, ddp_b.get(), *opt_b, batches[0].first, batches[0].second);
+    cuda::Graph graph = cuda::capture([&] { step(b, ddp_b.get(), *opt_b, gx, gy); }, /*warmup=*/0);
+    for (int k = 1; k < 6; ++k) {
+      if (k == 3)
+        for (optim::Optimizer* o : {opt_a.get(), opt_b.get()}) o->param_groups()[0].set_lr(0.005);
+      step(a, ddp_a.get(), *opt_a, batches[size_t(k)].first, batches[size_t(k)].second);
+      gx.copy_(batches[size_t(k)].first);
+      gy.copy_(batches[size_t(k)].second);
+      graph.replay();
+    }
+    auto pa = a.named_parameters(), pb = b.named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      auto u = pa[i].second.cpu().contiguous().to_vector<float>(), v = pb[i].second.cpu().contiguous().to_vector<float>();
+      for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
+    }
+    if (zero) {
+      for (optim::Optimizer* o : {opt_a.get(), opt_b.get()}) static_cast<ZeroAdamW*>(o)->consolidate_state();
+      EXPECT_EQ(opt_b->state(0).step, 6);
+      EXPECT_EQ(opt_a->state(0).step, 6);
+    }
   }
 }
 
