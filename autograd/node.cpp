@@ -51,6 +51,12 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
+  if (var.grad_zero_pending()) {  // a pinned gradient zeroed lazily: this one is all of it
+    Tensor pinned(var.impl().grad);
+    var.impl().grad_zero_pending = false;
+    pinned.copy_(g);
+    return;
+  }
   Tensor old = var.grad();
   if (!old.defined()) {
     // Steal the incoming gradient when nothing else can see it (the engine's buffer holds the only

@@ -299,13 +299,27 @@ Tensor& Tensor::requires_grad_(bool value) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
+Tensor Tensor::grad() const {
+  if (!impl().grad) return Tensor();
+  Tensor g(impl().grad);
+  if (impl().grad_zero_pending) {  // zero_pinned_grad's fill, now that someone reads the elements
+    impl().grad_zero_pending = false;
+    g.zero_();
+  }
+  return g;
+}
+
+void Tensor::zero_pinned_grad() const {
+  KILN_CHECK(impl().grad_pinned && impl().grad, "zero_pinned_grad: ", str(), " has no pinned gradient (set_pinned_grad)");
+  impl().grad_zero_pending = true;
+}
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined())
     KILN_CHECK(g.sizes() == sizes() && g.device() == device() && g.dtype() == dtype(), "set_grad: gradient ", g.str(),
                " does not match ", str(), " (shape, dtype and device must be the tensor's)");
   impl().grad = g.impl_ptr();
   impl().grad_pinned = false;
+  impl().grad_zero_pending = false;
 }
 
 void Tensor::set_pinned_grad(const Tensor& view) const {

@@ -60,6 +60,7 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: where incoming gradients are summed
   bool retains_grad = false;
   bool grad_pinned = false;  // grad is a view of a flat buffer that zero_grad zeroes instead of dropping
+  bool grad_zero_pending = false;  // a pinned grad that counts as zero: the next backward copies into it
 };
 
 struct TensorOptions {
@@ -131,13 +132,22 @@ class Tensor {
   // ---- autograd ----
   bool requires_grad() const;
   Tensor& requires_grad_(bool value = true);
-  Tensor grad() const;                     // undefined until a backward pass reaches it
+  Tensor grad() const;                     // undefined until a backward pass reaches it (a pending zero filled)
   void set_grad(const Tensor& g) const;    // replaces .grad (undefined clears it)
   // Makes `view` (this tensor's shape, dtype and device) the gradient for good: backward adds into it and
   // zero_grad (Module's and Optimizer's) zeroes it in place instead of dropping it, so a gradient that is a
   // view of a flat buffer (optim::FlatParameters) stays one. set_grad releases it.
   void set_pinned_grad(const Tensor& view) const;
   bool grad_is_pinned() const { return impl().grad_pinned; }
+  // zero_grad of a pinned gradient (Module's and Optimizer's), without a fill: it counts as zero from now,
+  // so the next backward pass copies its gradient in instead of adding it to zeros (a fill and an add saved
+  // a parameter, which a data-parallel step pays for every gradient), and grad() fills it with zeros first
+  // if it is read before that. Code that reads the flat buffer under the views directly (a collective over
+  // it, a norm) calls grad() on the parameters that backward may not have reached, as DDP's and ZeRO-1's
+  // unused-parameter paths and FlatParameters::grad() do. Under CUDA graph capture, what a replay does
+  // follows what the capture saw: capture zero_grad with the step (as the trainers do).
+  void zero_pinned_grad() const;
+  bool grad_zero_pending() const { return impl().grad_zero_pending; }
   // This tensor now holds other's elements: other's storage, offset and strides (other has this tensor's
   // shape, dtype and device), as PyTorch's `param.data = other`. Its autograd identity (requires_grad,
   // .grad, hooks) stays, so a module's parameter can be moved into a flat buffer without the module

@@ -250,7 +250,10 @@ void DistributedDataParallel::finish_backward() {
     for (size_t k = 0; k < buckets_[i]->params.size(); ++k)
       if (!buckets_[i]->ready[k]) unused.push_back(buckets_[i]->names[k]);
   if (options_.find_unused_parameters) {
-    for (size_t i = next_launch_; i < buckets_.size(); ++i) buckets_[i]->pending = 0;
+    for (size_t i = next_launch_; i < buckets_.size(); ++i) {
+      for (const Tensor& p : buckets_[i]->params) p.grad();  // a lazily zeroed gradient's zeros, filled
+      buckets_[i]->pending = 0;
+    }
     launch_ready_buckets();
   }
   if (timeline_) backward_end_ = record_timing_event(group_->device());

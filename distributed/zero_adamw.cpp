@@ -5,6 +5,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln::distributed {
 
@@ -77,21 +78,34 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
 }
 
 void ZeroAdamW::zero_grad() {
-  NoGradGuard no_grad;
-  grad_.zero_();
+  // lazily (Tensor::zero_pinned_grad): backward copies each gradient into its view; step() fills the
+  // views backward did not reach. The padding is never written and stays zero.
+  for (int64_t i = 0; i < num_params(); ++i) param(i).zero_pinned_grad();
 }
 
 void ZeroAdamW::step() {
   NoGradGuard no_grad;
-  group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);  // in place: this rank's slice of grad_
-  if (optimizer_) {
-    // the groups' hyper-parameters, as a schedule left them, to the inner groups
+  // the groups' hyper-parameters, as a schedule left them, to the inner groups
+  auto hand_over_options = [this] {
     for (size_t k = 0; k < inner_group_of_.size(); ++k)
       optimizer_->param_groups()[k].options = param_groups()[inner_group_of_[k]].options;
+  };
+  // Under CUDA graph capture the hand-over and the step count happen at each replay, before the inner
+  // AdamW's own replay hook (registered after this one) reads its groups.
+  cuda::Graph* graph = cuda::capturing_graph();
+  if (graph)
+    graph->on_replay([this, hand_over_options] {
+      if (optimizer_) hand_over_options();
+      ++steps_;
+    });
+  for (int64_t i = 0; i < num_params(); ++i) param(i).grad();  // the zeros of parameters backward did not reach
+  group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);  // in place: this rank's slice of grad_
+  if (optimizer_) {
+    hand_over_options();
     optimizer_->step();
   }
   group_->all_gather(data_, data_.narrow(0, group_->rank() * shard_, shard_));  // in place
-  ++steps_;
+  if (!graph) ++steps_;
 }
 
 void ZeroAdamW::consolidate_state() {

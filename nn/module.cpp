@@ -254,9 +254,8 @@ void Module::to(Device device, DType dtype) {
 
 void Module::zero_grad() {
   for (const Tensor& p : parameters()) {
-    if (!p.grad().defined()) continue;
-    if (p.grad_is_pinned()) p.grad().zero_();  // a view of a flat buffer stays one
-    else p.set_grad(Tensor());
+    if (p.grad_is_pinned()) p.zero_pinned_grad();  // a view of a flat buffer stays one, zeroed lazily
+    else if (p.grad().defined()) p.set_grad(Tensor());
   }
 }
 

@@ -43,10 +43,19 @@ FlatParameters::FlatParameters(const std::vector<Tensor>& params) : params_(para
   }
 }
 
-void FlatParameters::zero_grad() { grad_.zero_(); }
+void FlatParameters::zero_grad() {
+  grad_.zero_();
+  for (const Tensor& p : params_) p.impl().grad_zero_pending = false;  // the fill covers any lazy zero
+}
+
+const Tensor& FlatParameters::grad() const {
+  for (const Tensor& p : params_)
+    if (p.grad_zero_pending()) p.grad();  // fills it
+  return grad_;
+}
 
 Tensor FlatParameters::clip_grad_norm(double max_norm, double norm_type) {
-  return clip_gradients_async({grad_}, max_norm, norm_type);
+  return clip_gradients_async({grad()}, max_norm, norm_type);
 }
 
 }  // namespace kiln::optim

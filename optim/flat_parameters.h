@@ -27,11 +27,13 @@ class FlatParameters {
   explicit FlatParameters(const std::vector<Tensor>& params);
 
   const Tensor& data() const { return data_; }  // (numel) all parameters, padded
-  const Tensor& grad() const { return grad_; }  // (numel) all gradients, padded
+  // (numel) all gradients, padded; the zeros of a lazy zero_grad (Tensor::zero_pinned_grad) that backward
+  // did not write over are filled in first
+  const Tensor& grad() const;
   const std::vector<Tensor>& params() const { return params_; }
   int64_t offset(size_t i) const { return offsets_.at(i); }  // where parameter i starts in both buffers
 
-  // Zeroes every gradient with one fill.
+  // Zeroes every gradient with one fill (Optimizer::zero_grad leaves the fill to backward instead).
   void zero_grad();
   // clip_grad_norm_async over the flat gradient: one reduction for the norm, which stays on the device, and
   // one scaling. Returns the norm before clipping (a 0-d tensor).

@@ -67,12 +67,14 @@ void Optimizer::add_param_group(ParamGroup group) {
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& g : groups_)
     for (auto& p : g.params) {
+      if (p.grad_is_pinned()) {
+        p.zero_pinned_grad();  // a view of a flat buffer stays one, zeroed lazily
+        continue;
+      }
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (set_to_none && !p.grad_is_pinned())
-        p.set_grad(Tensor());
-      else
-        grad.zero_();
+      if (set_to_none) p.set_grad(Tensor());
+      else grad.zero_();
     }
 }
 

@@ -86,6 +86,48 @@ TEST(FlatParameters, GradientsAccumulateIntoTheBufferAndSurviveZeroGrad) {
   EXPECT_FALSE(flat_model->parameters()[0].grad_is_pinned());
 }
 
+// zero_grad leaves a pinned gradient's fill to backward (Tensor::zero_pinned_grad): backward copies its
+// gradient over whatever the buffer held, and a gradient backward does not reach reads as zeros, through
+// the parameter and through the flat buffer; a second backward adds to the first.
+TEST(FlatParameters, ZeroGradLeavesTheFillToBackward) {
+  auto plain = make_model(4), flat_model = make_model(4);
+  FlatParameters flat(flat_model->parameters());
+  AdamW opt(flat_model->parameters(), {.lr = 1e-2});
+  Tensor(flat.grad()).fill_(7.0);  // stale elements: none may survive a lazy zero
+  opt.zero_grad();
+  opt.zero_grad();  // twice: still no fill
+  for (const Tensor& p : flat_model->parameters()) EXPECT_TRUE(p.grad_zero_pending());
+  // the head alone: the first Linear's parameters get no gradient from this backward
+  auto* head = dynamic_cast<nn::Linear*>(&(*flat_model)[2]);
+  ASSERT_NE(head, nullptr);
+  Generator gen(3);
+  Tensor h = randn({4, 7}, {}, &gen), y = randn({4, 3}, {}, &gen);
+  sum(square(sub(head->forward(h), y))).backward();
+  const std::vector<Tensor> params = flat_model->parameters();  // (w1, b1, w2, b2)
+  EXPECT_TRUE(params[0].grad_zero_pending() && params[1].grad_zero_pending());
+  EXPECT_FALSE(params[2].grad_zero_pending() || params[3].grad_zero_pending());
+  // the head's gradient is the gradient alone: a copy over the 7s, not an add
+  nn::Linear reference(7, 3);
+  reference.weight.set_data(head->weight.detach().clone());
+  reference.bias.set_data(head->bias.detach().clone());
+  sum(square(sub(reference.forward(h), y))).backward();
+  EXPECT_EQ(params[2].grad().to_vector<float>(), reference.weight.grad().to_vector<float>());
+  EXPECT_EQ(params[3].grad().to_vector<float>(), reference.bias.grad().to_vector<float>());
+  // the flat buffer fills the untouched views with zeros when read
+  const std::vector<float> all = flat.grad().to_vector<float>();
+  EXPECT_FALSE(params[0].grad_zero_pending());
+  for (int64_t k = 0; k < params[0].numel(); ++k) EXPECT_EQ(all[size_t(flat.offset(0) + k)], 0.0f) << k;
+  for (float v : params[1].grad().to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  // a whole backward after another zero_grad, then a second one: the sum of two, as unflattened
+  opt.zero_grad();
+  loss_of(*flat_model, 8).backward();
+  loss_of(*flat_model, 9).backward();
+  loss_of(*plain, 8).backward();
+  loss_of(*plain, 9).backward();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(params[i].grad().to_vector<float>(), plain->parameters()[i].grad().to_vector<float>()) << i;
+}
+
 TEST(FlatParameters, TrainsLikeTheUnflattenedModel) {
   auto plain = make_model(3), flat_model = make_model(3);
   FlatParameters flat(flat_model->parameters());
