@@ -50,7 +50,7 @@ void FlatParameters::zero_grad() {
 
 const Tensor& FlatParameters::grad() const {
   for (const Tensor& p : params_)
-    if (p.grad_zero_pending()) p.grad();  // fills it
+    if (p.grad_zero_pending() || p.grad_has_wait()) p.grad();  // fills it, or waits for its writer
   return grad_;
 }
 
