@@ -272,7 +272,7 @@ void DistributedDataParallel::finish_backward() {
           Tensor(grad).copy_(comm);
         }
       };
-      if (i + 1 == next_launch_) {
+      if (i + 1 == next_launch_ && options_.overlap_last_all_reduce) {
         deferred_ = std::make_shared<std::function<void()>>(wait);
         auto once = [deferred = deferred_] {
           if (!*deferred) return;

@@ -78,6 +78,9 @@ struct DistributedDataParallelOptions {
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.
   const optim::FlatParameters* flat = nullptr;
+  // The last bucket's all-reduce waited for by its gradients' first reader rather than at the end of
+  // backward (see above), so the optimizer's other updates overlap it. false: every wait at the end.
+  bool overlap_last_all_reduce = true;
 };
 
 class DistributedDataParallel : public nn::Module {

@@ -44,6 +44,8 @@ FlatParameters::FlatParameters(const std::vector<Tensor>& params) : params_(para
 }
 
 void FlatParameters::zero_grad() {
+  for (const Tensor& p : params_)
+    if (p.grad_has_wait()) p.grad();  // a collective still writing a gradient finishes before the fill
   grad_.zero_();
   for (const Tensor& p : params_) p.impl().grad_zero_pending = false;  // the fill covers any lazy zero
 }

@@ -37,7 +37,7 @@
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
 // page-locked memory (data::WindowSampler).
 //
-// CUDA graph (default on one GPU with AdamW; --no-cuda-graph turns it off, and
+// CUDA graph (default on GPUs with AdamW, data-parallel ranks included; --no-cuda-graph turns it off, and
 // --cuda-graph insists on it): after 3 ordinary iterations the training step (zero_grad, forward,
 // backward, clipping, AdamW) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
 // its batch into the graph's input tensors and replays it: one launch instead of hundreds. Dropout masks,
@@ -150,7 +150,7 @@ void usage(std::ostream& os) {
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
         "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
         "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
-        "                on one GPU with AdamW)\n"
+        "                on GPUs with AdamW)\n"
         "  --fp8: the blocks' Linear layers train in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
         "         their scaling states go into the checkpoint; evaluation and sampling in bf16)\n";
 }
@@ -217,7 +217,7 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
   KILN_CHECK(a.cuda_graph != 1 || a.optimizer == "adamw", "char_gpt: --cuda-graph needs --optimizer adamw (Shampoo "
              "decides on the host when to compute roots)");
-  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and one GPU: in run()
+  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and a GPU: in run()
   return a;
 }
 
@@ -266,9 +266,8 @@ int run(const Args& args) {
   const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group_if_launched(dev);
   if (group) dev = group->device();
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
-  KILN_CHECK(!args.cuda_graph_asked || (dev.is_cuda() && !group),
-             "char_gpt: --cuda-graph needs one GPU (--device cuda, one rank)");
-  const bool use_graph = args.cuda_graph == 1 && dev.is_cuda() && !group;
+  KILN_CHECK(!args.cuda_graph_asked || dev.is_cuda(), "char_gpt: --cuda-graph needs --device cuda");
+  const bool use_graph = args.cuda_graph == 1 && dev.is_cuda();  // data-parallel too: collectives are captured
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "char_gpt: --device ", args.device,
                ": no CUDA device is available (or this build has no CUDA backend); use --device cpu");
