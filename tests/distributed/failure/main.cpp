@@ -5,6 +5,8 @@
 //   nccl-kill  the same on the NCCL group (GPU machine, one GPU a rank, started by kilnrun or torchrun-style
 //            variables): rank 0's watchdog must see its all_reduce outlive the 5 s timeout, print the error,
 //            abort the communicator and exit 1 (nccl_run.sh)
+//   nccl-graph-kill  the same with the all_reduces captured in a CUDA graph that rank 0 replays: the watchdog
+//            times the replay (cuda::Graph::after_replay) and must end it the same way
 // Exit status: 1 when rank 0 caught the expected error (the job is then aborted by the MPI group).
 #include <signal.h>
 #include <unistd.h>
@@ -12,17 +14,20 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/process_group.h>
 
 using namespace kiln;
 
 int main(int argc, char** argv) {
-  const bool nccl = argc > 1 && std::strcmp(argv[1], "nccl-kill") == 0;
+  const bool graph = argc > 1 && std::strcmp(argv[1], "nccl-graph-kill") == 0;
+  const bool nccl = graph || (argc > 1 && std::strcmp(argv[1], "nccl-kill") == 0);
   const bool kill_mode = nccl || (argc > 1 && std::strcmp(argv[1], "kill") == 0);
   auto pg = distributed::init_process_group(
       {.backend = nccl ? "nccl" : "mpi", .group = {.timeout = std::chrono::milliseconds(kill_mode ? 5000 : 1000)}});
@@ -30,12 +35,17 @@ int main(int argc, char** argv) {
   Tensor x = ones({1024}, {.device = pg->device()});
   pg->all_reduce(x);  // every rank is up (and NCCL has connected its peers: the kill then hangs rank 0's
   (void)x.cpu();      // later all-reduces on the device, not the connection on the host)
+  std::optional<cuda::Graph> replayed;  // nccl-graph-kill: every rank captures, rank 0 alone replays
+  if (graph) replayed.emplace(cuda::capture([&] { for (int k = 0; k < 4; ++k) pg->all_reduce(x); }, /*warmup=*/0));
   try {
     if (pg->rank() == 1) {
       if (kill_mode) raise(SIGKILL);
       std::this_thread::sleep_for(std::chrono::seconds(20));
     }
-    if (kill_mode) {
+    if (graph) {
+      replayed->replay();
+      (void)x.cpu();
+    } else if (kill_mode) {
       for (int step = 0; step < 100; ++step) pg->all_reduce(x);
       (void)x.cpu();  // NCCL's collectives are stream-ordered: wait for them here (the watchdog ends the rank)
     } else {
