@@ -52,11 +52,6 @@ void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   if (var.grad_zero_pending()) {  // a pinned gradient zeroed lazily: this one is all of it
-    if (var.grad_has_wait()) {  // a collective that still writes it goes first
-      const std::function<void()> wait = std::move(var.impl().grad_wait);
-      var.impl().grad_wait = nullptr;
-      wait();
-    }
     Tensor pinned(var.impl().grad);
     var.impl().grad_zero_pending = false;
     pinned.copy_(g);

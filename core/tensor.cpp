@@ -302,21 +302,11 @@ Tensor& Tensor::requires_grad_(bool value) {
 Tensor Tensor::grad() const {
   if (!impl().grad) return Tensor();
   Tensor g(impl().grad);
-  if (impl().grad_wait) {  // set_grad_wait's wait, once
-    const std::function<void()> wait = std::move(impl().grad_wait);
-    impl().grad_wait = nullptr;
-    wait();
-  }
   if (impl().grad_zero_pending) {  // zero_pinned_grad's fill, now that someone reads the elements
     impl().grad_zero_pending = false;
     g.zero_();
   }
   return g;
-}
-
-void Tensor::set_grad_wait(std::function<void()> wait) const {
-  KILN_CHECK(impl().grad, "set_grad_wait: ", str(), " has no gradient");
-  impl().grad_wait = std::move(wait);
 }
 
 void Tensor::zero_pinned_grad() const {
@@ -330,7 +320,6 @@ void Tensor::set_grad(const Tensor& g) const {
   impl().grad = g.impl_ptr();
   impl().grad_pinned = false;
   impl().grad_zero_pending = false;
-  impl().grad_wait = nullptr;
 }
 
 void Tensor::set_pinned_grad(const Tensor& view) const {

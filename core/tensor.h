@@ -61,7 +61,6 @@ struct TensorImpl {
   bool retains_grad = false;
   bool grad_pinned = false;  // grad is a view of a flat buffer that zero_grad zeroes instead of dropping
   bool grad_zero_pending = false;  // a pinned grad that counts as zero: the next backward copies into it
-  std::function<void()> grad_wait;  // queued by grad() before the gradient is read (a collective writing it)
 };
 
 struct TensorOptions {
@@ -149,11 +148,6 @@ class Tensor {
   // follows what the capture saw: capture zero_grad with the step (as the trainers do).
   void zero_pinned_grad() const;
   bool grad_zero_pending() const { return impl().grad_zero_pending; }
-  // A wait that the gradient's next reader queues first, once: grad() runs it. Data parallelism hands the
-  // optimizer the last bucket's gradients while their all-reduce still runs, so that an optimizer updates
-  // the gradients already reduced first (optim::AdamW launches those without a wait ahead of the others).
-  void set_grad_wait(std::function<void()> wait) const;
-  bool grad_has_wait() const { return bool(impl().grad_wait); }
   // This tensor now holds other's elements: other's storage, offset and strides (other has this tensor's
   // shape, dtype and device), as PyTorch's `param.data = other`. Its autograd identity (requires_grad,
   // .grad, hooks) stays, so a module's parameter can be moved into a flat buffer without the module

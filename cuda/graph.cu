@@ -43,7 +43,7 @@ struct Graph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   size_t nodes = 0;
-  std::vector<std::function<void()>> hooks, after_hooks, end_hooks;
+  std::vector<std::function<void()>> hooks, after_hooks;
   std::vector<GeneratorDraws> draws;
   std::vector<uint64_t*> slabs;  // replay words (cudaMalloc'ed, outside the caching allocator)
   int slab_used = kSlabWords;
@@ -54,7 +54,6 @@ struct Graph::Impl {
   void release() noexcept {
     hooks.clear();
     after_hooks.clear();
-    end_hooks.clear();
     draws.clear();
     for (uint64_t* s : slabs) cudaFree(s);
     slabs.clear();
@@ -130,14 +129,6 @@ void Graph::capture_end() {
              "cuda::Graph::capture_end: this graph is not being captured on this thread");
   Impl& g = *impl_;
   DeviceGuard guard(g.device);
-  std::vector<std::function<void()>> end_hooks = std::move(g.end_hooks);
-  g.end_hooks.clear();
-  try {
-    for (auto& hook : end_hooks) hook();
-  } catch (...) {
-    capture_abort();
-    throw;
-  }
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(g.stream, &graph);
   t_capturing = nullptr;
@@ -201,11 +192,6 @@ uint64_t Graph::id() const { return impl_ ? impl_->id : 0; }
 void Graph::after_replay(std::function<void()> hook) {
   KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::after_replay: only during capture");
   impl_->after_hooks.push_back(std::move(hook));
-}
-
-void Graph::before_capture_end(std::function<void()> hook) {
-  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::before_capture_end: only during capture");
-  impl_->end_hooks.push_back(std::move(hook));
 }
 
 void Graph::on_replay(std::function<void()> hook) {

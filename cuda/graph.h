@@ -73,9 +73,6 @@ class Graph {
   // During capture: `hook` runs on the host after each replay's launch, with the replay's stream current
   // (what a collective's watchdog uses to time the replay: an event recorded there completes with it).
   void after_replay(std::function<void()> hook);
-  // During capture: `hook` runs once, as capture_end begins (before the capture closes): work a part of
-  // Kiln left pending for its readers (DDP's last all-reduce wait) joins the capture there.
-  void before_capture_end(std::function<void()> hook);
   // During capture: `n` <= 512 words of device memory that only hooks write (before the graph runs) and
   // captured kernels read, valid as long as the graph. Not from the graph's pool: a pool block may have
   // served a temporary of earlier captured work, which a replay would write over the hook's values.

@@ -77,7 +77,6 @@ int Graph::device() const { return -1; }
 uint64_t Graph::id() const { return 0; }
 void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
 void Graph::after_replay(std::function<void()>) { no_cuda("Graph::after_replay"); }
-void Graph::before_capture_end(std::function<void()>) { no_cuda("Graph::before_capture_end"); }
 PhiloxDraw Graph::draw(Generator&, uint64_t) { no_cuda("Graph::draw"); }
 uint64_t Graph::draw_position(const Generator&) const { return 0; }
 void Graph::set_draw_position(Generator&, uint64_t) { no_cuda("Graph::set_draw_position"); }

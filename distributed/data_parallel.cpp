@@ -7,7 +7,6 @@
 #include <kiln/autograd/node.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
-#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/optim/flat_parameters.h>
@@ -214,7 +213,6 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
       Bucket& bk = *buckets_[b];
       if (!in_backward_) {  // the first gradient of this backward pass
         in_backward_ = true;
-        settle_deferred();  // the last pass's final all-reduce, before this pass writes its buckets again
         if (timeline_) first_ready_ = record_timing_event(group_->device());
         autograd::queue_callback([this] { finish_backward(); });
       }
@@ -260,36 +258,18 @@ void DistributedDataParallel::finish_backward() {
   }
   if (timeline_) backward_end_ = record_timing_event(group_->device());
   if (next_launch_ > 0 && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
-  // wait for every launched all-reduce but the last, whose wait its gradients carry to their first reader;
-  // then make the buckets ready for the next pass
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& b = *buckets_[i];
-    if (b.work) {
-      auto wait = [work = b.work, grad = b.grad, comm = b.comm] {
-        work->wait();
-        if (comm.defined()) {  // the average back into the gradients, after the collective
-          NoGradGuard no_grad;
-          Tensor(grad).copy_(comm);
-        }
-      };
-      if (i + 1 == next_launch_ && options_.overlap_last_all_reduce) {
-        deferred_ = std::make_shared<std::function<void()>>(wait);
-        auto once = [deferred = deferred_] {
-          if (!*deferred) return;
-          const std::function<void()> w = std::move(*deferred);
-          *deferred = nullptr;
-          w();
-        };
-        for (const Tensor& p : b.params) p.set_grad_wait(once);
-        // a capture must join the communication stream before it ends, read or not
-        if (cuda::Graph* graph = cuda::capturing_graph()) graph->before_capture_end([this] { settle_deferred(); });
-      } else {
-        wait();
+  // wait for every launched all-reduce, then make the buckets ready for the next pass
+  for (auto& b : buckets_) {
+    if (b->work) {
+      b->work->wait();
+      if (b->comm.defined()) {  // the average back into the gradients, after the collective
+        NoGradGuard no_grad;
+        b->grad.copy_(b->comm);
       }
     }
-    b.work.reset();
-    b.ready.assign(b.params.size(), false);
-    b.pending = b.params.size();
+    b->work.reset();
+    b->ready.assign(b->params.size(), false);
+    b->pending = b->params.size();
   }
   next_launch_ = 0;
   if (!unused.empty() && !options_.find_unused_parameters) {
@@ -300,16 +280,6 @@ void DistributedDataParallel::finish_backward() {
               names, "), so their buckets were not all-reduced and the ranks' gradients now differ; construct it "
               "with find_unused_parameters = true if some parameters sit out some steps");
   }
-}
-
-void DistributedDataParallel::settle_deferred() {
-  if (!deferred_) return;
-  const std::shared_ptr<std::function<void()>> d = std::move(deferred_);
-  deferred_ = nullptr;
-  if (!*d) return;  // a reader ran it
-  const std::function<void()> w = std::move(*d);
-  *d = nullptr;
-  w();
 }
 
 void DistributedDataParallel::record_timeline(bool on) {

@@ -18,11 +18,7 @@
 // backward accumulates into them, zero_grad zeroes them in place). A parameter's post-accumulate-grad hook
 // counts it ready; a bucket whose parameters are all ready is all-reduced (avg) at once, asynchronously,
 // while backward goes on; buckets are launched in index order, so every rank issues the same collectives
-// in the same order. At the end of backward (autograd::queue_callback) the compute stream waits for the
-// all-reduces, except the last bucket's (the embedding's, in a language model: its gradient is complete only
-// when backward ends): its gradients carry the wait instead (Tensor::set_grad_wait), queued when they are
-// first read, so optim::AdamW updates every other parameter while that all-reduce still runs. The next
-// backward pass, or the end of a CUDA graph capture, queues a wait nobody read.
+// in the same order. At the end of backward (autograd::queue_callback) DDP waits for the last ones.
 // Every rank ends backward with identical gradients, so GradScaler's inf check and the global-norm clip
 // agree across ranks without more communication.
 //
@@ -78,9 +74,6 @@ struct DistributedDataParallelOptions {
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.
   const optim::FlatParameters* flat = nullptr;
-  // The last bucket's all-reduce waited for by its gradients' first reader rather than at the end of
-  // backward (see above), so the optimizer's other updates overlap it. false: every wait at the end.
-  bool overlap_last_all_reduce = true;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -130,7 +123,6 @@ class DistributedDataParallel : public nn::Module {
   void mark_ready(size_t bucket);
   void launch_ready_buckets();
   void finish_backward();
-  void settle_deferred();  // queues the last bucket's deferred wait, if nobody read its gradients yet
 
   nn::Module& module_;
   std::shared_ptr<ProcessGroup> group_;
@@ -143,8 +135,6 @@ class DistributedDataParallel : public nn::Module {
   bool timeline_ = false;
   int carveout_before_ = 0;  // cuda::sm_carveout() when this backward's carve-out began
   std::shared_ptr<cuda::Event> first_ready_, backward_end_;  // the timeline's events of the last pass
-  // The last bucket's wait (and cast back), run once by the first reader of one of its gradients
-  std::shared_ptr<std::function<void()>> deferred_;
 };
 
 }  // namespace kiln::distributed

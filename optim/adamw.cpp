@@ -7,9 +7,7 @@
 #include <kiln/core/ops.h>
 #include <kiln/cuda/graph.h>
 #include <cstring>
-#include <functional>
 #include <map>
-#include <tuple>
 
 namespace kiln::optim {
 
@@ -68,20 +66,16 @@ void AdamW::step() {
   // Under CUDA graph capture (cuda/graph.h) the step counts advance and the hyper-parameters are read at
   // each replay instead: a replay hook increments the steps of the parameters the graph updates, and writes
   // the group's lr, betas, eps, decay and the bias corrections where the captured kernel reads them.
-  //
-  // Gradients that carry a wait (Tensor::set_grad_wait: DDP's last all-reduce, still running) are updated
-  // after all the others, so that those updates overlap it.
   cuda::Graph* graph = cuda::capturing_graph();
-  std::vector<std::function<void()>> launches, late_launches;
   int64_t index = 0;
   for (size_t group_index = 0; group_index < param_groups().size(); ++group_index) {
     auto& g = param_groups()[group_index];
     const double wd = g.get("weight_decay");
-    std::map<std::tuple<bool, int, int>, std::vector<int64_t>> by_device;  // (late, device type, index)
+    std::map<std::pair<int, int>, std::vector<int64_t>> by_device;
     for (auto& p : g.params) {
       int64_t i = index++;
-      if (!p.impl().grad) continue;
-      const Tensor grad(p.impl().grad);  // its shape: the elements are read (and waited for) at the launch
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
       KILN_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), type(), ": gradient ", grad.str(),
                  " does not match parameter ", p.str());
       ParamState& st = state(i);
@@ -95,16 +89,13 @@ void AdamW::step() {
         st.tensors["exp_avg_sq"] = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
       }
       if (!captured) ++st.step;  // captured: at each replay
-      by_device[{p.grad_has_wait(), int(p.device().type), p.device().index}].push_back(i);
+      by_device[{int(p.device().type), p.device().index}].push_back(i);
     }
-    for (auto& [key, indices] : by_device) {
+    for (auto& [dev, indices] : by_device) {
       // Parameters of a group that share a step count share bias corrections: batch them by step.
       std::map<int64_t, std::vector<int64_t>> by_step;
       for (int64_t i : indices) by_step[state(i).step].push_back(i);
-      for (auto& [step_count, step_ids] : by_step)
-        (std::get<0>(key) ? late_launches : launches).push_back([this, graph, group_index, wd, t = step_count,
-                                                                 ids = step_ids] {
-        const ParamGroup& g = param_groups()[group_index];
+      for (auto& [t, ids] : by_step) {
         std::vector<Tensor> ps, gs, ms, vs;
         std::vector<Tensor> strided;  // parameters that are not contiguous get a contiguous working copy
         for (int64_t i : ids) {
@@ -141,11 +132,9 @@ void AdamW::step() {
           ms[k].bump_version();
           vs[k].bump_version();
         }
-      });
+      }
     }
   }
-  for (auto& launch : launches) launch();
-  for (auto& launch : late_launches) launch();
 }
 
 }  // namespace kiln::optim

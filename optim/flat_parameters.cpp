@@ -44,15 +44,13 @@ FlatParameters::FlatParameters(const std::vector<Tensor>& params) : params_(para
 }
 
 void FlatParameters::zero_grad() {
-  for (const Tensor& p : params_)
-    if (p.grad_has_wait()) p.grad();  // a collective still writing a gradient finishes before the fill
   grad_.zero_();
   for (const Tensor& p : params_) p.impl().grad_zero_pending = false;  // the fill covers any lazy zero
 }
 
 const Tensor& FlatParameters::grad() const {
   for (const Tensor& p : params_)
-    if (p.grad_zero_pending() || p.grad_has_wait()) p.grad();  // fills it, or waits for its writer
+    if (p.grad_zero_pending()) p.grad();  // fills it
   return grad_;
 }
 

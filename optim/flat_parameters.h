@@ -28,7 +28,7 @@ class FlatParameters {
 
   const Tensor& data() const { return data_; }  // (numel) all parameters, padded
   // (numel) all gradients, padded; the zeros of a lazy zero_grad (Tensor::zero_pinned_grad) that backward
-  // did not write over are filled in first, and the gradients' waits (Tensor::set_grad_wait) queued
+  // did not write over are filled in first
   const Tensor& grad() const;
   const std::vector<Tensor>& params() const { return params_; }
   int64_t offset(size_t i) const { return offsets_.at(i); }  // where parameter i starts in both buffers

@@ -129,29 +129,6 @@ TEST(DistributedDataParallel, BucketsInReverseRegistrationOrderAndGradientsAreVi
   EXPECT_TRUE(model.fc1.weight.grad_is_pinned());
 }
 
-// After backward the last bucket's gradients carry its all-reduce's wait (Tensor::set_grad_wait) for their
-// first reader, the others none; reading one runs it once and yields the average.
-TEST(DistributedDataParallel, TheLastBucketsGradientsCarryItsWait) {
-  const auto& pg = world();
-  manual_seed(3 + uint64_t(pg->rank()));
-  Net model, reference;
-  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-5, .first_bucket_cap_mb = 1e-5});
-  reference.load_state_dict(model.state_dict());
-  const Data d = whole_batch(4 * pg->size()), mine = share(d, pg->rank(), pg->size());
-  nn::functional::mse_loss(ddp(mine.x), mine.y).backward();
-  nn::functional::mse_loss(reference(d.x), d.y).backward();
-  const std::vector<std::string> last = ddp.bucket_parameter_names().back();
-  ASSERT_EQ(last.size(), 1u);
-  for (const auto& [name, p] : model.named_parameters()) EXPECT_EQ(p.grad_has_wait(), name == last[0]) << name;
-  const auto mp = model.named_parameters(), rp = reference.named_parameters();
-  for (size_t i = 0; i < mp.size(); ++i) {
-    const auto g = mp[i].second.grad().contiguous().to_vector<float>();  // runs the wait, for the last
-    const auto r = rp[i].second.grad().contiguous().to_vector<float>();
-    EXPECT_FALSE(mp[i].second.grad_has_wait());
-    for (size_t k = 0; k < g.size(); ++k) ASSERT_NEAR(g[k], r[k], 1e-6) << mp[i].first << " element " << k;
-  }
-}
-
 // Inside no_sync backward only accumulates; the next backward averages the sum: with the loss a mean over
 // each micro-batch of each rank, two micro-batches give twice the gradient of the whole batch's mean loss.
 TEST(DistributedDataParallel, NoSyncAccumulatesUntilTheNextSynchronizedBackward) {

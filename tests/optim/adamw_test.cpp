@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-#include <kiln/core/ops.h>
 #include <kiln/optim/adamw.h>
 
 namespace kiln::optim {
@@ -88,34 +87,6 @@ TEST(AdamW, F32ParametersKeepF32State) {
   EXPECT_EQ(opt.state(0).tensors.at("exp_avg").dtype(), DType::f32);
   EXPECT_EQ(opt.state(0).tensors.at("exp_avg_sq").dtype(), DType::f32);
   for (size_t j = 0; j < 2; ++j) EXPECT_NEAR(p.to_vector<double>()[j], expected[j], 1e-6);
-}
-
-// A gradient that carries a wait (Tensor::set_grad_wait, as DDP's last bucket) is updated after the
-// others, in both groups: when its wait runs, every other parameter has its new value; the wait runs once.
-TEST(AdamW, GradientsThatCarryAWaitAreUpdatedLast) {
-  Tensor late = from_vector(std::vector<float>{1.0f, 2.0f}, {2}), a = from_vector(std::vector<float>{3.0f}, {1}),
-         b = from_vector(std::vector<float>{4.0f}, {1});
-  for (Tensor* t : {&late, &a, &b}) {
-    t->requires_grad_(true);
-    t->set_grad(full(t->sizes(), 0.5));
-  }
-  AdamW opt({late, a}, {.lr = 0.1});
-  opt.add_param_group({b}, AdamWOptions{.lr = 0.1, .weight_decay = 0.0});
-  int waits = 0;
-  std::vector<float> seen;
-  late.set_grad_wait([&] {
-    ++waits;
-    seen = {a.to_vector<float>()[0], b.to_vector<float>()[0], late.to_vector<float>()[0]};
-  });
-  opt.step();
-  ASSERT_EQ(waits, 1);
-  EXPECT_NE(seen[0], 3.0f) << "a (same group, registered after) was updated before the wait";
-  EXPECT_NE(seen[1], 4.0f) << "b (the next group) was updated before the wait";
-  EXPECT_EQ(seen[2], 1.0f) << "the late parameter was not updated before its wait";
-  EXPECT_NE(late.to_vector<float>()[0], 1.0f);
-  EXPECT_FALSE(late.grad_has_wait());
-  opt.step();
-  EXPECT_EQ(waits, 1);
 }
 
 TEST(AdamW, RejectsBadBetas) {
