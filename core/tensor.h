@@ -61,6 +61,11 @@ struct TensorImpl {
   bool retains_grad = false;
   bool grad_pinned = false;  // grad is a view of a flat buffer that zero_grad zeroes instead of dropping
   bool grad_zero_pending = false;  // a pinned grad that counts as zero: the next backward copies into it
+  // amp::cast_parameter's copy of this parameter in a 16-bit dtype, and the storage version and address
+  // whose values it holds
+  std::shared_ptr<TensorImpl> kept_copy;
+  uint64_t kept_copy_version = 0;
+  const void* kept_copy_source = nullptr;
 };
 
 struct TensorOptions {

@@ -5,7 +5,7 @@
 // accesses where every pointer of the tensor allows them.
 //
 // AdamW moves per element: read p, g (param dtype), m, v (f32); write p, m, v: 2·|p| + 2·|p| + 16 bytes
-// (28 bytes for f32 params). Unscale reads and writes each gradient once.
+// (28 bytes for f32 params; 30 with a bf16 copy). Unscale reads and writes each gradient once.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -60,11 +60,34 @@ __device__ __forceinline__ C adamw_update(C p, C g, C& m, C& v, const AdamWArgs&
   return p * C(a.decay) - C(a.step_size) * m / denom;
 }
 
+// The new parameter rounded into a kept 16-bit copy (list 4), where the tensor has one.
+enum class CopyKind { none, bf16, f16 };
+template <class DP>
+__device__ __forceinline__ void store_copy(CopyKind kind, void* copy, int64_t j, const Four<DP>& p) {
+  if (kind == CopyKind::bf16) {
+    Four<__nv_bfloat16> c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c.v[e] = convert<__nv_bfloat16>(p.v[e]);
+    reinterpret_cast<Four<__nv_bfloat16>*>(copy)[j / 4] = c;
+  } else {
+    Four<__half> c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c.v[e] = convert<__half>(p.v[e]);
+    reinterpret_cast<Four<__half>*>(copy)[j / 4] = c;
+  }
+}
+template <class DP>
+__device__ __forceinline__ void store_copy(CopyKind kind, void* copy, int64_t i, DP p) {
+  if (kind == CopyKind::bf16) static_cast<__nv_bfloat16*>(copy)[i] = convert<__nv_bfloat16>(p);
+  else static_cast<__half*>(copy)[i] = convert<__half>(p);
+}
+
 // P: parameter (and gradient) type, S: state type (f32, or f64 for f64 parameters); arithmetic in S.
-// hyper (CUDA graphs): AdamWHyper's seven values in device memory, which replace a.
+// hyper (CUDA graphs): AdamWHyper's seven values in device memory, which replace a. copy_kind: the dtype
+// of this launch's kept copies (a tensor's list-4 pointer null where it has none).
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ TensorList tl, AdamWArgs a,
-                                                        const double* hyper) {
+                                                        const double* hyper, CopyKind copy_kind) {
   using DP = device_t<P>;
   if (hyper) {  // lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt
     const double lr = hyper[0];
@@ -79,6 +102,9 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
     const DP* g = static_cast<const DP*>(tl.ptr[1][t]) + base;
     S* m = static_cast<S*>(tl.ptr[2][t]) + base;
     S* v = static_cast<S*>(tl.ptr[3][t]) + base;
+    const CopyKind ck = tl.ptr[4][t] ? copy_kind : CopyKind::none;
+    void* copy = ck == CopyKind::bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(tl.ptr[4][t]) + base)
+                 : ck == CopyKind::f16 ? static_cast<void*>(static_cast<__half*>(tl.ptr[4][t]) + base) : nullptr;
     int64_t i = 0;
     if (tl.vec[t]) {
       // Two 4-element steps per thread in flight: 8 elements of each of p, g, m, v.
@@ -100,6 +126,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
           for (int e = 0; e < 4; ++e)
             pv[u].v[e] = convert<DP>(adamw_update(convert<S>(pv[u].v[e]), convert<S>(gv[u].v[e]), mv[u].v[e], vv[u].v[e], a));
           *reinterpret_cast<Four<DP>*>(p + j) = pv[u];
+          if (copy) store_copy(ck, copy, j, pv[u]);
           *reinterpret_cast<Four<S>*>(m + j) = mv[u];
           *reinterpret_cast<Four<S>*>(v + j) = vv[u];
         }
@@ -108,6 +135,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
     for (i += threadIdx.x; i < n; i += kThreads) {
       S mi = m[i], vi = v[i];
       p[i] = convert<DP>(adamw_update(convert<S>(p[i]), convert<S>(g[i]), mi, vi, a));
+      if (copy) store_copy(ck, copy, i, p[i]);
       m[i] = mi;
       v[i] = vi;
     }
@@ -235,13 +263,13 @@ void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& lau
     const int64_t n = lists[0][i].numel();
     if (n == 0) continue;
     bool vec = true;
-    for (const auto& l : lists)
-      vec &= reinterpret_cast<uintptr_t>(l[i].raw_data()) % (4 * l[i].element_size()) == 0;
+    for (const auto& l : lists)  // an undefined tensor (a parameter without a kept copy) is a null pointer
+      vec &= !l[i].defined() || reinterpret_cast<uintptr_t>(l[i].raw_data()) % (4 * l[i].element_size()) == 0;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
       if (tl->chunks == kMaxChunks || (c == 0 && nt == kMaxTensors)) flush();
       if (c == 0 || tl->chunks == 0) {  // the tensor takes a slot in this launch
-        for (size_t k = 0; k < lists.size(); ++k) tl->ptr[k][nt] = lists[k][i].raw_data();
+        for (size_t k = 0; k < lists.size(); ++k) tl->ptr[k][nt] = lists[k][i].defined() ? lists[k][i].raw_data() : nullptr;
         tl->size[nt] = n;
         tl->vec[nt] = vec;
         ++nt;
@@ -269,36 +297,47 @@ void check_list(const std::vector<Tensor>& ts, const char* op) {
 
 void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                              const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                             const AdamWHyper& h) {
+                             const std::vector<Tensor>& copies, const AdamWHyper& h) {
   NvtxRange range("adamw_step");
   if (params.empty()) return;
   for (const auto* l : {&params, &grads, &exp_avgs, &exp_avg_sqs}) check_list(*l, "adamw_step");
+  KILN_CHECK(copies.empty() || copies.size() == params.size(), "adamw_step: ", copies.size(), " copies for ",
+             params.size(), " parameters");
   DeviceGuard guard(params[0].device().index);
   AdamWArgs a{h.beta1, h.beta2, h.eps, 1.0 - h.lr * h.weight_decay, h.lr / h.bias_correction1,
               h.bias_correction2_sqrt};
-  // One launch sequence per (param dtype, state dtype) pair present.
-  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
-    std::vector<std::vector<Tensor>> lists(4);
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].dtype() != pd) continue;
-      KILN_CHECK(grads[i].dtype() == pd && exp_avgs[i].dtype() == exp_avg_sqs[i].dtype(), "adamw_step: dtypes of ",
-                 params[i].str(), ", ", grads[i].str(), ", ", exp_avgs[i].str(), " do not fit");
-      lists[0].push_back(params[i]);
-      lists[1].push_back(grads[i]);
-      lists[2].push_back(exp_avgs[i]);
-      lists[3].push_back(exp_avg_sqs[i]);
-    }
-    if (lists[0].empty()) continue;
-    bool f64_state = lists[2][0].dtype() == DType::f64;
-    KILN_DISPATCH_FLOATING(pd, "adamw_step", {
-      for_each_launch(lists, [&](const TensorList& tl) {
-        auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
-        kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(tl, a,
-                                                                                                       h.device_hyper);
-        KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
+  // One launch sequence per (param dtype, kept copies' dtype) pair present.
+  for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64})
+    for (CopyKind ck : {CopyKind::none, CopyKind::bf16, CopyKind::f16}) {
+      std::vector<std::vector<Tensor>> lists(5);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor copy = copies.empty() ? Tensor() : copies[i];
+        const CopyKind kind = !copy.defined() ? CopyKind::none : copy.dtype() == DType::bf16 ? CopyKind::bf16
+                                                                                             : CopyKind::f16;
+        if (params[i].dtype() != pd || kind != ck) continue;
+        KILN_CHECK(grads[i].dtype() == pd && exp_avgs[i].dtype() == exp_avg_sqs[i].dtype(), "adamw_step: dtypes of ",
+                   params[i].str(), ", ", grads[i].str(), ", ", exp_avgs[i].str(), " do not fit");
+        KILN_CHECK(!copy.defined() || (pd == DType::f32 && (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+                                       copy.is_contiguous() && copy.device() == params[i].device() &&
+                                       copy.sizes() == params[i].sizes()),
+                   "adamw_step: a kept copy ", copy.str(), " does not fit parameter ", params[i].str());
+        lists[0].push_back(params[i]);
+        lists[1].push_back(grads[i]);
+        lists[2].push_back(exp_avgs[i]);
+        lists[3].push_back(exp_avg_sqs[i]);
+        lists[4].push_back(copy);
+      }
+      if (lists[0].empty()) continue;
+      bool f64_state = lists[2][0].dtype() == DType::f64;
+      KILN_DISPATCH_FLOATING(pd, "adamw_step", {
+        for_each_launch(lists, [&](const TensorList& tl) {
+          auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
+          kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(
+              tl, a, h.device_hyper, ck);
+          KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
+        });
       });
-    });
-  }
+    }
 }
 
 namespace {

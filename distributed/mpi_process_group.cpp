@@ -182,8 +182,11 @@ MpiProcessGroup::MpiProcessGroup(const ProcessGroupOptions& options, std::shared
 
 MpiProcessGroup::~MpiProcessGroup() = default;
 
+// Each collective bumps the version of the tensor it writes, as any in-place op (autograd's saved-tensor
+// checks, amp::cast_parameter's kept copies).
 std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
   const std::string what = check_all_reduce(t, op);
+  t.bump_version();
   NoGradGuard no_grad;
   // bf16/f16 reduce in an f32 copy; the result is rounded once when it is copied back
   Tensor buffer = staged(t.dtype()) ? cast(t, DType::f32).contiguous() : t;
@@ -201,6 +204,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_reduce_async(const Tensor& t, ReduceO
 
 std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root) {
   const std::string what = check_broadcast(t, root);
+  t.bump_version();
   MPI_Request request;
   const int rc = MPI_Ibcast(t.raw_data(), mpi_count(what, t.numel() * int64_t(element_size(t.dtype()))), MPI_BYTE,
                             root, comm_->comm, &request);
@@ -210,6 +214,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast_async(const Tensor& t, int root
 
 std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
   const std::string what = check_all_gather(output, input);
+  output.bump_version();
   const int bytes = mpi_count(what, input.numel() * int64_t(element_size(input.dtype())));
   MPI_Request request;
   // in place (input is this rank's slice of output): MPI_IN_PLACE, as MPI takes no overlapping buffers
@@ -222,6 +227,7 @@ std::shared_ptr<Work> MpiProcessGroup::all_gather_async(const Tensor& output, co
 
 std::shared_ptr<Work> MpiProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
   const std::string what = check_reduce_scatter(output, input, op);
+  output.bump_version();
   NoGradGuard no_grad;
   const bool stage = staged(output.dtype());
   Tensor in = stage ? cast(input, DType::f32).contiguous() : input;

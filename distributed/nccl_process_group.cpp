@@ -247,8 +247,11 @@ std::shared_ptr<Work> enqueue(const std::shared_ptr<NcclProcessGroup::State>& st
 
 }  // namespace
 
+// Each collective bumps the version of the tensor it writes, as any in-place op (autograd's saved-tensor
+// checks, amp::cast_parameter's kept copies).
 std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
   const std::string what = check_all_reduce(t, op);
+  t.bump_version();
   return enqueue(state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
                                   state_->comm, stream),
@@ -258,6 +261,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_reduce_async(const Tensor& t, Reduce
 
 std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int root) {
   const std::string what = check_broadcast(t, root);
+  t.bump_version();
   return enqueue(state_, what, {t}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root,
                                   state_->comm, stream),
@@ -267,6 +271,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast_async(const Tensor& t, int roo
 
 std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, const Tensor& input) {
   const std::string what = check_all_gather(output, input);  // in place: NCCL takes input = output + rank·n
+  output.bump_version();
   return enqueue(state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(), size_t(input.numel()), nccl_type(input.dtype()),
                                   state_->comm, stream),
@@ -276,6 +281,7 @@ std::shared_ptr<Work> NcclProcessGroup::all_gather_async(const Tensor& output, c
 
 std::shared_ptr<Work> NcclProcessGroup::reduce_scatter_async(const Tensor& output, const Tensor& input, ReduceOp op) {
   const std::string what = check_reduce_scatter(output, input, op);
+  output.bump_version();
   return enqueue(state_, what, {output, input}, [&](cudaStream_t stream) {
     KILN_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(), size_t(output.numel()),
                                       nccl_type(output.dtype()), nccl_op(op), state_->comm, stream),

@@ -51,8 +51,9 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
   {
     NoGradGuard ng;
     x2 = matrix_ready(x.reshape({M, K}));
-    w2 = matrix_ready(cast(w_in, t));
-    b2 = b_in.defined() ? cast(b_in, t).contiguous() : Tensor();
+    // under autocast a parameter's cast is kept with it while it is unchanged (amp::cast_parameter)
+    w2 = matrix_ready(autocast ? amp::cast_parameter(w_in, t) : cast(w_in, t));
+    b2 = b_in.defined() ? (autocast ? amp::cast_parameter(b_in, t) : cast(b_in, t)).contiguous() : Tensor();
     out = empty({M, N}, {.dtype = t, .device = x.device()});
     if (gelu && needs_grad) pre = empty({M, N}, {.dtype = t, .device = x.device()});
     if (out.numel() > 0) kernels::linear(x2, w2, b2, ep, out, pre);

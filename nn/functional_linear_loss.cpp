@@ -54,7 +54,8 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   Tensor dx, dw, result;
   {
     NoGradGuard ng;
-    const Tensor x2 = cast(x_in, t).reshape({N, K}).contiguous(), w2 = cast(weight_in, t).contiguous();
+    const Tensor x2 = cast(x_in, t).reshape({N, K}).contiguous();
+    const Tensor w2 = (amp::is_enabled(dev.type) ? amp::cast_parameter(weight_in, t) : cast(weight_in, t)).contiguous();
     const Tensor tgt = target.to(DType::i64).contiguous().reshape({N});
     if (dev.is_cpu()) {
       const int64_t* tp = tgt.data_ptr<int64_t>();

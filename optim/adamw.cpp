@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/graph.h>
@@ -96,7 +97,7 @@ void AdamW::step() {
       std::map<int64_t, std::vector<int64_t>> by_step;
       for (int64_t i : indices) by_step[state(i).step].push_back(i);
       for (auto& [t, ids] : by_step) {
-        std::vector<Tensor> ps, gs, ms, vs;
+        std::vector<Tensor> ps, gs, ms, vs, cs;
         std::vector<Tensor> strided;  // parameters that are not contiguous get a contiguous working copy
         for (int64_t i : ids) {
           Tensor p = param(i);
@@ -107,6 +108,13 @@ void AdamW::step() {
           if (!decoupled_ && wd != 0.0) gs.back() = add(gs.back(), mul(ps.back(), wd));
           ms.push_back(state(i).tensors["exp_avg"]);
           vs.push_back(state(i).tensors["exp_avg_sq"]);
+          // a kept half-precision copy (amp::cast_parameter) is written along with the update
+          const Tensor copy = amp::kept_copy(p);
+          cs.push_back(copy.defined() && ps.back().is_same(p) && p.dtype() == DType::f32 &&
+                               (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) && copy.is_contiguous() &&
+                               copy.sizes() == p.sizes()
+                           ? copy
+                           : Tensor());
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
         if (graph && ps[0].device().is_cuda()) {
@@ -124,11 +132,12 @@ void AdamW::step() {
             cuda::write_words(hyper, words, 7);
           });
         }
-        kernels::adamw_step(ps, gs, ms, vs, h);
+        kernels::adamw_step(ps, gs, ms, vs, cs, h);
         for (size_t k = 0; k < ids.size(); ++k) {
           Tensor p = param(ids[k]);
           if (!ps[k].is_same(p)) p.copy_(ps[k]);
           p.bump_version();
+          if (cs[k].defined()) amp::mark_kept_copy_current(p);
           ms[k].bump_version();
           vs[k].bump_version();
         }

@@ -532,9 +532,11 @@ void Shampoo::step() {
       u.buffers.push_back(buf);
     }
   }
-  for (auto& [g, u] : updates)
+  for (auto& [g, u] : updates) {
     kernels::shampoo_apply(u.params, u.directions, u.buffers,
                            {g->get("lr"), g->get("weight_decay"), g->get("momentum"), g->get("nesterov") != 0.0});
+    for (const Tensor& p : u.params) p.bump_version();  // written in place, as by any in-place op
+  }
 }
 
 }  // namespace kiln::optim

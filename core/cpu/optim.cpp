@@ -104,7 +104,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
 
 void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                            const AdamWHyper& h) {
+                            const std::vector<Tensor>& copies, const AdamWHyper& h) {
   KILN_CHECK(!h.device_hyper, "adamw_step: device hyper-parameters (CUDA graphs) given to the CPU kernel");
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor &p = params[i], &g = grads[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
@@ -113,6 +113,7 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
     } else {
       KILN_DISPATCH_FLOATING(p.dtype(), "adamw_step", adamw_typed<scalar_t, float>(p, g, m, v, h));
     }
+    if (!copies.empty() && copies[i].defined()) Tensor(copies[i]).copy_(p);  // rounded to nearest even, as cast
   }
 }
 

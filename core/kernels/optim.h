@@ -35,10 +35,12 @@ struct ShampooApplyHyper {
 // exp_avg_sqs[i] (state dtype, f32 or f64):
 //   p ← p (1 - lr wd);  m ← β1 m + (1-β1) g;  v ← β2 v + (1-β2) g²;
 //   p ← p - (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
-// computed in the state dtype and rounded once into p's dtype.
+// computed in the state dtype and rounded once into p's dtype. copies (empty, or one per parameter, each
+// undefined or a contiguous bf16/f16 tensor of an f32 parameter's shape: amp::cast_parameter's kept copy)
+// get the new p rounded into their dtype in the same pass.
 KILN_KERNEL(adamw_step, void(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                              const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                             const AdamWHyper& h));
+                             const std::vector<Tensor>& copies, const AdamWHyper& h));
 // Loss-scaler unscale: every tensor (contiguous, floating) ← tensor · inv_scale, and found_inf (f32 scalar)
 // is set to 1 if any element of any tensor is not finite. inv_scale is an f32 scalar tensor on this device,
 // so no value crosses to the host.

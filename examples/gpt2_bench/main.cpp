@@ -75,6 +75,7 @@ struct Args {
   int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
   bool fp8 = false;        // the blocks' Linear layers in FP8 (nn::Fp8Autocast, delayed scaling)
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
+  bool autocast_cache = true;  // parameters' bf16 casts kept (amp::cast_parameter; AdamW writes them)
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
   std::string device = "cuda";
@@ -89,6 +90,7 @@ void usage(std::ostream& os) {
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
         "                  [--shampoo-newton-tf32]] [--fp8]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
+        "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
@@ -96,6 +98,8 @@ void usage(std::ostream& os) {
         "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
+        "  --no-autocast-cache: cast the weights to bf16 at every use (default: the casts are kept and AdamW\n"
+        "                writes them with each update: amp::cast_parameter)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
         "  --fp8: the blocks' Linear layers in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16)\n"
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
@@ -131,6 +135,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
     else if (flag == "--fp8") a.fp8 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
+    else if (flag == "--no-autocast-cache") a.autocast_cache = false;
     else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
     else if (flag == "--trace") a.trace = r.value();
@@ -228,7 +233,7 @@ int run(const Args& args) {
     const auto& [x, y] = batches[size_t(i) % batches.size()];
     timer.time("forward", [&] {
       nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
-      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      amp::Autocast autocast(dev, DType::bf16, amp_on, args.autocast_cache);
       loss = model.loss(x, y);
     });
     timer.time("backward", [&] {
@@ -255,7 +260,7 @@ int run(const Args& args) {
         [&] {
           {
             nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
-            amp::Autocast autocast(dev, DType::bf16, amp_on);
+            amp::Autocast autocast(dev, DType::bf16, amp_on, args.autocast_cache);
             loss = model.loss(gx, gy);
           }
           zero_grad();

@@ -117,3 +117,27 @@ TEST(Autocast, LayerNormComputesInF32) {
   EXPECT_EQ(b.grad().dtype(), DType::f32);
   for (float g : b.grad().to_vector<float>()) EXPECT_EQ(g, 5.0f);
 }
+
+// amp::cast_parameter keeps a parameter's cast while the parameter is unchanged, casts again in place after
+// any in-place change, and casts other tensors afresh.
+TEST(Autocast, CastParameterKeepsTheCastUntilTheParameterChanges) {
+  Tensor p = randn({5, 3}).requires_grad_(true);
+  const Tensor c1 = amp::cast_parameter(p, DType::bf16), c2 = amp::cast_parameter(p, DType::bf16);
+  EXPECT_TRUE(c1.is_same(c2));
+  EXPECT_EQ(c1.to_vector<float>(), p.detach().to(DType::bf16).to_vector<float>());
+  {
+    NoGradGuard ng;
+    p.add_(full({5, 3}, 0.25));
+  }
+  const Tensor c3 = amp::cast_parameter(p, DType::bf16);
+  EXPECT_TRUE(c3.is_same(c1)) << "the same memory, written again";
+  EXPECT_EQ(c3.to_vector<float>(), p.detach().to(DType::bf16).to_vector<float>());
+  {  // torch.autocast's cache_enabled = false: a cast at every use
+    amp::Autocast ac(Device::cpu(), DType::bf16, true, /*cache_enabled=*/false);
+    EXPECT_FALSE(amp::cast_parameter(p, DType::bf16).is_same(c1));
+  }
+  EXPECT_TRUE(amp::cast_parameter(p, DType::bf16).is_same(c1));
+  EXPECT_FALSE(amp::cast_parameter(p, DType::f16).is_same(c3));  // another dtype: another copy
+  Tensor activation = randn({5, 3});
+  EXPECT_FALSE(amp::cast_parameter(activation, DType::bf16).is_same(amp::cast_parameter(activation, DType::bf16)));
+}

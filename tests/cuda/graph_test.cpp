@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/graph.h>
@@ -355,6 +356,32 @@ TEST(CudaGraph, AllocationOnAnotherStreamAndNestedCapturesAreRefused) {
   EXPECT_NE(e.find("do not nest"), std::string::npos) << e;
   graph.capture_abort();
   EXPECT_EQ(sum(ones({4}, {.device = kGpu})).item<double>(), 4.0);
+}
+
+// A captured forward under autocast reads the weights' kept bf16 copies (amp::cast_parameter); an
+// optimizer step outside the graph changes the weights, and each replay must cast them again first.
+TEST(CudaGraph, AReplayCastsAgainWeightsChangedOutsideTheGraph) {
+  KILN_REQUIRE_GPU();
+  manual_seed(5);
+  nn::Linear layer(64, 32);
+  layer.to(kGpu);
+  Tensor x = randn({16, 64}).to(kGpu), y;
+  auto forward = [&] {
+    amp::Autocast ac(kGpu, DType::bf16);
+    y = nn::functional::linear(x, layer.weight, layer.bias);
+  };
+  forward();  // the copies exist and are current: the capture reads them
+  cuda::Graph graph = cuda::capture(forward, /*warmup=*/0);
+  for (int step = 0; step < 3; ++step) {
+    {
+      NoGradGuard ng;
+      layer.weight.add_(full({32, 64}, 0.01 * (step + 1), {.device = kGpu}));  // an uncaptured update
+    }
+    graph.replay();
+    const Tensor want = nn::functional::linear(x.to(DType::bf16), layer.weight.detach().to(DType::bf16),
+                                               layer.bias.detach().to(DType::bf16));
+    expect_identical(y, want, "replay " + std::to_string(step));
+  }
 }
 
 TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsRefused) {

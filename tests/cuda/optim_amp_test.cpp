@@ -53,13 +53,26 @@ TEST(CudaAdamW, FusedStepMatchesTheCpuOverManyTensors) {
     gg.push_back(gc.back().to(gpu()));
     mg.push_back(mc.back().to(gpu()));
     vg.push_back(vc.back().to(gpu()));
+    // f32 parameters: kept 16-bit copies (bf16, f16 or none in turn, the scalar-path one bf16) written along
+    std::vector<Tensor> cc, cg;
+    if (pd == DType::f32)
+      for (size_t i = 0; i < pc.size(); ++i) {
+        const int kind = i + 1 == pc.size() ? 0 : int(i % 3);
+        cc.push_back(kind == 2 ? Tensor() : zeros(pc[i].sizes(), {.dtype = kind ? DType::f16 : DType::bf16}));
+        cg.push_back(kind == 2 ? Tensor() : cc.back().to(gpu()));
+      }
     AdamWHyper h{1e-3, 0.9, 0.999, 1e-8, 0.1, 1 - std::pow(0.9, 3), std::sqrt(1 - std::pow(0.999, 3))};
-    kernels::adamw_step(pc, gc, mc, vc, h);
-    kernels::adamw_step(pg, gg, mg, vg, h);
+    kernels::adamw_step(pc, gc, mc, vc, cc, h);
+    kernels::adamw_step(pg, gg, mg, vg, cg, h);
     for (size_t i = 0; i < pc.size(); ++i) {
       expect_close(pc[i], pg[i], std::string("param ") + dtype_name(pd), pd == DType::f32 ? 1e-5 : -1);
       expect_close(mc[i], mg[i], "exp_avg");
       expect_close(vc[i], vg[i], "exp_avg_sq");
+      if (cg.empty() || !cg[i].defined()) continue;
+      // each device's copy is its own new parameter rounded once (bit for bit)
+      auto values = [](const Tensor& t) { return cast(t.cpu(), DType::f32).contiguous().to_vector<float>(); };
+      EXPECT_EQ(values(cg[i]), values(cast(pg[i], cg[i].dtype()))) << "GPU copy of parameter " << i;
+      EXPECT_EQ(values(cc[i]), values(cast(pc[i], cc[i].dtype()))) << "CPU copy of parameter " << i;
     }
   }
 }

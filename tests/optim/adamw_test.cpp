@@ -4,6 +4,11 @@
 #include <cmath>
 #include <vector>
 
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
 #include <kiln/optim/adamw.h>
 
 namespace kiln::optim {
@@ -93,6 +98,39 @@ TEST(AdamW, RejectsBadBetas) {
   Tensor p = tensor({1.0}, {1});
   EXPECT_THROW(AdamW({p}, {.betas = {0.9, 1.0}}), Error);
   EXPECT_THROW(AdamW({p}, {.lr = -0.1}), Error);
+}
+
+// AdamW writes a kept copy along with the update: the next forward under autocast uses it as it is and
+// equals the product with a fresh cast of the new weight; a backward that saved the copy before the
+// weight changed fails its version check instead of using the new values.
+TEST(Autocast, AdamWWritesTheKeptCopyAndAStaleSaveIsCaught) {
+  Tensor w = randn({4, 6}).requires_grad_(true), b = randn({4}).requires_grad_(true), x = randn({3, 6});
+  AdamW opt({w, b}, {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    Tensor y;
+    {
+      amp::Autocast ac(Device::cpu(), DType::bf16);
+      y = nn::functional::linear(x, w, b);
+    }
+    const Tensor want = nn::functional::linear(x.to(DType::bf16), w.detach().to(DType::bf16), b.detach().to(DType::bf16));
+    EXPECT_EQ(y.to_vector<float>(), want.to_vector<float>()) << "step " << step;
+    opt.zero_grad();
+    sum(y).backward();
+    const Tensor copy = amp::kept_copy(w);
+    ASSERT_TRUE(copy.defined());
+    const uint64_t copy_version = copy.version();
+    opt.step();
+    EXPECT_GT(amp::kept_copy(w).version(), copy_version) << "AdamW wrote the copy";
+    EXPECT_EQ(amp::kept_copy(w).to_vector<float>(), w.detach().to(DType::bf16).to_vector<float>());
+    EXPECT_TRUE(amp::cast_parameter(w, DType::bf16).is_same(copy)) << "current after the step: no cast";
+  }
+  Tensor y;
+  {
+    amp::Autocast ac(Device::cpu(), DType::bf16);
+    y = nn::functional::linear(x.requires_grad_(true), w, b);
+  }
+  opt.step();  // the weight (and its copy) change under the saved copy
+  EXPECT_THROW(sum(y).backward(), Error);
 }
 
 }  // namespace
