@@ -59,7 +59,7 @@ bool holds_current_values(const TensorImpl& p, const Tensor& param, DType dtype)
 
 Tensor cast_parameter(const Tensor& p, DType dtype) {
   if (!p.defined() || p.dtype() == dtype || !p.is_leaf() || !p.requires_grad() || !is_floating(p.dtype()) ||
-      !is_cache_enabled(p.device().type))
+      !is_cache_enabled(p.device().type) || p.impl().no_kept_copy)
     return p.defined() ? cast(p, dtype) : p;
   NoGradGuard no_grad;
   TensorImpl& impl = p.impl();
@@ -90,6 +90,11 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
 }
 
 Tensor kept_copy(const Tensor& p) { return p.defined() && p.impl().kept_copy ? Tensor(p.impl().kept_copy) : Tensor(); }
+
+void never_keep_cast(const Tensor& p) {
+  p.impl().no_kept_copy = true;
+  p.impl().kept_copy.reset();
+}
 
 void mark_kept_copy_current(const Tensor& p) {
   TensorImpl& impl = p.impl();

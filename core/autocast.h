@@ -53,5 +53,9 @@ Tensor cast_parameter(const Tensor& p, DType dtype);
 // the update, and marking it current once the parameter's version moved past the update.
 Tensor kept_copy(const Tensor& p);
 void mark_kept_copy_current(const Tensor& p);
+// For optimizers that update a parameter without writing a kept copy (distributed::ZeroAdamW: an all-gather
+// writes the parameter): cast_parameter then casts it afresh at each use, as a kept copy would be cast again
+// every step anyway and only hold memory. Drops a copy it has.
+void never_keep_cast(const Tensor& p);
 
 }  // namespace kiln::amp

@@ -66,6 +66,7 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> kept_copy;
   uint64_t kept_copy_version = 0;
   const void* kept_copy_source = nullptr;
+  bool no_kept_copy = false;  // amp::never_keep_cast: plain casts only
 };
 
 struct TensorOptions {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/graph.h>
@@ -53,6 +54,7 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
     const Tensor& p = params[i].first;
     p.set_data(data_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
     p.set_pinned_grad(grad_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
+    amp::never_keep_cast(p);  // the all-gather writes it, not an AdamW that would write a kept copy too
   }
   // this rank's pieces: views of data_ that the inner AdamW steps in place, gradients from shard_grad_
   const int64_t s0 = group_->rank() * shard_, s1 = s0 + shard_;

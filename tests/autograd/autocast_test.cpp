@@ -138,6 +138,9 @@ TEST(Autocast, CastParameterKeepsTheCastUntilTheParameterChanges) {
   }
   EXPECT_TRUE(amp::cast_parameter(p, DType::bf16).is_same(c1));
   EXPECT_FALSE(amp::cast_parameter(p, DType::f16).is_same(c3));  // another dtype: another copy
+  amp::never_keep_cast(p);  // as ZeroAdamW's parameters: a cast at every use, no copy kept
+  EXPECT_FALSE(amp::kept_copy(p).defined());
+  EXPECT_FALSE(amp::cast_parameter(p, DType::bf16).is_same(amp::cast_parameter(p, DType::bf16)));
   Tensor activation = randn({5, 3});
   EXPECT_FALSE(amp::cast_parameter(activation, DType::bf16).is_same(amp::cast_parameter(activation, DType::bf16)));
 }
