@@ -1,7 +1,6 @@
 #include <kiln/core/autocast.h>
 
 #include <array>
-
 #include <memory>
 
 #include <kiln/autograd/grad_mode.h>

@@ -313,6 +313,7 @@ void Tensor::zero_pinned_grad() const {
   KILN_CHECK(impl().grad_pinned && impl().grad, "zero_pinned_grad: ", str(), " has no pinned gradient (set_pinned_grad)");
   impl().grad_zero_pending = true;
 }
+
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined())
     KILN_CHECK(g.sizes() == sizes() && g.device() == device() && g.dtype() == dtype(), "set_grad: gradient ", g.str(),

@@ -222,26 +222,23 @@ std::shared_ptr<Work> enqueue(const std::shared_ptr<NcclProcessGroup::State>& st
   s.stream.wait(cuda::Stream::current(s.device));
   // a timing event for Work::completion_event's timeline; a captured one only orders the streams
   auto done = std::make_shared<cuda::Event>(/*enable_timing=*/graph == nullptr);
-  if (graph) {
-    launch(static_cast<cudaStream_t>(s.stream.handle()));
-    for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
-    done->record(s.stream);
-    watch_replays(state, *graph, what);
-    return std::make_shared<NcclWork>(done, s.device, /*host_blocking=*/false);
-  }
-  const uint64_t ticket = s.watchdog->begin(what);  // timed from before NCCL is entered
+  const uint64_t ticket = graph ? 0 : s.watchdog->begin(what);  // timed from before NCCL is entered
   try {
     launch(static_cast<cudaStream_t>(s.stream.handle()));
     for (const Tensor& t : tensors) cuda::record_stream(t, s.stream);
     done->record(s.stream);
   } catch (...) {  // the launch raised an error: nothing in flight to watch
-    s.watchdog->cancel(ticket);
+    if (!graph) s.watchdog->cancel(ticket);
     throw;
   }
-  s.watchdog->launched(ticket, [done, device = s.device] {
-    cuda::DeviceGuard guard(device);
-    return done->query();
-  });
+  if (graph) {
+    watch_replays(state, *graph, what);
+  } else {
+    s.watchdog->launched(ticket, [done, device = s.device] {
+      cuda::DeviceGuard guard(device);
+      return done->query();
+    });
+  }
   return std::make_shared<NcclWork>(done, s.device, host_blocking);
 }
 
