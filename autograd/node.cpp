@@ -4,6 +4,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln::autograd {
 
@@ -51,10 +52,22 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
-  if (var.grad_zero_pending()) {  // a pinned gradient zeroed lazily: this one is all of it
+  cuda::Graph* graph = cuda::capturing_graph();
+  if (var.grad_zero_pending() && (!graph || var.impl().grad_zero_pending_graph == graph->id())) {
+    // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it
     Tensor pinned(var.impl().grad);
     var.impl().grad_zero_pending = false;
     pinned.copy_(g);
+    if (graph)  // each replay writes it whole
+      graph->after_replay([weak = std::weak_ptr<TensorImpl>(var.impl_ptr())] {
+        if (const std::shared_ptr<TensorImpl> l = weak.lock()) l->grad_zero_pending = false;
+      });
+    return;
+  }
+  if (graph && var.grad_is_pinned()) {
+    // captured without a zero_grad of its own: the replays add, filling first when zero_grad marked it
+    fill_pinned_grad_at_replays_when_zeroed(var.impl_ptr());
+    Tensor(var.impl().grad).add_(g);
     return;
   }
   Tensor old = var.grad();

@@ -49,9 +49,14 @@ Tensor to_lower_precision(const Tensor& t) {
 
 namespace {
 
+// The kept copy fits `param` in `dtype` (same device and shape), whatever values it holds.
+bool fits(const TensorImpl& p, const Tensor& param, DType dtype) {
+  return p.kept_copy && p.kept_copy->dtype == dtype && p.kept_copy->storage->device == param.device() &&
+         p.kept_copy->shape == param.sizes();
+}
+
 bool holds_current_values(const TensorImpl& p, const Tensor& param, DType dtype) {
-  return p.kept_copy && p.kept_copy->dtype == dtype && p.kept_copy_version == param.version() &&
-         p.kept_copy_source == param.raw_data();
+  return fits(p, param, dtype) && p.kept_copy_version == param.version() && p.kept_copy_source == param.raw_data();
 }
 
 }  // namespace
@@ -65,6 +70,7 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
   const bool current = holds_current_values(impl, p, dtype);
   if (cuda::Graph* graph = cuda::capturing_graph()) {
     if (!current) return cast(p, dtype);  // captured: a replay casts again
+    impl.kept_copy_in_graph = true;
     // the replay reads the copy: it must hold the parameter's values by then
     graph->on_replay([weak = std::weak_ptr<TensorImpl>(p.impl_ptr()), dtype] {
       const std::shared_ptr<TensorImpl> pi = weak.lock();
@@ -79,8 +85,10 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
     return Tensor(impl.kept_copy);
   }
   if (current) return Tensor(impl.kept_copy);
-  if (impl.kept_copy && impl.kept_copy->dtype == dtype && Tensor(impl.kept_copy).sizes() == p.sizes())
+  if (fits(impl, p, dtype))
     Tensor(impl.kept_copy).copy_(p);  // in place: a graph captured earlier reads this memory
+  else if (impl.kept_copy && impl.kept_copy_in_graph)
+    return cast(p, dtype);  // another dtype, device or shape: the graph's copy stays as it is
   else
     impl.kept_copy = cast(p, dtype).contiguous().impl_ptr();
   impl.kept_copy_version = p.version();
@@ -92,12 +100,13 @@ Tensor kept_copy(const Tensor& p) { return p.defined() && p.impl().kept_copy ? T
 
 void never_keep_cast(const Tensor& p) {
   p.impl().no_kept_copy = true;
-  p.impl().kept_copy.reset();
+  if (!p.impl().kept_copy_in_graph) p.impl().kept_copy.reset();  // a graph's copy stays allocated
 }
 
 void mark_kept_copy_current(const Tensor& p) {
   TensorImpl& impl = p.impl();
   KILN_CHECK(impl.kept_copy, "mark_kept_copy_current: ", p.str(), " has no kept copy");
+  if (cuda::capturing_graph()) impl.kept_copy_in_graph = true;  // the captured update writes it
   Tensor(impl.kept_copy).bump_version();  // a backward that saved the old values fails instead of using these
   impl.kept_copy_version = p.version();
   impl.kept_copy_source = p.raw_data();

@@ -13,6 +13,7 @@
 #include <kiln/core/kernels/memory.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/shape.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln {
 
@@ -303,15 +304,39 @@ Tensor Tensor::grad() const {
   if (!impl().grad) return Tensor();
   Tensor g(impl().grad);
   if (impl().grad_zero_pending) {  // zero_pinned_grad's fill, now that someone reads the elements
+    const cuda::Graph* graph = cuda::capturing_graph();
+    if (graph && impl().grad_zero_pending_graph != graph->id()) {
+      fill_pinned_grad_at_replays_when_zeroed(impl_ptr());  // zeroed outside this capture
+      return g;
+    }
     impl().grad_zero_pending = false;
     g.zero_();
   }
   return g;
 }
 
+void fill_pinned_grad_at_replays_when_zeroed(const std::shared_ptr<TensorImpl>& leaf) {
+  cuda::Graph* graph = cuda::capturing_graph();
+  KILN_CHECK(graph, "fill_pinned_grad_at_replays_when_zeroed: only during a CUDA graph capture");
+  graph->on_replay([weak = std::weak_ptr<TensorImpl>(leaf)] {
+    const std::shared_ptr<TensorImpl> l = weak.lock();
+    if (!l || !l->grad || !l->grad_zero_pending) return;
+    l->grad_zero_pending = false;
+    NoGradGuard no_grad;
+    Tensor(l->grad).zero_();
+  });
+}
+
+void Tensor::bump_version() const {
+  ++impl().storage->version;
+  if (cuda::Graph* graph = cuda::capturing_graph()) graph->replay_bumps_version_of(impl().storage);
+}
+
 void Tensor::zero_pinned_grad() const {
   KILN_CHECK(impl().grad_pinned && impl().grad, "zero_pinned_grad: ", str(), " has no pinned gradient (set_pinned_grad)");
   impl().grad_zero_pending = true;
+  const cuda::Graph* graph = cuda::capturing_graph();
+  impl().grad_zero_pending_graph = graph ? graph->id() : 0;
 }
 
 void Tensor::set_grad(const Tensor& g) const {

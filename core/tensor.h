@@ -61,12 +61,14 @@ struct TensorImpl {
   bool retains_grad = false;
   bool grad_pinned = false;  // grad is a view of a flat buffer that zero_grad zeroes instead of dropping
   bool grad_zero_pending = false;  // a pinned grad that counts as zero: the next backward copies into it
+  uint64_t grad_zero_pending_graph = 0;  // the CUDA graph whose capture set grad_zero_pending (0: none)
   // amp::cast_parameter's copy of this parameter in a 16-bit dtype, and the storage version and address
   // whose values it holds
   std::shared_ptr<TensorImpl> kept_copy;
   uint64_t kept_copy_version = 0;
   const void* kept_copy_source = nullptr;
   bool no_kept_copy = false;  // amp::never_keep_cast: plain casts only
+  bool kept_copy_in_graph = false;  // a captured graph reads or writes the copy: its memory stays
 };
 
 struct TensorOptions {
@@ -99,7 +101,9 @@ class Tensor {
   bool shares_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
   std::string str() const;  // "f32[2, 3] cpu" for messages
   uint64_t version() const { return impl().storage->version; }
-  void bump_version() const { ++impl().storage->version; }
+  // In-place writes bump it (autograd's saved-tensor checks, autocast's kept copies); one made during a
+  // CUDA graph capture is made again by each replay (cuda::Graph::replay).
+  void bump_version() const;
 
   // ---- data access (CPU tensors) ----
   void* raw_data() const;  // pointer to the first element of this view
@@ -152,6 +156,10 @@ class Tensor {
   // it, a norm) calls grad() on the parameters that backward may not have reached, as DDP's and ZeRO-1's
   // unused-parameter paths and FlatParameters::grad() do. Under CUDA graph capture, what a replay does
   // follows what the capture saw: capture zero_grad with the step (as the trainers do).
+  // Under CUDA graph capture the zeros follow the replays: a zero_grad captured with the backward that
+  // writes the gradient makes it a copy in every replay (and each replay clears the mark), while a
+  // backward captured without one adds, and each replay first fills the gradient if it is marked then
+  // (fill_pinned_grad_at_replays_when_zeroed), so a zero_grad between replays, outside the graph, zeroes.
   void zero_pinned_grad() const;
   bool grad_zero_pending() const { return impl().grad_zero_pending; }
   // This tensor now holds other's elements: other's storage, offset and strides (other has this tensor's
@@ -300,5 +308,11 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, const Tenso
 // Tensor from an arbitrary dtype-less double list: from_list({1,2,3}, {3}, {.dtype=DType::f64}).
 Tensor tensor(std::initializer_list<double> values, const Shape& shape, const TensorOptions& opt = {});
 Tensor tensor(const std::vector<double>& values, const Shape& shape, const TensorOptions& opt = {});
+
+// For autograd and Tensor::grad(), while a CUDA graph captures work that adds to or reads `leaf`'s pinned
+// gradient without a zero_grad of the same capture before it: a replay hook that fills the gradient with
+// zeros first when it is marked zero (Tensor::zero_pinned_grad) at that replay, so a zero_grad between
+// replays, outside the graph, zeroes it as it would without the graph.
+void fill_pinned_grad_at_replays_when_zeroed(const std::shared_ptr<TensorImpl>& leaf);
 
 }  // namespace kiln

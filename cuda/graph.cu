@@ -1,6 +1,8 @@
 // CUDA graphs (cuda/graph.h): stream capture into the caching allocator's private pool of the graph,
 // replay hooks, random draws whose seed and base offset each replay writes to the device.
 #include <atomic>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include <kiln/cuda/check.h>
@@ -44,6 +46,9 @@ struct Graph::Impl {
   cudaGraphExec_t exec = nullptr;
   size_t nodes = 0;
   std::vector<std::function<void()>> hooks, after_hooks;
+  // replay_bumps_version_of, once each (by owner: a storage freed during the capture leaves its entry
+  // expired, and one made later at the same address gets its own)
+  std::set<std::weak_ptr<Storage>, std::owner_less<std::weak_ptr<Storage>>> bumped;
   std::vector<GeneratorDraws> draws;
   std::vector<uint64_t*> slabs;  // replay words (cudaMalloc'ed, outside the caching allocator)
   int slab_used = kSlabWords;
@@ -54,6 +59,7 @@ struct Graph::Impl {
   void release() noexcept {
     hooks.clear();
     after_hooks.clear();
+    bumped.clear();
     draws.clear();
     for (uint64_t* s : slabs) cudaFree(s);
     slabs.clear();
@@ -180,6 +186,8 @@ void Graph::replay() {
   if (!g.replayed) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&g.replayed, cudaEventDisableTiming));
   KILN_CUDA_CHECK(cudaEventRecord(g.replayed, stream));
   g.last_replay = stream;
+  for (const std::weak_ptr<Storage>& w : g.bumped)
+    if (const std::shared_ptr<Storage> s = w.lock()) ++s->version;
   for (auto& hook : g.after_hooks) hook();
 }
 
@@ -188,6 +196,11 @@ size_t Graph::num_nodes() const { return impl_ ? impl_->nodes : 0; }
 int Graph::device() const { return impl_ ? impl_->device : -1; }
 
 uint64_t Graph::id() const { return impl_ ? impl_->id : 0; }
+
+void Graph::replay_bumps_version_of(const std::shared_ptr<Storage>& storage) {
+  KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::replay_bumps_version_of: only during capture");
+  impl_->bumped.insert(storage);
+}
 
 void Graph::after_replay(std::function<void()> hook) {
   KILN_CHECK(impl_ && impl_->capturing, "cuda::Graph::after_replay: only during capture");

@@ -66,12 +66,17 @@ class Graph {
 
   // A number no other capture of this process shares (a graph keeps it for life).
   uint64_t id() const;
+  // During capture (Tensor::bump_version): the storage's version counter moved in the captured work, so
+  // each replay moves it again after its launch, and host-side checks of versions (saved tensors, kept
+  // autocast copies) see what the replays write.
+  void replay_bumps_version_of(const std::shared_ptr<Storage>& storage);
 
   // For Kiln's parts, during capture: `hook` runs on the host before each replay (in registration order)
   // and may queue small writes of this replay's values on the current stream (write_words).
   void on_replay(std::function<void()> hook);
-  // During capture: `hook` runs on the host after each replay's launch, with the replay's stream current
-  // (what a collective's watchdog uses to time the replay: an event recorded there completes with it).
+  // During capture: `hook` runs on the host after each replay's launch (and its version bumps), with the
+  // replay's stream current (what a collective's watchdog uses to time the replay: an event recorded there
+  // completes with it).
   void after_replay(std::function<void()> hook);
   // During capture: `n` <= 512 words of device memory that only hooks write (before the graph runs) and
   // captured kernels read, valid as long as the graph. Not from the graph's pool: a pool block may have

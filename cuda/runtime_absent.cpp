@@ -75,6 +75,7 @@ bool Graph::captured() const { return false; }
 size_t Graph::num_nodes() const { return 0; }
 int Graph::device() const { return -1; }
 uint64_t Graph::id() const { return 0; }
+void Graph::replay_bumps_version_of(const std::shared_ptr<Storage>&) { no_cuda("Graph::replay_bumps_version_of"); }
 void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
 void Graph::after_replay(std::function<void()>) { no_cuda("Graph::after_replay"); }
 PhiloxDraw Graph::draw(Generator&, uint64_t) { no_cuda("Graph::draw"); }

@@ -68,6 +68,7 @@ void AdamW::step() {
   // each replay instead: a replay hook increments the steps of the parameters the graph updates, and writes
   // the group's lr, betas, eps, decay and the bias corrections where the captured kernel reads them.
   cuda::Graph* graph = cuda::capturing_graph();
+  std::vector<int64_t> written_copies;  // parameters whose kept copy the update wrote
   int64_t index = 0;
   for (size_t group_index = 0; group_index < param_groups().size(); ++group_index) {
     auto& g = param_groups()[group_index];
@@ -112,9 +113,10 @@ void AdamW::step() {
           const Tensor copy = amp::kept_copy(p);
           cs.push_back(copy.defined() && ps.back().is_same(p) && p.dtype() == DType::f32 &&
                                (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) && copy.is_contiguous() &&
-                               copy.sizes() == p.sizes()
+                               copy.sizes() == p.sizes() && copy.device() == p.device()
                            ? copy
                            : Tensor());
+          if (cs.back().defined()) written_copies.push_back(i);
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
         if (graph && ps[0].device().is_cuda()) {
@@ -137,13 +139,21 @@ void AdamW::step() {
           Tensor p = param(ids[k]);
           if (!ps[k].is_same(p)) p.copy_(ps[k]);
           p.bump_version();
-          if (cs[k].defined()) amp::mark_kept_copy_current(p);
           ms[k].bump_version();
           vs[k].bump_version();
         }
       }
     }
   }
+  // The copies hold the new values: current once every parameter's version moved (parameters that share a
+  // storage, as FlatParameters' views, move one counter). A replay bumps the versions again (cuda::Graph),
+  // so it marks them again after.
+  for (int64_t i : written_copies) amp::mark_kept_copy_current(param(i));
+  if (graph && !written_copies.empty())
+    graph->after_replay([this, written_copies] {
+      for (int64_t i : written_copies)
+        if (amp::kept_copy(param(i)).defined()) amp::mark_kept_copy_current(param(i));
+    });
 }
 
 }  // namespace kiln::optim

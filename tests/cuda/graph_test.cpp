@@ -23,6 +23,7 @@
 #include <kiln/optim/flat_parameters.h>
 #include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
+#include <kiln/optim/sgd.h>
 
 #include "cuda_test_util.h"
 
@@ -381,6 +382,82 @@ TEST(CudaGraph, AReplayCastsAgainWeightsChangedOutsideTheGraph) {
     const Tensor want = nn::functional::linear(x.to(DType::bf16), layer.weight.detach().to(DType::bf16),
                                                layer.bias.detach().to(DType::bf16));
     expect_identical(y, want, "replay " + std::to_string(step));
+  }
+}
+
+// A captured forward and backward over FlatParameters (pinned gradients), with zero_grad and AdamW's step
+// outside the graph: zero_grad's lazy zeros are filled at each replay (the captured backward adds), so
+// the steps equal the same steps without a graph bit for bit; and without a zero_grad between two
+// replays the gradients accumulate, as two uncaptured backward passes do.
+TEST(CudaGraph, AnUncapturedZeroGradBetweenReplaysOfACapturedBackward) {
+  KILN_REQUIRE_GPU();
+  auto make = [] {
+    manual_seed(12);
+    auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 16), std::make_unique<nn::Tanh>(),
+                                                std::make_unique<nn::Linear>(16, 4));
+    net->to(kGpu);
+    return net;
+  };
+  auto eager = make(), graphed = make();
+  optim::FlatParameters eager_flat(eager->parameters()), graph_flat(graphed->parameters());
+  optim::AdamW eager_opt(eager->parameters(), {.lr = 1e-2}), graph_opt(graphed->parameters(), {.lr = 1e-2});
+  Generator gen(4);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int k = 0; k < 5; ++k) batches.emplace_back(randn({8, 32}, {}, &gen).to(kGpu), randn({8, 4}, {}, &gen).to(kGpu));
+  auto loss_of = [](nn::Module& net, const Tensor& x, const Tensor& y) { return sum(square(sub(net.forward(x), y))); };
+  // step 0 uncaptured on both (AdamW's state), then the graphed model's forward and backward captured
+  eager_opt.zero_grad();
+  loss_of(*eager, batches[0].first, batches[0].second).backward();
+  eager_opt.step();
+  graph_opt.zero_grad();
+  loss_of(*graphed, batches[0].first, batches[0].second).backward();
+  graph_opt.step();
+  Tensor gx = batches[0].first.clone(), gy = batches[0].second.clone();
+  cuda::Graph graph = cuda::capture([&] { loss_of(*graphed, gx, gy).backward(); }, /*warmup=*/0);
+  for (int k = 1; k < 5; ++k) {
+    const bool accumulate = k == 3;  // no zero_grad before this step: two batches' gradients
+    if (!accumulate) eager_opt.zero_grad();
+    loss_of(*eager, batches[size_t(k)].first, batches[size_t(k)].second).backward();
+    if (!accumulate) graph_opt.zero_grad();
+    gx.copy_(batches[size_t(k)].first);
+    gy.copy_(batches[size_t(k)].second);
+    graph.replay();
+    if (k == 2) continue;  // step 2's gradients stay for step 3 to add to
+    eager_opt.step();
+    graph_opt.step();
+  }
+  const auto pa = eager->parameters(), pb = graphed->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) expect_identical(pb[i], pa[i], "parameter " + std::to_string(i));
+}
+
+// A replay moves the version of what its capture wrote in place, so a parameter an SGD step inside a graph
+// updates is cast again by the next autocast forward outside it (its kept copy would be stale otherwise).
+TEST(CudaGraph, ReplaysMoveTheVersionsTheirCaptureMoved) {
+  KILN_REQUIRE_GPU();
+  manual_seed(6);
+  nn::Linear layer(64, 32);
+  layer.to(kGpu);
+  optim::SGD opt(layer.parameters(), {.lr = 0.1});
+  const Tensor x = randn({16, 64}).to(kGpu);
+  auto forward = [&] {
+    amp::Autocast ac(kGpu, DType::bf16);
+    return nn::functional::linear(x, layer.weight, layer.bias);
+  };
+  opt.zero_grad();
+  sum(forward()).backward();  // gradients for the captured step to use; the copies exist
+  cuda::Graph graph = cuda::capture([&] { opt.step(); }, /*warmup=*/0);
+  for (int k = 0; k < 3; ++k) {
+    const uint64_t before = layer.weight.version();
+    graph.replay();
+    EXPECT_GT(layer.weight.version(), before) << "replay " << k;
+    Tensor y;
+    {
+      NoGradGuard ng;
+      y = forward();
+    }
+    const Tensor want = nn::functional::linear(x.to(DType::bf16), layer.weight.detach().to(DType::bf16),
+                                               layer.bias.detach().to(DType::bf16));
+    expect_identical(y, want, "forward after replay " + std::to_string(k));
   }
 }
 

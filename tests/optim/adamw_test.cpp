@@ -10,6 +10,7 @@
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/flat_parameters.h>
 
 namespace kiln::optim {
 namespace {
@@ -131,6 +132,34 @@ TEST(Autocast, AdamWWritesTheKeptCopyAndAStaleSaveIsCaught) {
   }
   opt.step();  // the weight (and its copy) change under the saved copy
   EXPECT_THROW(sum(y).backward(), Error);
+}
+
+// Parameters that share one storage (FlatParameters' views) share its version counter: AdamW marks their
+// copies current once every update moved it, so each is current after the step, not only the last one.
+TEST(Autocast, AdamWLeavesEveryKeptCopyOfFlatParametersCurrent) {
+  Tensor w1 = randn({4, 6}).requires_grad_(true), w2 = randn({3, 4}).requires_grad_(true), x = randn({2, 6});
+  FlatParameters flat({w1, w2});
+  AdamW opt({w1, w2}, {.lr = 0.1});
+  Tensor copies[2];
+  for (int step = 0; step < 2; ++step) {
+    Tensor y;
+    {
+      amp::Autocast ac(Device::cpu(), DType::bf16);
+      y = nn::functional::linear(nn::functional::linear(x, w1), w2);
+      copies[0] = amp::kept_copy(w1);
+      copies[1] = amp::kept_copy(w2);
+    }
+    opt.zero_grad();
+    sum(y).backward();
+    opt.step();
+    for (const Tensor* w : {&w1, &w2}) {
+      const uint64_t written = amp::kept_copy(*w).version();
+      const Tensor c = amp::cast_parameter(*w, DType::bf16);
+      EXPECT_EQ(c.version(), written) << "step " << step << ": cast again after AdamW wrote it";
+      EXPECT_EQ(c.to_vector<float>(), w->detach().to(DType::bf16).to_vector<float>());
+    }
+  }
+  EXPECT_TRUE(copies[0].is_same(amp::kept_copy(w1)) && copies[1].is_same(amp::kept_copy(w2)));
 }
 
 }  // namespace
