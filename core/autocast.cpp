@@ -96,7 +96,10 @@ Tensor cast_parameter(const Tensor& p, DType dtype) {
   return Tensor(impl.kept_copy);
 }
 
-Tensor kept_copy(const Tensor& p) { return p.defined() && p.impl().kept_copy ? Tensor(p.impl().kept_copy) : Tensor(); }
+Tensor kept_copy(const Tensor& p) {
+  if (!p.defined() || !p.impl().kept_copy) return Tensor();
+  return fits(p.impl(), p, p.impl().kept_copy->dtype) ? Tensor(p.impl().kept_copy) : Tensor();
+}
 
 void never_keep_cast(const Tensor& p) {
   p.impl().no_kept_copy = true;

@@ -49,8 +49,8 @@ Tensor to_full_precision(const Tensor& t);
 // Under CUDA graph capture a current copy is used, and each replay first casts it again if the parameter
 // changed outside the graph (an optimizer step that was not captured); a stale copy becomes a captured cast.
 Tensor cast_parameter(const Tensor& p, DType dtype);
-// For optimizers that update a parameter in place: its kept copy (undefined if none) to write along with
-// the update, and marking it current once the parameter's version moved past the update.
+// For optimizers that update a parameter in place: its kept copy (contiguous, on its device, of its shape;
+// undefined if none fits) to write along with the update, and marking it current once the parameter's version moved past the update.
 Tensor kept_copy(const Tensor& p);
 void mark_kept_copy_current(const Tensor& p);
 // For optimizers that update a parameter without writing a kept copy (distributed::ZeroAdamW: an all-gather

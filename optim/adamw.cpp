@@ -112,8 +112,7 @@ void AdamW::step() {
           // a kept half-precision copy (amp::cast_parameter) is written along with the update
           const Tensor copy = amp::kept_copy(p);
           cs.push_back(copy.defined() && ps.back().is_same(p) && p.dtype() == DType::f32 &&
-                               (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) && copy.is_contiguous() &&
-                               copy.sizes() == p.sizes() && copy.device() == p.device()
+                               (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16)
                            ? copy
                            : Tensor());
           if (cs.back().defined()) written_copies.push_back(i);
