@@ -38,20 +38,34 @@ Shape with(Shape s, std::initializer_list<int64_t> tail) {
   return s;
 }
 
-// The eigen method on (batch, n, n): the matrices' (a + ε·I)^(−1/p), eigenvalues below ε lifted per matrix.
-Tensor eigen_root(const char* op, const Tensor& a3, double p, double epsilon) {
-  const int64_t n = a3.size(-1);
-  const Tensor ridged = add(a3, mul(eye(n, {.dtype = a3.dtype(), .device = a3.device()}), epsilon));
+// V·diag(λ^(−1/p))·Vᵀ for eigenpairs (λ, V) of a + ε·I, batched (b, n) and (b, n, n), V's columns the
+// vectors: λ ← λ + (ε − λ_min) where λ_min < ε, per matrix (the eigen method's lift).
+Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double p, double epsilon) {
+  const Tensor lowest = amin(values, {-1}, /*keepdim=*/true);
+  const Tensor lift =
+      clamp(sub(full({1}, epsilon, {.dtype = values.dtype(), .device = values.device()}), lowest), 0.0, INFINITY);
+  const Tensor scale = pow(add(values, lift), -1.0 / p);
+  return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
+}
+
+// The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
+Eigh checked_eigh(const char* op, const Tensor& ridged) {
   EighEx e = eigh_ex(ridged);
   const int32_t* info = static_cast<const int32_t*>(e.info.raw_data());
   for (int64_t b = 0; b < e.info.numel(); ++b)
-    KILN_CHECK(info[b] == 0, op, ": the symmetric eigensolver did not converge on matrix ", b, " of ", a3.str(),
+    KILN_CHECK(info[b] == 0, op, ": the symmetric eigensolver did not converge on matrix ", b, " of ", ridged.str(),
                " (info ", info[b], ")");
-  // λ ← λ + (ε − λ_min) where λ_min < ε, per matrix; then V diag(λ^(−1/p)) Vᵀ
-  const Tensor lowest = amin(e.eigenvalues, {-1}, /*keepdim=*/true);
-  const Tensor lift = clamp(sub(full({1}, epsilon, {.dtype = a3.dtype(), .device = a3.device()}), lowest), 0.0, INFINITY);
-  const Tensor scale = pow(add(e.eigenvalues, lift), -1.0 / p);
-  return matmul(mul(e.eigenvectors, scale.unsqueeze(-2)), e.eigenvectors.transpose(-2, -1));
+  return {e.eigenvalues, e.eigenvectors};
+}
+
+Tensor ridge(const Tensor& a3, double epsilon) {
+  return add(a3, mul(eye(a3.size(-1), {.dtype = a3.dtype(), .device = a3.device()}), epsilon));
+}
+
+// The eigen method on (batch, n, n): the matrices' (a + ε·I)^(−1/p), eigenvalues below ε lifted per matrix.
+Tensor eigen_root(const char* op, const Tensor& a3, double p, double epsilon) {
+  const Eigh e = checked_eigh(op, ridge(a3, epsilon));
+  return root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, epsilon);
 }
 
 Tensor matrix_power(const Tensor& t, int64_t p) {  // p >= 1, by squaring
@@ -109,6 +123,8 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
     return out;
   }
   const Tensor a3 = a.contiguous().reshape({b, n, n});
+  KILN_CHECK(options.method != RootMethod::warm_eigen, op, ": the warm_eigen method needs a basis: call "
+             "linalg::inverse_root_warm");
   if (options.method == RootMethod::eigen) {
     out.root = eigen_root(op, a3, p, options.epsilon).reshape(a.sizes());
     return out;
@@ -152,6 +168,69 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
     out.fallbacks = int64_t(failed.size());
   }
   out.root = x.reshape(a.sizes());
+  return out;
+}
+
+WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
+  const char* op = "linalg::inverse_root_warm";
+  check_matrices(op, a);
+  KILN_CHECK(p > 0 && std::isfinite(p), op, ": the root p must be positive, got ", p);
+  KILN_CHECK(options.epsilon >= 0, op, ": epsilon must be non-negative, got ", options.epsilon);
+  KILN_CHECK(options.warm_tolerance >= 0, op, ": warm_tolerance must be non-negative, got ", options.warm_tolerance);
+  KILN_CHECK(basis.defined() && basis.sizes() == a.sizes() && basis.dtype() == a.dtype() &&
+                 basis.device() == a.device() && basis.is_contiguous(),
+             op, ": the basis must be a contiguous tensor of the matrices' shape, dtype and device: matrices ", a.str(),
+             ", basis ", basis.defined() ? basis.str() : std::string("undefined"));
+  const NoGradGuard no_grad;
+  const int64_t n = a.size(-1);
+  const Shape batch = batch_shape(a);
+  const int64_t b = count(batch);
+  WarmInverseRoot out;
+  if (b == 0 || n == 0) {
+    out.root = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+    out.off_diagonal = zeros(batch, {.dtype = DType::f64});
+    return out;
+  }
+  const cuda::AllowTf32Guard exact(true, false);  // TF32's 1e-3 would drown the small Rayleigh quotients
+  const Tensor ridged = ridge(a.contiguous().reshape({b, n, n}), options.epsilon);
+  const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
+  // λ_j = q_jᵀ·(A·q)_j: the column sums of q ⊙ (A·q); δ² = 1 − Σλ² / ‖A‖², both sums read in one transfer
+  const Tensor quotients = sum(mul(q, matmul(ridged, q)), {-2});
+  const Tensor sums = cast(stack({sum(mul(quotients, quotients), {-1}), sum(mul(ridged, ridged), {-2, -1})}),
+                           DType::f64).cpu();
+  const std::vector<double> v = sums.contiguous().to_vector<double>();
+  out.off_diagonal = empty(batch, {.dtype = DType::f64});
+  double* delta = static_cast<double*>(out.off_diagonal.raw_data());
+  std::vector<int64_t> kept, refreshed;
+  for (int64_t i = 0; i < b; ++i) {
+    const double captured = v[size_t(i)], total = v[size_t(b + i)];
+    delta[i] = total > 0 ? std::sqrt(std::max(0.0, 1.0 - captured / total)) : 1.0;
+    const bool reuse = delta[i] <= options.warm_tolerance && delta[i] < 1.0 && std::isfinite(captured);
+    (reuse ? kept : refreshed).push_back(i);
+  }
+  auto rows = [&](const Tensor& t, const std::vector<int64_t>& which) {
+    if (int64_t(which.size()) == b) return t;
+    const Tensor index = from_vector(which, {int64_t(which.size())}, {.dtype = DType::i64, .device = a.device()});
+    return index_select(t, 0, index);
+  };
+  Tensor root = empty({b, n, n}, {.dtype = a.dtype(), .device = a.device()});
+  auto put = [&](Tensor& into, const std::vector<int64_t>& which, const Tensor& values) {
+    if (int64_t(which.size()) == b) {
+      into.copy_(values);
+      return;
+    }
+    for (size_t j = 0; j < which.size(); ++j) into.narrow(0, which[j], 1).copy_(values.narrow(0, int64_t(j), 1));
+  };
+  if (!kept.empty())
+    put(root, kept, root_from_eigenpairs(rows(quotients, kept), rows(q, kept), p, options.epsilon));
+  if (!refreshed.empty()) {
+    const Eigh e = checked_eigh(op, rows(ridged, refreshed));
+    put(root, refreshed, root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, options.epsilon));
+    Tensor q_rows = q;
+    put(q_rows, refreshed, e.eigenvectors);
+    out.refreshed = int64_t(refreshed.size());
+  }
+  out.root = root.reshape(a.sizes());
   return out;
 }
 

@@ -37,7 +37,9 @@ EighEx eigh_ex(const Tensor& a);
 //           M = Xᵖ·(a + ε·I), so that M → I as X → (a + ε·I)^(−1/p). p must be an integer. It stops
 //           when every matrix's residual max|M − I| is at most `tolerance`, or after `max_iterations`;
 //           matrices still above it are computed again by the eigen method (`fallback`), or are an error.
-enum class RootMethod { eigen, newton };
+//   warm_eigen  the eigen method started from a basis of eigenvectors of a nearby matrix (inverse_root_warm,
+//           which keeps that basis; inverse_root_ex refuses it)
+enum class RootMethod { eigen, newton, warm_eigen };
 struct InverseRootOptions {
   double epsilon = 1e-12;
   RootMethod method = RootMethod::eigen;
@@ -47,6 +49,8 @@ struct InverseRootOptions {
   // newton, f32 on a GPU: the iteration's products on TF32 tensor cores (about 10 mantissa bits a
   // product, several times faster); the default tolerance is then 2e-3, which TF32's rounding still reaches
   bool tf32 = false;
+  // warm_eigen: the largest relative off-diagonal mass δ (inverse_root_warm) at which the basis is reused
+  double warm_tolerance = 1e-2;
 };
 struct InverseRoot {
   Tensor root;               // (..., n, n), a's dtype and device
@@ -56,5 +60,24 @@ struct InverseRoot {
 };
 InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions& options = {});
 Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options = {});
+
+// The eigen method warm-started from `basis` (..., n, n), orthonormal columns that are eigenvectors of a
+// nearby matrix: the last refresh's, for factors that move slowly between refreshes (Shampoo's, whose β2
+// average changes them by ~1% in 10 steps). The reuse of an eigenbasis that Distributed Shampoo's warm
+// started eigendecomposition and SOAP make. With A = a + ε·I and q_j the basis' columns, the Rayleigh
+// quotients λ_j = q_jᵀ·A·q_j and the relative off-diagonal mass of qᵀ·A·q,
+//     δ = ‖qᵀ·A·q − diag(λ)‖_F / ‖A‖_F = sqrt(1 − Σ_j λ_j² / ‖A‖_F²)      (q orthogonal: ‖qᵀ·A·q‖_F = ‖A‖_F),
+// a matrix with δ ≤ options.warm_tolerance takes q·diag(λ^(−1/p))·qᵀ (λ lifted as the eigen method lifts
+// eigenvalues) and keeps its basis: two batched GEMMs (A·q, then the product) where cuSOLVER's eigensolver
+// spends ~10x as long on its tridiagonal reduction. The others are eigendecomposed afresh (the eigen
+// method) and their rows of `basis` overwritten with the new eigenvectors; a basis of zeros (δ = 1) always
+// is: how a first call starts. `basis` must be contiguous, with a's shape, dtype and device. The result
+// differs from the eigen method's by the off-diagonal mass the tolerance admits (first order in δ).
+struct WarmInverseRoot {
+  Tensor root;             // (..., n, n)
+  Tensor off_diagonal;     // (...) δ of each matrix in the basis it came with (host f64)
+  int64_t refreshed = 0;   // matrices eigendecomposed afresh
+};
+WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options = {});
 
 }  // namespace kiln::linalg

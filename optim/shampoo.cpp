@@ -82,6 +82,7 @@ Tensor stack_blocks(const std::vector<Tensor>& blocks) {
 
 std::string factor_name(size_t b, int64_t i) { return "factor." + std::to_string(b) + "." + std::to_string(i); }
 std::string root_name(size_t b, int64_t i) { return "root." + std::to_string(b) + "." + std::to_string(i); }
+std::string basis_name(size_t b, int64_t i) { return "eigenbasis." + std::to_string(b) + "." + std::to_string(i); }
 
 // Parameters with at least two dims of size > 1 are preconditioned (even where merging leaves one dim:
 // a small matrix becomes one block of order 1); 1-D ones (biases, norms' weights) only if precondition_1d.
@@ -128,7 +129,8 @@ std::vector<std::string> Shampoo::state_tensor_names() const {
 }
 
 std::string Shampoo::check_param_state(const Tensor& param, const std::string& name, const Tensor& t) const {
-  if (name.rfind("factor.", 0) != 0 && name.rfind("root.", 0) != 0 && name != "root_failures")
+  if (name.rfind("factor.", 0) != 0 && name.rfind("root.", 0) != 0 && name.rfind("eigenbasis.", 0) != 0 &&
+      name != "root_failures")
     return Optimizer::check_param_state(param, name, t);
   const ParamGroup* group = nullptr;
   for (const ParamGroup& g : param_groups())
@@ -167,6 +169,7 @@ std::string Shampoo::check_param_state(const Tensor& param, const std::string& n
 struct Shampoo::Factor {
   int64_t param;          // global index
   Tensor factor, root;    // the state tensors (the root is written in place), set once the groups are stacked
+  Tensor basis;           // root_method warm_eigen: the factor's eigenbasis (written in place when refreshed)
   Tensor failures;        // the parameter's root_failures, and this factor's place in it
   int64_t position;
   size_t block;           // which block and dim: the state tensors' names
@@ -194,10 +197,30 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
     }
     bool done = false;
     try {
-      const Tensor roots =
-          linalg::inverse_root(stacked, p, {.epsilon = eps, .method = root_method, .tf32 = root_tf32});
-      if (all_true(isfinite(roots))) {
-        for (size_t j = 0; j < group.size(); ++j) group[j]->root.copy_(roots.select(0, int64_t(j)));
+      const bool warm = root_method == linalg::RootMethod::warm_eigen;
+      const linalg::InverseRootOptions options{
+          .epsilon = eps, .method = root_method, .tf32 = root_tf32, .warm_tolerance = warm_tolerance};
+      std::vector<Tensor> bases;
+      if (warm)
+        for (Factor* f : group) bases.push_back(f->basis);
+      const Tensor stacked_bases = warm ? stack(bases) : Tensor();
+      Tensor roots;
+      if (warm) {
+        const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
+        roots = r.root;
+        eigen_refreshes_ += r.refreshed;
+      } else {
+        roots = linalg::inverse_root(stacked, p, options);
+      }
+      if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
+        std::vector<Tensor> from, to, from_bases;
+        for (size_t j = 0; j < group.size(); ++j) {
+          from.push_back(roots.select(0, int64_t(j)));
+          to.push_back(group[j]->root);
+          if (warm) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
+        }
+        kernels::copy_matrices(from, to);
+        if (warm) kernels::copy_matrices(from_bases, bases);
         done = true;
       }
     } catch (const Error&) {
@@ -220,6 +243,7 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         }
       } catch (const Error&) {
       }
+      if (f.basis.defined()) f.basis.zero_();  // not this root's basis: the next refresh eigendecomposes afresh
       if (ok) {
         count.zero_();
         continue;
@@ -395,6 +419,7 @@ void Shampoo::step() {
           const int64_t d = blocks.shapes[b][size_t(i)];
           state_tensor(factor_name(b, i), {d, d});
           state_tensor(root_name(b, i), {d, d}, /*identity=*/true);
+          if (root_method == linalg::RootMethod::warm_eigen) state_tensor(basis_name(b, i), {d, d});  // zeros: δ = 1
         }
         if (k == 2) {  // batched below, with the other blocks of its shape
           matrix_blocks[{blocks.shapes[b][0], blocks.shapes[b][1], int(sdt), p.device().str(), b2}].push_back(
@@ -413,7 +438,7 @@ void Shampoo::step() {
       if (roots_due)
         for (size_t b = 0; b < blocks.size(); ++b)
           for (int64_t i = 0; i < k; ++i)
-            due.push_back({index, Tensor(), Tensor(), failures, int64_t(b) * k + i, b, i,
+            due.push_back({index, Tensor(), Tensor(), Tensor(), failures, int64_t(b) * k + i, b, i,
                            b2 < 1.0 ? 1.0 / (1.0 - std::pow(b2, double(t))) : 1.0, g.get("epsilon"), 2.0 * double(k)});
     }
     pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index, Tensor()});
@@ -443,6 +468,7 @@ void Shampoo::step() {
     const auto& tensors = state(f.param).tensors;
     f.factor = tensors.at(factor_name(f.block, f.dim));
     f.root = tensors.at(root_name(f.block, f.dim));
+    if (root_method == linalg::RootMethod::warm_eigen) f.basis = tensors.at(basis_name(f.block, f.dim));
   }
   if (!due.empty()) {
     const cuda::AllowTf32Guard f32_roots(tf32, false);  // the roots' own products (Newton, the residual check) in f32

@@ -24,9 +24,9 @@
 // parameter. A non-finite factor is an error at once.
 //
 // State per parameter: step, exp_avg (m; β1 > 0), grafting_state (v; adam and adagrad), momentum_buffer
-// (μ > 0), and per block b and dim i "factor.b.i" and "root.b.i" (square, the block's size along i), and
-// "root_failures" (one count per factor, f32). A checkpoint holds all of it, and a resumed run continues
-// bit for bit.
+// (μ > 0), and per block b and dim i "factor.b.i" and "root.b.i" (square, the block's size along i), with
+// root_method warm_eigen "eigenbasis.b.i" too (the same shape), and "root_failures" (one count per factor,
+// f32). A checkpoint holds all of it, and a resumed run continues bit for bit.
 //
 // Batching: the matrix blocks (order 2) of every parameter that share a shape, dtype, device and β2 form a
 // group whose factors and roots live in stacked (B, m, m) and (B, n, n) tensors, each "factor.b.i" and
@@ -80,10 +80,15 @@ class Shampoo : public Optimizer {
   // tf32; tolerance 2e-3). GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566 ms by f32
   // Newton; about 1% from the eigen roots (relative Frobenius distance). Off by default.
   bool root_tf32 = false;
+  // With root_method warm_eigen (linalg::inverse_root_warm): each factor keeps its eigenbasis (state
+  // "eigenbasis.b.i") and a refresh reuses it while its relative off-diagonal mass δ is at most this; a
+  // factor above it, or without a basis yet, is eigendecomposed afresh.
+  double warm_tolerance = 1e-2;
   // Root computations so far, and matrices that fell back to f64 or kept their previous root (for logs).
   int64_t root_updates() const { return root_updates_; }
   int64_t f64_retries() const { return f64_retries_; }
   int64_t kept_roots() const { return kept_roots_; }
+  int64_t eigen_refreshes() const { return eigen_refreshes_; }  // warm_eigen: factors eigendecomposed afresh
 
  protected:
   std::vector<std::string> state_tensor_names() const override;
@@ -96,7 +101,7 @@ class Shampoo : public Optimizer {
   MatrixGroup& matrix_group(const std::vector<std::pair<int64_t, size_t>>& members, int64_t m, int64_t n, DType dtype,
                             const Device& device, double beta2);
   std::vector<std::shared_ptr<MatrixGroup>> groups_;
-  int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0;
+  int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0, eigen_refreshes_ = 0;
 };
 
 }  // namespace kiln::optim

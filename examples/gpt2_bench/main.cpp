@@ -70,6 +70,8 @@ struct Args {
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
+  bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
+  double shampoo_beta2 = 0.95;  // Shampoo's factor average (AdamW's β2 by default)
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
   int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
@@ -88,7 +90,7 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
-        "                  [--shampoo-newton-tf32]] [--fp8]\n"
+        "                  [--shampoo-newton-tf32] [--shampoo-warm] [--shampoo-beta2 B]] [--fp8]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
         "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
@@ -106,6 +108,8 @@ void usage(std::ostream& os) {
         "                (default: on GPUs with AdamW or --zero)\n"
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
         "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
+        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (RootMethod::warm_eigen)\n"
+        "  --shampoo-beta2 B: its factors' average (default 0.95, AdamW's β2 here)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
 }
@@ -129,6 +133,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo") a.shampoo = r.i64();
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true;
+    else if (flag == "--shampoo-warm") a.shampoo_warm = true;
+    else if (flag == "--shampoo-beta2") a.shampoo_beta2 = r.f64();
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--cuda-graph") a.cuda_graph = 1;
@@ -180,6 +186,7 @@ int run(const Args& args) {
   // DDP + AdamW (rank 0's weights everywhere, gradients averaged during backward), or ZeRO-1 alone
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<optim::Optimizer> opt;
+  const optim::Shampoo* shampoo_stats = nullptr;  // for the root counts printed at the end
   distributed::ZeroAdamW* zero = nullptr;
   if (group && args.zero) {
     auto z = std::make_unique<distributed::ZeroAdamW>(
@@ -196,8 +203,8 @@ int run(const Args& args) {
       ddp = std::make_unique<distributed::DistributedDataParallel>(model, group, o);
     }
     if (args.shampoo > 0) {  // the same betas, decay and lr, with roots every --shampoo steps
-      const optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, 0.95}, .epsilon = 1e-8, .weight_decay = 0.1,
-                                    .precondition_frequency = args.shampoo};
+      const optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, args.shampoo_beta2}, .epsilon = 1e-8,
+                                    .weight_decay = 0.1, .precondition_frequency = args.shampoo};
       optim::ShampooOptions without_decay = s;
       without_decay.weight_decay = 0.0;
       auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, s);
@@ -207,6 +214,8 @@ int run(const Args& args) {
         shampoo->root_method = linalg::RootMethod::newton;
         shampoo->root_tf32 = true;
       }
+      if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
+      shampoo_stats = shampoo.get();
       opt = std::move(shampoo);
     } else {
       auto adamw = std::make_unique<optim::AdamW>(groups.decay, decay);
@@ -330,6 +339,10 @@ int run(const Args& args) {
                (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
                N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
+  if (shampoo_stats)
+    std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept\n",
+                (long long)shampoo_stats->root_updates(), (long long)shampoo_stats->eigen_refreshes(),
+                (long long)shampoo_stats->f64_retries(), (long long)shampoo_stats->kept_roots());
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s\n", tps, mfu, peak_gib,
               1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",

@@ -2,8 +2,9 @@
 // orthonormal vectors and ascending values, batched = one by one; inverse roots satisfy Xᵖ·(A + ε·I) = I on
 // random SPD matrices of sizes 1..1024, match a root built from known eigenvalues on ill-conditioned
 // (condition 1e8) matrices, handle singular and indefinite ones by the ε rule, and the Newton iteration
-// agrees with the eigen method (falling back to it, or failing, when it does not converge); bad input is
-// an error.
+// agrees with the eigen method (falling back to it, or failing, when it does not converge); the warm-started
+// eigen method reuses an exact or nearby basis (within first order of its off-diagonal mass) and refreshes a
+// zero or far one; bad input is an error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -172,6 +173,90 @@ TEST(LinalgInverseRoot, NewtonThatDoesNotConvergeFallsBackOrFails) {
                     "linalg::inverse_root", "newton", "2 of 2", "tolerance");
 }
 
+// The relative Frobenius distance of x from y.
+double relative(const Tensor& x, const Tensor& y) {
+  return std::sqrt(sum(square(sub(x, y))).item<double>() / sum(square(y)).item<double>());
+}
+
+TEST(LinalgInverseRootWarm, AZeroBasisIsEigendecomposedAndAnExactOneReused) {
+  Generator gen(8);
+  const Tensor a = spd({3, 24, 24}, gen);
+  const Tensor eigen = linalg::inverse_root(a, 4, {.epsilon = 1e-12});
+  Tensor basis = zeros({3, 24, 24}, {.dtype = DType::f64});
+  const auto cold = linalg::inverse_root_warm(a, 4, basis, {.epsilon = 1e-12});
+  EXPECT_EQ(cold.refreshed, 3);
+  EXPECT_EQ(cold.off_diagonal.contiguous().to_vector<double>(), (std::vector<double>{1.0, 1.0, 1.0}));
+  EXPECT_LT(max_abs(sub(cold.root, eigen)), 1e-12);
+  // the basis now holds eigenvectors: orthonormal columns with a·q = q·diag(qᵀ·a·q)
+  const Tensor id = linalg::eye(24, {.dtype = DType::f64});
+  EXPECT_LT(max_abs(sub(matmul(basis.transpose(-2, -1), basis), id)), 1e-12);
+  const Tensor aq = matmul(a, basis);
+  EXPECT_LT(max_abs(sub(aq, mul(basis, sum(mul(basis, aq), {-2}, /*keepdim=*/true)))), 1e-12);
+  // again with that basis: reused (nothing eigendecomposed), δ at rounding level, the same root
+  const Tensor kept = basis.clone();
+  const auto warm = linalg::inverse_root_warm(a, 4, basis, {.epsilon = 1e-12});
+  EXPECT_EQ(warm.refreshed, 0);
+  for (double d : warm.off_diagonal.contiguous().to_vector<double>()) EXPECT_LT(d, 1e-7);
+  EXPECT_LT(max_abs(sub(warm.root, eigen)), 1e-12);
+  EXPECT_EQ(max_abs(sub(basis, kept)), 0.0);
+}
+
+TEST(LinalgInverseRootWarm, ANearbyMatrixKeepsItsBasisAndAFarOneIsRefreshed) {
+  Generator gen(9);
+  const int64_t n = 32;
+  const Tensor a = spd({2, n, n}, gen);
+  Tensor basis = zeros({2, n, n}, {.dtype = DType::f64});
+  linalg::inverse_root_warm(a, 4, basis);
+  // matrix 0 moves as a β2 = 0.999 average does in 10 steps (1% new statistics); matrix 1 is replaced
+  const Tensor g = f64({n, n}, gen);
+  const Tensor fresh = div(matmul(g, g.transpose(0, 1)), double(n));
+  const Tensor moved = stack({add(mul(a.select(0, 0), 0.99), mul(fresh, 0.01)), add(fresh, mul(linalg::eye(n, {.dtype = DType::f64}), 0.1))});
+  const Tensor before = basis.clone();
+  const auto r = linalg::inverse_root_warm(moved, 4, basis, {.warm_tolerance = 1e-2});
+  const std::vector<double> delta = r.off_diagonal.contiguous().to_vector<double>();
+  EXPECT_GT(delta[0], 1e-5);  // the old basis is not exact for the moved matrix ...
+  EXPECT_LE(delta[0], 1e-2);  // ... but within the tolerance
+  EXPECT_GT(delta[1], 1e-2);
+  EXPECT_EQ(r.refreshed, 1);
+  const Tensor exact = linalg::inverse_root(moved, 4);
+  // the kept matrix: its basis untouched, its root within first order of δ of the exact one
+  EXPECT_EQ(max_abs(sub(basis.select(0, 0), before.select(0, 0))), 0.0);
+  const double error = relative(r.root.select(0, 0), exact.select(0, 0));
+  EXPECT_LT(error, 2 * delta[0]) << "δ " << delta[0];
+  EXPECT_GT(error, 0.0);
+  // the refreshed one: exact, with its new eigenvectors in the basis
+  EXPECT_LT(max_abs(sub(r.root.select(0, 1), exact.select(0, 1))), 1e-12);
+  const Tensor q1 = basis.select(0, 1), aq1 = matmul(moved.select(0, 1), q1);
+  EXPECT_LT(max_abs(sub(aq1, mul(q1, sum(mul(q1, aq1), {-2}, /*keepdim=*/true)))), 1e-12);
+  // a basis of zeros is refreshed at any tolerance
+  EXPECT_EQ(linalg::inverse_root_warm(moved, 4, zeros({2, n, n}, {.dtype = DType::f64}), {.warm_tolerance = 2.0}).refreshed, 2);
+  // a zero tolerance refreshes every basis but an exact one (matrix 1's now: δ rounds to 0)
+  EXPECT_EQ(linalg::inverse_root_warm(moved, 4, basis.clone(), {.warm_tolerance = 0.0}).refreshed, 1);
+}
+
+TEST(LinalgInverseRootWarm, AnExactBasisOfAnIllConditionedMatrixGivesItsRoot) {
+  Generator gen(10);
+  const int64_t n = 48;
+  std::vector<double> values(n), roots(n);
+  for (int64_t i = 0; i < n; ++i) {
+    values[size_t(i)] = std::pow(10.0, -8.0 * double(i) / double(n - 1));  // 1 .. 1e-8: condition 1e8
+    roots[size_t(i)] = std::pow(values[size_t(i)], -0.25);
+  }
+  Tensor q;
+  const Tensor a = with_eigenvalues(values, gen, &q);
+  const Tensor expected = matmul(mul(q, from_vector(roots, {1, n})), q.transpose(0, 1));
+  // f32: from an exact basis the Rayleigh quotients in f32 products find the small eigenvalues as well as
+  // f32's eigensolver does
+  const Tensor basis = cast(q.contiguous(), DType::f32);
+  const auto r = linalg::inverse_root_warm(cast(a, DType::f32), 4, basis, {.epsilon = 0.0});
+  EXPECT_EQ(r.refreshed, 0);
+  const double eigen_error =
+      max_abs(sub(cast(linalg::inverse_root(cast(a, DType::f32), 4, {.epsilon = 0.0}), DType::f64), expected));
+  EXPECT_LT(max_abs(sub(cast(r.root, DType::f64), expected)), 2 * eigen_error) << eigen_error / max_abs(expected);
+  const auto r64 = linalg::inverse_root_warm(a, 4, q.contiguous(), {.epsilon = 0.0});
+  EXPECT_LT(max_abs(sub(r64.root, expected)) / max_abs(expected), 1e-6);
+}
+
 TEST(Linalg, BadInputIsAnError) {
   EXPECT_KILN_ERROR(linalg::eigh(zeros({2, 3}, {.dtype = DType::f64})), "linalg::eigh", "square", "[2, 3]");
   EXPECT_KILN_ERROR(linalg::eigh(zeros({3}, {.dtype = DType::f64})), "linalg::eigh", "square");
@@ -189,6 +274,13 @@ TEST(Linalg, BadInputIsAnError) {
   EXPECT_KILN_ERROR(linalg::inverse_root(a, 2.5, {.method = RootMethod::newton}), "linalg::inverse_root", "integer");
   EXPECT_KILN_ERROR(linalg::inverse_root(a, 2, {.epsilon = -1.0}), "linalg::inverse_root", "epsilon");
   EXPECT_EQ(linalg::inverse_root(zeros({0, 3, 3}, {.dtype = DType::f64}), 2).sizes(), (Shape{0, 3, 3}));
+  EXPECT_KILN_ERROR(linalg::inverse_root(a, 2, {.method = RootMethod::warm_eigen}), "linalg::inverse_root",
+                    "warm_eigen", "inverse_root_warm");
+  EXPECT_KILN_ERROR(linalg::inverse_root_warm(a, 2, zeros({2, 2}, {.dtype = DType::f64})),
+                    "linalg::inverse_root_warm", "basis", "[3, 3]", "[2, 2]");
+  EXPECT_KILN_ERROR(linalg::inverse_root_warm(a, 2, zeros({3, 3})), "linalg::inverse_root_warm", "basis", "f32");
+  EXPECT_KILN_ERROR(linalg::inverse_root_warm(a, 2, zeros({3, 3}, {.dtype = DType::f64}), {.warm_tolerance = -1}),
+                    "linalg::inverse_root_warm", "warm_tolerance");
 }
 
 }  // namespace

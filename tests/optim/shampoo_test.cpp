@@ -1,10 +1,11 @@
 // Shampoo (optim/shampoo.h) against a direct reference written here (dense eigendecompositions, one block at a
 // time, loops over the blocks by hand): a matrix without grafting, a blocked matrix with Adam grafting,
 // filtering, decay and momentum, an order-3 tensor, and 1-D parameters (which take Adam's direction); the
-// blocking plan; bit-exact resume from a state_dict; bf16 parameters with f32 statistics; bad options and
-// non-finite factors as errors.
+// blocking plan; bit-exact resume from a state_dict; warm-started roots from each factor's stored basis; bf16
+// parameters with f32 statistics; bad options and non-finite factors as errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -279,6 +280,48 @@ TEST(Shampoo, BatchedBlocksMatchOneOptimizerPerParameter) {
       EXPECT_LT(max_abs(sub(all[i], one[i])), 1e-12 * (1 + max_abs(one[i]))) << "parameter " << i << " step " << step;
   }
   EXPECT_GT(together.root_updates(), 0);
+}
+
+// root_method warm_eigen: every root is Q·diag(λ^(−1/4))·Qᵀ with Q the factor's stored eigenbasis and λ the
+// Rayleigh quotients of the bias-corrected, ridged factor in it (eigenvalues where Q was refreshed); the
+// basis is refreshed while the factors move fast and reused once they settle; the parameters stay near the
+// eigen method's run.
+TEST(Shampoo, WarmStartedRootsComeFromTheStoredBasis) {
+  Generator gen(12);
+  const double b2 = 0.999, eps = 1e-6;
+  const ShampooOptions o{.lr = 0.01, .betas = {0.0, b2}, .epsilon = eps, .max_preconditioner_dim = 8,
+                         .precondition_frequency = 1};
+  Tensor w = randn({8, 6}, kF64, &gen).requires_grad_(), v = w.detach().clone().requires_grad_();
+  const Tensor start = w.detach().clone();
+  Shampoo warm({w}, o), eigen({v}, o);
+  warm.root_method = linalg::RootMethod::warm_eigen;
+  warm.warm_tolerance = 0.05;
+  const Tensor mean = randn({8, 6}, kF64, &gen);  // gradients around a mean: the factors settle
+  for (int step = 1; step <= 30; ++step) {
+    const Tensor g = add(mean, mul(randn({8, 6}, kF64, &gen), 0.3));
+    w.set_grad(g.clone());
+    v.set_grad(g.clone());
+    warm.step();
+    eigen.step();
+    const double scale = 1.0 / (1.0 - std::pow(b2, double(step)));
+    for (int i = 0; i < 2; ++i) {
+      const auto& st = warm.state(0).tensors;
+      const Tensor q = st.at("eigenbasis.0." + std::to_string(i));
+      const int64_t n = q.size(0);
+      const Tensor a = add(mul(st.at("factor.0." + std::to_string(i)), scale), mul(linalg::eye(n, kF64), eps));
+      std::vector<double> lambda = sum(mul(q, matmul(a, q)), {0}).to_vector<double>();
+      const double lowest = *std::min_element(lambda.begin(), lambda.end());
+      for (double& x : lambda) x = std::pow(lowest < eps ? x + eps - lowest : x, -0.25);
+      const Tensor expected = matmul(mul(q, from_vector(lambda, {1, n})), q.transpose(0, 1));
+      EXPECT_LT(max_abs(sub(st.at("root.0." + std::to_string(i)), expected)), 1e-7 * max_abs(expected))
+          << "step " << step << " factor " << i;
+    }
+  }
+  EXPECT_EQ(warm.root_updates(), 60);
+  EXPECT_GT(warm.eigen_refreshes(), 2);   // the first steps move the factors far
+  EXPECT_LT(warm.eigen_refreshes(), 40);  // later ones reuse the basis
+  // the two runs part by a small fraction of how far they moved
+  EXPECT_LT(max_abs(sub(w, v)), 0.05 * max_abs(sub(v, start)));
 }
 
 TEST(Shampoo, Bf16ParametersKeepF32Statistics) {
