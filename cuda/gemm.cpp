@@ -184,7 +184,7 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
 // Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
 // output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep, bool accumulate, double alpha_value) {
+              const EpilogueSpec& ep, bool accumulate, double alpha_value, double beta_value) {
   int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
   DType dt = out.dtype(), in_dt = a.dtype();
   bool tf32 = in_dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
@@ -199,8 +199,8 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, key.device));
     key.sm_target = std::max(1, sms - carve);
   }
-  float alpha_f = float(alpha_value), beta_f = accumulate ? 1.0f : 0.0f;
-  double alpha_d = alpha_value, beta_d = accumulate ? 1.0 : 0.0;
+  float alpha_f = float(alpha_value), beta_f = accumulate ? float(beta_value) : 0.0f;
+  double alpha_d = alpha_value, beta_d = accumulate ? beta_value : 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
   // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
@@ -275,7 +275,7 @@ void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   run_gemm(a, oa, b, ob, out);
 }
 
-void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
+void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alpha, double beta) {
   NvtxRange range("bmm_add");
   KILN_CHECK(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype() && a_in.device() == out.device() &&
                  b_in.device() == out.device() && out.is_contiguous(),
@@ -283,10 +283,14 @@ void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out)
              b_in.str(), " -> ", out.str());
   (void)type_info(out.dtype(), false);
   DeviceGuard guard(out.device().index);
-  if (out.numel() == 0 || a_in.size(2) == 0) return;  // nothing to add
+  if (out.numel() == 0) return;
+  if (a_in.size(2) == 0) {  // an empty product: out scaled alone
+    if (beta != 1.0) out.mul_(beta);
+    return;
+  }
   Operand oa, ob;
   Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
-  KILN_CHECK(try_gemm(a, oa, b, ob, out, EpilogueSpec{}, /*accumulate=*/true), "bmm_add: cuBLASLt has no algorithm for ",
+  KILN_CHECK(try_gemm(a, oa, b, ob, out, EpilogueSpec{}, /*accumulate=*/true, alpha, beta), "bmm_add: cuBLASLt has no algorithm for ",
              a_in.str(), " · ", b_in.str(), " added to ", out.str());
 }
 

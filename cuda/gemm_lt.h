@@ -40,8 +40,9 @@ struct EpilogueSpec {
 // out (B, M, N) = a · b (+ out when accumulate) with the epilogue ep, launched on the current stream.
 // Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
 // output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
-// alpha scales the product (before the bias epilogue adds its bias).
+// alpha scales the product (before the bias epilogue adds its bias); beta scales out's old values when
+// accumulate.
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep, bool accumulate = false, double alpha = 1.0);
+              const EpilogueSpec& ep, bool accumulate = false, double alpha = 1.0, double beta = 1.0);
 
 }  // namespace kiln::cuda

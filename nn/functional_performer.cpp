@@ -127,7 +127,7 @@ Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Ten
     a = bmm_into_new(qc, kc.transpose(1, 2));
     kernels::zero_above_diagonal(a);
     both = bmm_into_new(qc, sb);
-    kernels::bmm_add(a, vc, both);
+    kernels::bmm_add(a, vc, both, 1.0, 1.0);
   }
   if (any_requires_grad({qc_in, kc_in, vc_in}))
     record("causal_chunk_products", {qc_in, kc_in, vc_in}, {both},
@@ -143,9 +143,9 @@ Tensor causal_chunk_products(const Tensor& qc_in, const Tensor& kc_in, const Ten
                                    .reshape({B3, m, Dp});
              Tensor dq = bmm_into_new(G, sb.transpose(1, 2)), dk = bmm_into_new(da.transpose(1, 2), q),
                     dv = bmm_into_new(a.transpose(1, 2), G);
-             kernels::bmm_add(da, k, dq);
-             kernels::bmm_add(v, ds.transpose(1, 2), dk);
-             kernels::bmm_add(k, ds, dv);
+             kernels::bmm_add(da, k, dq, 1.0, 1.0);
+             kernels::bmm_add(v, ds.transpose(1, 2), dk, 1.0, 1.0);
+             kernels::bmm_add(k, ds, dv, 1.0, 1.0);
              return Grads{dq, dk, dv};
            });
   return both;

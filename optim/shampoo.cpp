@@ -8,6 +8,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
 #include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/runtime.h>
@@ -457,11 +458,12 @@ void Shampoo::step() {
     MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
                                       pending[members[0].pending].param.device(), b2);
     const Tensor g = stack_blocks(gradients);
-    const Tensor outer[2] = {matmul(g, g.transpose(1, 2)), matmul(g.transpose(1, 2), g)};
-    for (int i = 0; i < 2; ++i) {
-      if (b2 == 1.0) group.factors[i].add_(outer[i]);
-      else group.factors[i].mul_(b2).add_(outer[i], 1.0 - b2);
-    }
+    // the average in the GEMM's own epilogue (alpha, beta): no product tensor, no pass over the factors
+    const double weight = b2 == 1.0 ? 1.0 : 1.0 - b2;
+    kernels::bmm_add(g, g.transpose(1, 2), group.factors[0], weight, b2);
+    kernels::bmm_add(g.transpose(1, 2), g, group.factors[1], weight, b2);
+    group.factors[0].bump_version();
+    group.factors[1].bump_version();
     groups.emplace_back(&group, &members);
   }
   for (Factor& f : due) {  // the state tensors as they are now (views of the groups' stacks)

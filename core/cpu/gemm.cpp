@@ -100,8 +100,8 @@ void kernels::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 // The product in the compute dtype (f64, else f32), added to out's values there and rounded once.
-void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (out.numel() == 0 || a.size(2) == 0) return;
+void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.numel() == 0) return;
   const DType ct = out.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor prod = empty(out.sizes(), {.dtype = ct});
   if (ct == out.dtype()) {
@@ -116,7 +116,8 @@ void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out) {
     using C = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     scalar_t* o = static_cast<scalar_t*>(out.raw_data());
     const C* p = static_cast<const C*>(prod.raw_data());
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = scalar_t(C(o[i]) + p[i]);
+    const C al = C(alpha), be = C(beta);
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = scalar_t(be * C(o[i]) + al * p[i]);
   });
 }
 

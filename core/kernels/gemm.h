@@ -5,9 +5,10 @@
 // out (B, M, N) contiguous = a (B, M, K) · b (B, K, N). a and b have unit stride in one of their two matrix
 // dims (row- or column-major matrices); their batch stride may be 0 (broadcast).
 KILN_KERNEL(bmm, void(const Tensor& a, const Tensor& b, const Tensor& out));
-// out (B, M, N) contiguous += a (B, M, K) · b (B, K, N), with bmm's layouts and one dtype: the product added
-// to out's old values in the compute dtype and rounded once (on the GPU, cuBLASLt's beta = 1).
-KILN_KERNEL(bmm_add, void(const Tensor& a, const Tensor& b, const Tensor& out));
+// out (B, M, N) contiguous = beta · out + alpha · a (B, M, K) · b (B, K, N), with bmm's layouts and one dtype:
+// the scaled product added to the scaled old values in the compute dtype and rounded once (on the GPU,
+// cuBLASLt's alpha and beta). alpha = beta = 1: out += a·b.
+KILN_KERNEL(bmm_add, void(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta));
 // Optional: out (M, N) f32 = a (M, K) · b (K, N), plus out's old value when accumulate; a and b of one dtype
 // (bf16/f16: products accumulated and written in f32, no rounding).
 KILN_CUDA_KERNEL(matmul_accumulate_f32, bool(const Tensor& a, const Tensor& b, const Tensor& out,

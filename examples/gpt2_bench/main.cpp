@@ -286,6 +286,8 @@ int run(const Args& args) {
     };
   }
   sync();
+  const int64_t roots_before = shampoo_stats ? shampoo_stats->root_updates() : 0;
+  const int64_t refreshes_before = shampoo_stats ? shampoo_stats->eigen_refreshes() : 0;
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr
   if (rank == 0) progress = std::make_unique<observe::ProgressBar>("step", args.steps);
@@ -340,9 +342,12 @@ int run(const Args& args) {
                N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
   if (shampoo_stats)
-    std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept\n",
+    std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept; "
+                "in the timed steps %lld root updates, %lld eigendecomposed afresh\n",
                 (long long)shampoo_stats->root_updates(), (long long)shampoo_stats->eigen_refreshes(),
-                (long long)shampoo_stats->f64_retries(), (long long)shampoo_stats->kept_roots());
+                (long long)shampoo_stats->f64_retries(), (long long)shampoo_stats->kept_roots(),
+                (long long)(shampoo_stats->root_updates() - roots_before),
+                (long long)(shampoo_stats->eigen_refreshes() - refreshes_before));
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s\n", tps, mfu, peak_gib,
               1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",

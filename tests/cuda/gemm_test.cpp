@@ -59,7 +59,7 @@ TEST(CudaGemm, BatchedTransposedViews) {
 }
 
 // bmm_add: out += a·b on the GPU (cuBLASLt's beta = 1) equals the f64 sum of the old values and the product,
-// for every dtype and both layouts of each operand, and the CPU's kernel agrees.
+// for every dtype and both layouts of each operand, and the CPU's kernel agrees; and scaled by alpha and beta.
 TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
   KILN_REQUIRE_GPU();
   manual_seed(3);
@@ -71,10 +71,17 @@ TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
         const Tensor old = rnd({3, 31, 45}, t);
         const Tensor want = add(old.to(DType::f64), ref_matmul(a, b));
         Tensor got = old.to(gpu()).clone(), cpu = old.clone();
-        kernels::bmm_add(a.to(gpu()), b.to(gpu()), got);
-        kernels::bmm_add(a.contiguous(), b.contiguous(), cpu);
+        kernels::bmm_add(a.to(gpu()), b.to(gpu()), got, 1.0, 1.0);
+        kernels::bmm_add(a.contiguous(), b.contiguous(), cpu, 1.0, 1.0);
         EXPECT_LT(rel_err(got, want), tol_for(t)) << dtype_name(t) << " ta=" << ta << " tb=" << tb;
         EXPECT_LT(rel_err(cpu, want), tol_for(t)) << dtype_name(t) << " (CPU)";
+        // scaled: out = β·out + α·a·b (Shampoo's factor average, β2 and 1 − β2)
+        const Tensor scaled_want = add(mul(old.to(DType::f64), 0.75), mul(ref_matmul(a, b), 0.25));
+        Tensor scaled = old.to(gpu()).clone(), scaled_cpu = old.clone();
+        kernels::bmm_add(a.to(gpu()), b.to(gpu()), scaled, 0.25, 0.75);
+        kernels::bmm_add(a.contiguous(), b.contiguous(), scaled_cpu, 0.25, 0.75);
+        EXPECT_LT(rel_err(scaled, scaled_want), tol_for(t)) << dtype_name(t) << " ta=" << ta << " tb=" << tb;
+        EXPECT_LT(rel_err(scaled_cpu, scaled_want), tol_for(t)) << dtype_name(t) << " (CPU)";
       }
 }
 
