@@ -285,7 +285,7 @@ void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out,
   DeviceGuard guard(out.device().index);
   if (out.numel() == 0) return;
   if (a_in.size(2) == 0) {  // an empty product: out scaled alone
-    if (beta != 1.0) out.mul_(beta);
+    if (beta != 1.0) Tensor(out).mul_(beta);  // a handle on the same storage
     return;
   }
   Operand oa, ob;
