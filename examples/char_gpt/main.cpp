@@ -104,6 +104,7 @@ struct Args {
   int64_t shampoo_frequency = 10;
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
+  double shampoo_warm_tolerance = 1e-2;  // ... reused while its off-diagonal mass is at most this
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t batch_size = 64;
@@ -138,13 +139,15 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-warm] [--run-dir DIR|none] [--trace FILE]\n"
-        "                [--gpu-monitor S] [--print-loss] [--cuda-graph|--no-cuda-graph]\n"
+        "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
+        "                [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S] [--print-loss]\n"
+        "                [--cuda-graph|--no-cuda-graph]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
-        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen)\n"
+        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
+        "                reused while its relative off-diagonal mass is at most --shampoo-warm-tolerance (0.01)\n"
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
         "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n"
         "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"
@@ -189,6 +192,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--shampoo-warm") a.shampoo_warm = true;
+    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64();
     else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--trace") a.trace = r.value();
@@ -326,6 +330,7 @@ int run(const Args& args) {
     shampoo->add_param_group(groups.no_decay, o);
     shampoo->tf32 = args.shampoo_tf32;
     if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
+    shampoo->warm_tolerance = args.shampoo_warm_tolerance;
     optimizer = std::move(shampoo);
   }
   optim::Optimizer& opt = *optimizer;

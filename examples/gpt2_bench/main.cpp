@@ -71,6 +71,7 @@ struct Args {
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
+  double shampoo_warm_tolerance = 1e-2;  // ... reused while its off-diagonal mass is at most this
   double shampoo_beta2 = 0.95;  // Shampoo's factor average (AdamW's β2 by default)
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
@@ -90,7 +91,8 @@ void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
-        "                  [--shampoo-newton-tf32] [--shampoo-warm] [--shampoo-beta2 B]] [--fp8]\n"
+        "                  [--shampoo-newton-tf32] [--shampoo-warm [--shampoo-warm-tolerance T]]\n"
+        "                  [--shampoo-beta2 B]] [--fp8]\n"
         "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
         "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
@@ -108,7 +110,8 @@ void usage(std::ostream& os) {
         "                (default: on GPUs with AdamW or --zero)\n"
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
         "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
-        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (RootMethod::warm_eigen)\n"
+        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (RootMethod::warm_eigen), reused\n"
+        "                while its relative off-diagonal mass is at most --shampoo-warm-tolerance (default 0.01)\n"
         "  --shampoo-beta2 B: its factors' average (default 0.95, AdamW's β2 here)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
@@ -134,6 +137,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
     else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true;
     else if (flag == "--shampoo-warm") a.shampoo_warm = true;
+    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64();
     else if (flag == "--shampoo-beta2") a.shampoo_beta2 = r.f64();
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
@@ -215,6 +219,7 @@ int run(const Args& args) {
         shampoo->root_tf32 = true;
       }
       if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
+      shampoo->warm_tolerance = args.shampoo_warm_tolerance;
       shampoo_stats = shampoo.get();
       opt = std::move(shampoo);
     } else {
