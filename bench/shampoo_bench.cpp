@@ -65,13 +65,6 @@ int main() {
     std::printf("# all %lld roots of GPT-2 124M by %s: %.1f ms (newton: up to %lld iterations, %lld fallbacks)\n",
                 (long long)matrices, name, ms, (long long)iterations, (long long)fallbacks);
   }
-  {  // every size's job side by side (linalg::inverse_roots: a stream each, one wait), as Shampoo runs them
-    std::vector<linalg::RootJob> jobs;
-    for (const auto& [d, f] : factors) jobs.push_back({f, 4, 1e-12, {}});
-    const double ms = bench::median_ms([&] { linalg::inverse_roots(jobs); }, 1, 5, 1);
-    bench::report("shampoo_roots_gpt2_124m_eigen_side_by_side", ms, 0, 0);
-    std::printf("# all %lld roots of GPT-2 124M by eigen, the sizes side by side: %.1f ms\n", (long long)matrices, ms);
-  }
   // how far the TF32 Newton roots are from the eigen ones (relative Frobenius distance, worst matrix)
   for (const auto& [d, f] : factors) {
     const Tensor re = linalg::inverse_root(f, 4, {.epsilon = 1e-12});
@@ -96,9 +89,10 @@ int main() {
     const double ms = bench::median_ms(
         [&] {
           refreshed = 0;
-          std::vector<linalg::RootJob> jobs;
-          for (const auto& [d, f] : moved) jobs.push_back({f, 4, 1e-12, bases[d].clone()});  // the same bases each time
-          for (const auto& r : linalg::inverse_roots(jobs, {.method = linalg::RootMethod::warm_eigen})) refreshed += r.refreshed;
+          for (const auto& [d, f] : moved) {
+            const Tensor basis = bases[d].clone();  // each repetition from the same basis
+            refreshed += linalg::inverse_root_warm(f, 4, basis, {.epsilon = 1e-12}).refreshed;
+          }
         },
         1, 5, 1);
     bench::report("shampoo_roots_gpt2_124m_warm", ms, 0, 0);

@@ -6,7 +6,6 @@
 // Not differentiable: they raise a kiln::Error for an input that requires grad while grad mode is on
 // (call them under NoGradGuard, or on a detached tensor).
 #include <cstdint>
-#include <vector>
 
 #include <kiln/core/tensor.h>
 
@@ -80,27 +79,5 @@ struct WarmInverseRoot {
   int64_t refreshed = 0;   // matrices eigendecomposed afresh
 };
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options = {});
-
-// Several root jobs at once (Shampoo's: one per factor size) by the eigen or warm_eigen method (options'
-// epsilon ignored: each job has its own). On a GPU each job runs on a stream of its own, side by side: a job
-// of a few matrices is latency-bound (cuSOLVER reduces a matrix to tridiagonal form column by column: about
-// 8 ms for one 768 x 768 matrix, 1.3 ms each in a batch of 48), and the host waits once for all of them
-// (twice with warm_eigen: for the off-diagonal masses, then for the results). Nothing is raised for the
-// data: each result says whether its input was finite and whether every matrix converged to a finite root,
-// so that the caller can name a culprit or retry (its root is unspecified when not `ok`). Bad shapes, dtypes
-// or options are kiln::Errors as in inverse_root.
-struct RootJob {
-  Tensor a;       // (..., n, n) symmetric PSD, f32 or f64
-  double p = 2;
-  double epsilon = 1e-12;
-  Tensor basis;   // warm_eigen: the eigenbasis, as inverse_root_warm's (rows refreshed in place)
-};
-struct RootJobResult {
-  Tensor root;               // (..., n, n)
-  bool finite_input = false; // every element of a finite
-  bool ok = false;           // finite input, the solver converged on every matrix, and the root is finite
-  int64_t refreshed = 0;     // warm_eigen: matrices eigendecomposed afresh
-};
-std::vector<RootJobResult> inverse_roots(const std::vector<RootJob>& jobs, const InverseRootOptions& options = {});
 
 }  // namespace kiln::linalg

@@ -182,83 +182,62 @@ struct Shampoo::Factor {
 
 void Shampoo::update_roots(std::vector<Factor>& factors) {
   // one batched job per (size, dtype, device, exponent, ε)
-  std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> by_key;
+  std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
   for (Factor& f : factors)
-    by_key[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
-  struct Job {
-    double p, epsilon;
-    std::vector<Factor*> group;
-    std::vector<Tensor> matrices;  // the bias-corrected factors
-    Tensor stacked, bases;         // bases: warm_eigen
+    jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
+  for (auto& [key, group] : jobs) {
+    const double p = std::get<3>(key), eps = std::get<4>(key);
+    std::vector<Tensor> matrices;
+    for (Factor* f : group) matrices.push_back(mul(f->factor, f->scale));
+    const Tensor stacked = stack(matrices);
+    if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
+      for (Factor* f : group)
+        KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
+                   f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
+                   "gradient reached it)");
+    }
     bool done = false;
-  };
-  const bool warm = root_method == linalg::RootMethod::warm_eigen;
-  std::vector<Job> jobs;
-  for (auto& [key, group] : by_key) {
-    Job job{std::get<3>(key), std::get<4>(key), group, {}, Tensor(), Tensor()};
-    for (Factor* f : group) job.matrices.push_back(mul(f->factor, f->scale));
-    job.stacked = stack(job.matrices);
-    if (warm) {
+    try {
+      const bool warm = root_method == linalg::RootMethod::warm_eigen;
+      const linalg::InverseRootOptions options{
+          .epsilon = eps, .method = root_method, .tf32 = root_tf32, .warm_tolerance = warm_tolerance};
       std::vector<Tensor> bases;
-      for (Factor* f : group) bases.push_back(f->basis);
-      job.bases = stack(bases);
-    }
-    jobs.push_back(std::move(job));
-  }
-  auto check_finite = [&](const Job& job) {  // names the culprit of a job whose factors are not all finite
-    for (Factor* f : job.group)
-      KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
-                 f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
-                 "gradient reached it)");
-  };
-  // each job's roots (and bases) back into its factors' state, one launch each
-  auto write_back = [&](Job& job, const Tensor& roots) {
-    std::vector<Tensor> from, to, from_bases, to_bases;
-    for (size_t j = 0; j < job.group.size(); ++j) {
-      from.push_back(roots.select(0, int64_t(j)));
-      to.push_back(job.group[j]->root);
-      if (warm) from_bases.push_back(job.bases.select(0, int64_t(j))), to_bases.push_back(job.group[j]->basis);
-    }
-    kernels::copy_matrices(from, to);
-    if (warm) kernels::copy_matrices(from_bases, to_bases);
-    job.done = true;
-  };
-  if (root_method == linalg::RootMethod::newton) {
-    for (Job& job : jobs) {
-      if (!all_true(isfinite(job.stacked))) check_finite(job);  // one read for the whole job
-      try {
-        const Tensor roots = linalg::inverse_root(
-            job.stacked, job.p, {.epsilon = job.epsilon, .method = root_method, .tf32 = root_tf32});
-        if (all_true(isfinite(roots))) write_back(job, roots);
-      } catch (const Error&) {
-        // redone one by one below
+      if (warm)
+        for (Factor* f : group) bases.push_back(f->basis);
+      const Tensor stacked_bases = warm ? stack(bases) : Tensor();
+      Tensor roots;
+      if (warm) {
+        const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
+        roots = r.root;
+        eigen_refreshes_ += r.refreshed;
+      } else {
+        roots = linalg::inverse_root(stacked, p, options);
       }
+      if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
+        std::vector<Tensor> from, to, from_bases;
+        for (size_t j = 0; j < group.size(); ++j) {
+          from.push_back(roots.select(0, int64_t(j)));
+          to.push_back(group[j]->root);
+          if (warm) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
+        }
+        kernels::copy_matrices(from, to);
+        if (warm) kernels::copy_matrices(from_bases, bases);
+        done = true;
+      }
+    } catch (const Error&) {
+      // redone one by one below
     }
-  } else {  // every size's job side by side (on a GPU, a stream each), one wait for all of them
-    std::vector<linalg::RootJob> batch;
-    for (const Job& job : jobs) batch.push_back({job.stacked, job.p, job.epsilon, job.bases});
-    const std::vector<linalg::RootJobResult> results =
-        linalg::inverse_roots(batch, {.method = root_method, .warm_tolerance = warm_tolerance});
-    for (size_t j = 0; j < jobs.size(); ++j)
-      if (!results[j].finite_input) check_finite(jobs[j]);
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      eigen_refreshes_ += results[j].refreshed;
-      if (results[j].ok) write_back(jobs[j], results[j].root);
-    }
-  }
-  // a job that failed (no convergence, a non-finite root) is redone matrix by matrix in f64
-  for (Job& job : jobs)
-    for (size_t j = 0; j < job.group.size(); ++j) {
-      Factor& f = *job.group[j];
+    for (size_t j = 0; j < group.size(); ++j) {
+      Factor& f = *group[j];
       Tensor count = f.failures.narrow(0, f.position, 1);
-      if (job.done) {
+      if (done) {
         count.zero_();
         continue;
       }
       ++f64_retries_;
       bool ok = false;
       try {
-        const Tensor r = linalg::inverse_root(cast(job.matrices[j], DType::f64), job.p, {.epsilon = job.epsilon});
+        const Tensor r = linalg::inverse_root(cast(matrices[j], DType::f64), p, {.epsilon = eps});
         if (all_true(isfinite(r))) {
           f.root.copy_(r);
           ok = true;
@@ -277,6 +256,7 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
                  " of parameter ", f.param, " ", shape_str(param(f.param).shape()), " failed ", in_a_row,
                  " times in a row, in its dtype and in f64 (max_root_failures = ", max_root_failures, ")");
     }
+  }
   root_updates_ += int64_t(factors.size());
 }
 

@@ -257,44 +257,6 @@ TEST(LinalgInverseRootWarm, AnExactBasisOfAnIllConditionedMatrixGivesItsRoot) {
   EXPECT_LT(max_abs(sub(r64.root, expected)) / max_abs(expected), 1e-6);
 }
 
-// inverse_roots: jobs of several sizes at once give what one call per job gives (eigen and warm_eigen, with
-// a basis kept and one refreshed), and a job with a non-finite element is reported, not raised.
-TEST(LinalgInverseRoots, SeveralJobsEqualOneCallEachAndBadDataIsReported) {
-  Generator gen(11);
-  const Tensor a = spd({2, 20, 20}, gen), b = spd({3, 7, 7}, gen), c = spd({1, 33, 33}, gen);
-  const auto eigen = linalg::inverse_roots({{a, 4, 1e-12, {}}, {b, 2, 1e-6, {}}, {c, 4, 0.0, {}}});
-  ASSERT_EQ(eigen.size(), 3u);
-  EXPECT_TRUE(eigen[0].ok && eigen[1].ok && eigen[2].ok);
-  EXPECT_LT(max_abs(sub(eigen[0].root, linalg::inverse_root(a, 4, {.epsilon = 1e-12}))), 1e-12);
-  EXPECT_LT(max_abs(sub(eigen[1].root, linalg::inverse_root(b, 2, {.epsilon = 1e-6}))), 1e-12);
-  EXPECT_LT(max_abs(sub(eigen[2].root, linalg::inverse_root(c, 4, {.epsilon = 0.0}))), 1e-12);
-  // warm: a's basis exact (kept), b's zero (refreshed), against inverse_root_warm on copies of the bases
-  Tensor qa = zeros({2, 20, 20}, {.dtype = DType::f64}), qb = zeros({3, 7, 7}, {.dtype = DType::f64});
-  linalg::inverse_root_warm(a, 4, qa);
-  const Tensor qa2 = qa.clone(), qb2 = qb.clone();
-  const auto warm = linalg::inverse_roots({{a, 4, 1e-12, qa}, {b, 2, 1e-6, qb}}, {.method = RootMethod::warm_eigen});
-  const auto wa = linalg::inverse_root_warm(a, 4, qa2, {.epsilon = 1e-12});
-  const auto wb = linalg::inverse_root_warm(b, 2, qb2, {.epsilon = 1e-6});
-  EXPECT_TRUE(warm[0].ok && warm[1].ok);
-  EXPECT_EQ(warm[0].refreshed, 0);
-  EXPECT_EQ(warm[1].refreshed, 3);
-  EXPECT_EQ(max_abs(sub(warm[0].root, wa.root)), 0.0);
-  EXPECT_EQ(max_abs(sub(warm[1].root, wb.root)), 0.0);
-  EXPECT_EQ(max_abs(sub(qb, qb2)), 0.0);  // the refreshed basis written in place
-  // a NaN: reported for its job alone
-  Tensor bad = b.clone();
-  bad.narrow(0, 1, 1).narrow(1, 2, 1).narrow(2, 3, 1).fill_(NAN);
-  const auto mixed = linalg::inverse_roots({{a, 4, 1e-12, {}}, {bad, 2, 1e-6, {}}});
-  EXPECT_TRUE(mixed[0].ok && mixed[0].finite_input);
-  EXPECT_FALSE(mixed[1].finite_input);
-  EXPECT_FALSE(mixed[1].ok);
-  EXPECT_KILN_ERROR(linalg::inverse_roots({{a, 4, 1e-12, {}}}, {.method = RootMethod::newton}), "linalg::inverse_roots",
-                    "newton");
-  EXPECT_KILN_ERROR(linalg::inverse_roots({{a, 4, 1e-12, {}}}, {.method = RootMethod::warm_eigen}),
-                    "linalg::inverse_roots", "basis");
-  EXPECT_TRUE(linalg::inverse_roots({}).empty());
-}
-
 TEST(Linalg, BadInputIsAnError) {
   EXPECT_KILN_ERROR(linalg::eigh(zeros({2, 3}, {.dtype = DType::f64})), "linalg::eigh", "square", "[2, 3]");
   EXPECT_KILN_ERROR(linalg::eigh(zeros({3}, {.dtype = DType::f64})), "linalg::eigh", "square");

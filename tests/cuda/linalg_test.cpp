@@ -106,55 +106,6 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
     }
 }
 
-// inverse_roots: jobs of several sizes on their own streams give, job by job, what the CPU gives (eigen; and
-// warm_eigen with each device's bases from its own first call, after a 1% move, one job's basis zeroed); a
-// job with a NaN is reported alone; the caller's stream sees the results (read right after, on it).
-TEST(CudaLinalg, InverseRootsSideBySideMatchTheCpu) {
-  KILN_REQUIRE_GPU();
-  manual_seed(44);
-  std::vector<Tensor> mats = {spd(2, 1024, DType::f32), spd(3, 768, DType::f32), spd(1, 128, DType::f32),
-                              spd(4, 17, DType::f32)};
-  std::vector<linalg::RootJob> cpu_jobs, gpu_jobs;
-  for (const Tensor& m : mats) {
-    cpu_jobs.push_back({m, 4, 1e-12, {}});
-    gpu_jobs.push_back({m.to(gpu()), 4, 1e-12, {}});
-  }
-  const auto cpu = linalg::inverse_roots(cpu_jobs), got = linalg::inverse_roots(gpu_jobs);
-  for (size_t j = 0; j < mats.size(); ++j) {
-    EXPECT_TRUE(got[j].ok) << j;
-    EXPECT_LT(max_abs(sub(cast(got[j].root.cpu(), DType::f64), cast(cpu[j].root, DType::f64))) / max_abs(cpu[j].root),
-              2e-3) << "job " << j;
-  }
-  for (size_t j = 0; j < mats.size(); ++j) {
-    cpu_jobs[j].basis = zeros(mats[j].sizes());
-    gpu_jobs[j].basis = zeros(mats[j].sizes(), {.device = gpu()});
-  }
-  const linalg::InverseRootOptions warm{.method = linalg::RootMethod::warm_eigen, .warm_tolerance = 0.05};
-  linalg::inverse_roots(cpu_jobs, warm);
-  linalg::inverse_roots(gpu_jobs, warm);
-  for (size_t j = 0; j < mats.size(); ++j) {
-    const Tensor moved = add(mul(mats[j], 0.99), mul(spd(mats[j].size(0), mats[j].size(1), DType::f32), 0.01));
-    cpu_jobs[j].a = moved;
-    gpu_jobs[j].a = moved.to(gpu());
-  }
-  cpu_jobs[2].basis.zero_();
-  gpu_jobs[2].basis.zero_();
-  const auto cpu_warm = linalg::inverse_roots(cpu_jobs, warm), got_warm = linalg::inverse_roots(gpu_jobs, warm);
-  for (size_t j = 0; j < mats.size(); ++j) {
-    EXPECT_TRUE(got_warm[j].ok) << j;
-    EXPECT_EQ(got_warm[j].refreshed, cpu_warm[j].refreshed) << "job " << j;
-    EXPECT_EQ(got_warm[j].refreshed, j == 2 ? 1 : 0) << "job " << j;
-    EXPECT_LT(max_abs(sub(cast(got_warm[j].root.cpu(), DType::f64), cast(cpu_warm[j].root, DType::f64))) /
-                  max_abs(cpu_warm[j].root),
-              2e-3) << "job " << j;
-  }
-  Tensor bad = mats[3].to(gpu());
-  bad.narrow(0, 0, 1).narrow(1, 0, 1).narrow(2, 0, 1).fill_(NAN);
-  const auto mixed = linalg::inverse_roots({{mats[2].to(gpu()), 4, 1e-12, {}}, {bad, 4, 1e-12, {}}});
-  EXPECT_TRUE(mixed[0].ok);
-  EXPECT_FALSE(mixed[1].finite_input);
-}
-
 TEST(CudaLinalg, NewtonRootsOnTf32TensorCores) {
   KILN_REQUIRE_GPU();
   manual_seed(43);
