@@ -148,12 +148,32 @@ struct MomentsArgs {
   bool first;    // a first moment (beta1 > 0)
 };
 
+// One element of Shampoo's moments: the filtered gradient f (the bias-corrected first moment, or g) and,
+// with Adam's or AdaGrad's grafting, its statistic v and direction gr. m and v are read only when used.
+template <class S>
+__device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, const MomentsArgs& a) {
+  f = g;
+  if (a.first) {
+    m = S(a.beta1) * m + (S(1) - S(a.beta1)) * g;
+    f = m / S(a.bc1);
+  }
+  if (a.grafting == 3) {
+    v = S(a.bg) * v + (S(1) - S(a.bg)) * g * g;
+    gr = f / (sqrt(v / S(a.bcg)) + S(a.eps));
+  } else if (a.grafting == 2) {
+    v = v + g * g;
+    gr = f / (sqrt(v) + S(a.eps));
+  }
+}
+
 // Lists: 0 gradients (P), 1 filtered (S), 2 first moments, 3 grafting statistics, 4 grafted directions (S;
-// the lists a step does not use hold the filtered tensors, untouched). Arithmetic in S.
+// the lists a step does not use hold the filtered tensors, untouched: never read or written here). Arithmetic
+// in S; 4-element accesses where the tensor's pointers allow them.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
                                                                   MomentsArgs a) {
   using DP = device_t<P>;
+  const bool graft = a.grafting == 2 || a.grafting == 3;
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
     const int t = tl.chunk_tensor[c];
     const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
@@ -163,23 +183,31 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
     S* m = static_cast<S*>(tl.ptr[2][t]) + base;
     S* v = static_cast<S*>(tl.ptr[3][t]) + base;
     S* gr = static_cast<S*>(tl.ptr[4][t]) + base;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      const S gi = convert<S>(g[i]);
-      S fi = gi;
-      if (a.first) {
-        const S mi = S(a.beta1) * m[i] + (S(1) - S(a.beta1)) * gi;
-        m[i] = mi;
-        fi = mi / S(a.bc1);
+    int64_t i = 0;
+    if (tl.vec[t])
+      for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
+        const int64_t j = i + int64_t(threadIdx.x) * 4;
+        const Four<DP> gv = *reinterpret_cast<const Four<DP>*>(g + j);
+        Four<S> mv{}, vv{}, fv, rv{};
+        if (a.first) mv = *reinterpret_cast<const Four<S>*>(m + j);
+        if (graft) vv = *reinterpret_cast<const Four<S>*>(v + j);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) moments_update(convert<S>(gv.v[e]), mv.v[e], vv.v[e], fv.v[e], rv.v[e], a);
+        *reinterpret_cast<Four<S>*>(f + j) = fv;
+        if (a.first) *reinterpret_cast<Four<S>*>(m + j) = mv;
+        if (graft) {
+          *reinterpret_cast<Four<S>*>(v + j) = vv;
+          *reinterpret_cast<Four<S>*>(gr + j) = rv;
+        }
       }
+    for (i += threadIdx.x; i < n; i += kThreads) {
+      S mi = a.first ? m[i] : S(0), vi = graft ? v[i] : S(0), fi, ri = S(0);
+      moments_update(convert<S>(g[i]), mi, vi, fi, ri, a);
       f[i] = fi;
-      if (a.grafting == 3) {
-        const S vi = S(a.bg) * v[i] + (S(1) - S(a.bg)) * gi * gi;
+      if (a.first) m[i] = mi;
+      if (graft) {
         v[i] = vi;
-        gr[i] = fi / (sqrt(vi / S(a.bcg)) + S(a.eps));
-      } else if (a.grafting == 2) {
-        const S vi = v[i] + gi * gi;
-        v[i] = vi;
-        gr[i] = fi / (sqrt(vi) + S(a.eps));
+        gr[i] = ri;
       }
     }
   }
@@ -190,10 +218,22 @@ struct ApplyArgs {
   bool nesterov;
 };
 
-// Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no momentum).
+// One element of Shampoo's update: momentum (b read only with it), decoupled decay, the step.
+template <class S>
+__device__ __forceinline__ S apply_update(S p, S d, S& b, const ApplyArgs& a) {
+  if (a.momentum > 0.0) {
+    b = S(a.momentum) * b + d;
+    d = a.nesterov ? d + S(a.momentum) * b : b;
+  }
+  return p * S(a.decay) - S(a.lr) * d;
+}
+
+// Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no
+// momentum, then never written). 4-element accesses where the tensor's pointers allow them.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a) {
   using DP = device_t<P>;
+  const bool momentum = a.momentum > 0.0;
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
     const int t = tl.chunk_tensor[c];
     const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
@@ -201,14 +241,23 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
     DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
     const S* d = static_cast<const S*>(tl.ptr[1][t]) + base;
     S* b = static_cast<S*>(tl.ptr[2][t]) + base;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      S di = d[i];
-      if (a.momentum > 0.0) {
-        const S bi = S(a.momentum) * b[i] + di;
-        b[i] = bi;
-        di = a.nesterov ? di + S(a.momentum) * bi : bi;
+    int64_t i = 0;
+    if (tl.vec[t])
+      for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
+        const int64_t j = i + int64_t(threadIdx.x) * 4;
+        Four<DP> pv = *reinterpret_cast<const Four<DP>*>(p + j);
+        const Four<S> dv = *reinterpret_cast<const Four<S>*>(d + j);
+        Four<S> bv{};
+        if (momentum) bv = *reinterpret_cast<const Four<S>*>(b + j);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pv.v[e] = convert<DP>(apply_update(convert<S>(pv.v[e]), dv.v[e], bv.v[e], a));
+        *reinterpret_cast<Four<DP>*>(p + j) = pv;
+        if (momentum) *reinterpret_cast<Four<S>*>(b + j) = bv;
       }
-      p[i] = convert<DP>(convert<S>(p[i]) * S(a.decay) - S(a.lr) * di);
+    for (i += threadIdx.x; i < n; i += kThreads) {
+      S bi = momentum ? b[i] : S(0);
+      p[i] = convert<DP>(apply_update(convert<S>(p[i]), d[i], bi, a));
+      if (momentum) b[i] = bi;
     }
   }
 }

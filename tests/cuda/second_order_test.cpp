@@ -157,8 +157,9 @@ TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
 }  // namespace
 
 // Shampoo's fused multi-tensor kernels (kernels::shampoo_moments, kernels::shampoo_apply) on the GPU against
-// the CPU's: tensors of several sizes (one past a launch's chunk), f32 and bf16 parameters (f32 state), Adam
-// and AdaGrad grafting, with and without a first moment, Nesterov momentum and decay.
+// the CPU's: tensors of several sizes (one past a launch's chunk; views off 4-element alignment), f32 and bf16
+// parameters (f32 state), Adam and AdaGrad grafting, with and without a first moment, Nesterov momentum and
+// decay, and without momentum.
 TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(23);
@@ -179,6 +180,14 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
                                        std::pair{&gr, &grg}, std::pair{&p, &pg}, std::pair{&b, &bg}})
             gpu_list->push_back(cpu->back().to(gpu()));
         }
+        // views one element into their storage on both devices: no 4-element accesses (the scalar path)
+        for (auto [cpu, gpu_list] : {std::pair{&g, &gg}, std::pair{&m, &mg}, std::pair{&v, &vg}, std::pair{&f, &fg},
+                                     std::pair{&gr, &grg}, std::pair{&p, &pg}, std::pair{&b, &bg}}) {
+          Tensor whole = cpu == &v ? abs(randn({9001})) : randn({9001});  // v: a second moment, non-negative
+          if (cpu == &g || cpu == &p) whole = whole.to(pd);                // the parameter dtype's lists
+          cpu->push_back(whole.narrow(0, 1, 9000));
+          gpu_list->push_back(whole.to(gpu()).narrow(0, 1, 9000));
+        }
         const ShampooMomentsHyper h{b1, 1.0 - std::pow(b1, 3.0), grafting, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-6};
         const std::vector<Tensor> none;
         kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, h);
@@ -195,6 +204,14 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
           }
           EXPECT_LT(rel_err(bg[i].cpu(), b[i]), 1e-6);
           EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6);
+        }
+        // without momentum (the buffer list then holds the directions, never written)
+        const ShampooApplyHyper plain{0.01, 0.1, 0.0, false};
+        kernels::shampoo_apply(p, gr, {}, plain);
+        kernels::shampoo_apply(pg, grg, {}, plain);
+        for (size_t i = 0; i < g.size(); ++i) {
+          EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6) << "no momentum, tensor " << i;
+          EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6) << "no momentum, tensor " << i;
         }
       }
     }
