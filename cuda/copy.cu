@@ -206,37 +206,50 @@ __global__ void copy_matrices_kernel(const __grid_constant__ MatrixPairs m) {
   }
 }
 
-}  // namespace
-
-void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
-  NvtxRange range("copy_matrices");
-  KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
-  if (src.empty()) return;
-  DeviceGuard guard(dst[0].device().index);
-  auto pairs = std::make_unique<MatrixPairs>();
-  int count = 0;
-  int64_t most_rows = 0;
-  auto flush = [&] {
-    if (count == 0) return;
-    const dim3 grid(unsigned(std::min<int64_t>(most_rows, 64)), unsigned(count));
-    copy_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
-    KILN_LAUNCH_CHECK("copy_matrices_kernel", "copy_matrices");
-    count = 0;
-    most_rows = 0;
+// Block (x, y): matrix y, rows x, x + gridDim.x, ...; each element scaled by scale[y]. 16-byte units where
+// the pair allows them (word 16), else elements.
+template <class T>
+__global__ void scale_matrices_kernel(const __grid_constant__ MatrixPairs m, const T* scale) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  struct alignas(16) Unit {
+    T v[kPer];
   };
-  for (size_t i = 0; i < src.size(); ++i) {
+  const int k = int(blockIdx.y);
+  const T f = scale[k];
+  const int64_t width = m.row_bytes[k] / int64_t(sizeof(T));
+  for (int64_t r = blockIdx.x; r < m.rows[k]; r += gridDim.x) {
+    const T* s = reinterpret_cast<const T*>(m.src[k] + r * m.src_ld[k]);
+    T* d = reinterpret_cast<T*>(m.dst[k] + r * m.dst_ld[k]);
+    if (m.word[k] == 16) {
+      for (int64_t i = threadIdx.x; i < width / kPer; i += blockDim.x) {
+        Unit u = reinterpret_cast<const Unit*>(s)[i];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) u.v[e] *= f;
+        reinterpret_cast<Unit*>(d)[i] = u;
+      }
+    } else {
+      for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = f * s[i];
+    }
+  }
+}
+
+// Fills `pairs` with the (src, dst) pairs from `first` on, at most kMaxMatrices; returns how many and the
+// most rows of any. Checks each pair as copy_matrices needs it.
+int pack_pairs(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, size_t first, MatrixPairs& p,
+               int64_t& most_rows, const char* op) {
+  int count = 0;
+  most_rows = 0;
+  for (size_t i = first; i < src.size() && count < kMaxMatrices; ++i) {
     const Tensor &s = src[i], &d = dst[i];
     KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && s.dtype() == d.dtype() && s.device().is_cuda() &&
                    s.device() == d.device(),
-               "copy_matrices: ", s.str(), " -> ", d.str(), ": expected 2-D matrices of one shape, dtype and device");
-    KILN_CHECK((s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1), "copy_matrices: ",
-               s.str(), " -> ", d.str(), ": rows must be contiguous");
-    if (s.numel() == 0) continue;
+               op, ": ", s.str(), " -> ", d.str(), ": expected 2-D matrices of one shape, dtype and device");
+    KILN_CHECK((s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1), op, ": ", s.str(), " -> ",
+               d.str(), ": rows must be contiguous");
     const int64_t es = int64_t(s.element_size());
-    MatrixPairs& p = *pairs;
     p.src[count] = static_cast<const char*>(s.raw_data());
     p.dst[count] = static_cast<char*>(d.raw_data());
-    p.rows[count] = s.size(0);
+    p.rows[count] = s.numel() == 0 ? 0 : s.size(0);
     p.row_bytes[count] = s.size(1) * es;
     p.src_ld[count] = (s.size(0) > 1 ? s.stride(0) : s.size(1)) * es;
     p.dst_ld[count] = (d.size(0) > 1 ? d.stride(0) : d.size(1)) * es;
@@ -245,10 +258,54 @@ void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Te
              p.row_bytes[count] % w == 0 && p.src_ld[count] % w == 0 && p.dst_ld[count] % w == 0;
     };
     p.word[count] = fits(16) ? 16 : fits(4) ? 4 : 1;
-    most_rows = std::max(most_rows, s.size(0));
-    if (++count == kMaxMatrices) flush();
+    most_rows = std::max(most_rows, p.rows[count]);
+    ++count;
   }
-  flush();
+  return count;
+}
+
+}  // namespace
+
+void kernels::scale_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, const Tensor& scale) {
+  NvtxRange range("scale_matrices");
+  KILN_CHECK(src.size() == dst.size() && scale.dim() == 1 && scale.numel() == int64_t(src.size()) &&
+                 scale.is_contiguous() && (scale.dtype() == DType::f32 || scale.dtype() == DType::f64) &&
+                 scale.device().is_cuda(),
+             "scale_matrices: ", src.size(), " sources, ", dst.size(), " destinations and scale ", scale.str(),
+             ": expected one f32 or f64 scale per pair, on the GPU");
+  for (const Tensor& s : src)
+    KILN_CHECK(s.dtype() == scale.dtype() && s.device() == scale.device(), "scale_matrices: ", s.str(),
+               ": expected the scale's dtype and device (", scale.str(), ")");
+  if (src.empty()) return;
+  DeviceGuard guard(scale.device().index);
+  auto pairs = std::make_unique<MatrixPairs>();
+  for (size_t first = 0; first < src.size(); first += kMaxMatrices) {
+    int64_t most_rows = 0;
+    const int count = pack_pairs(src, dst, first, *pairs, most_rows, "scale_matrices");
+    if (most_rows == 0) continue;
+    const dim3 grid(unsigned(std::min<int64_t>(most_rows, 64)), unsigned(count));
+    if (scale.dtype() == DType::f32)
+      scale_matrices_kernel<float><<<grid, 128, 0, current_stream()>>>(*pairs, static_cast<const float*>(scale.raw_data()) + first);
+    else
+      scale_matrices_kernel<double><<<grid, 128, 0, current_stream()>>>(*pairs, static_cast<const double*>(scale.raw_data()) + first);
+    KILN_LAUNCH_CHECK("scale_matrices_kernel", "scale_matrices");
+  }
+}
+
+void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  NvtxRange range("copy_matrices");
+  KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
+  if (src.empty()) return;
+  DeviceGuard guard(dst[0].device().index);
+  auto pairs = std::make_unique<MatrixPairs>();
+  for (size_t first = 0; first < src.size(); first += kMaxMatrices) {
+    int64_t most_rows = 0;
+    const int count = pack_pairs(src, dst, first, *pairs, most_rows, "copy_matrices");
+    if (most_rows == 0) continue;
+    const dim3 grid(unsigned(std::min<int64_t>(most_rows, 64)), unsigned(count));
+    copy_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
+    KILN_LAUNCH_CHECK("copy_matrices_kernel", "copy_matrices");
+  }
 }
 
 void kernels::copy(const Tensor& src, const Tensor& dst) {

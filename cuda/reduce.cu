@@ -269,6 +269,68 @@ __global__ void cumsum_kernel(const T* in, T* out, int64_t outer, int64_t size, 
 
 }  // namespace
 
+namespace {
+
+// Up to kMaxViews matrices a launch, in the kernel's argument block (< 32 KiB); sizes in elements.
+constexpr int kMaxViews = 512;
+struct MatrixViews {
+  const void* ptr[kMaxViews];
+  int64_t rows[kMaxViews], cols[kMaxViews], ld[kMaxViews];
+};
+static_assert(sizeof(MatrixViews) < 32000, "kernel parameters are limited to 32 KiB");
+constexpr int kSquaresThreads = 512;
+
+// Block k: Σ x² of matrix k, a warp a row (rows k·warps + w, ...), lanes along it, in f64; the block's
+// partials summed in a fixed order (the same result every run).
+template <class T>
+__global__ void __launch_bounds__(kSquaresThreads) matrix_sum_squares_kernel(const __grid_constant__ MatrixViews m,
+                                                                              T* out) {
+  __shared__ double partial[kSquaresThreads / 32];
+  const int k = int(blockIdx.x), warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const T* x = static_cast<const T*>(m.ptr[k]);
+  double acc = 0;
+  for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32)
+    for (int64_t c = lane; c < m.cols[k]; c += 32) {
+      const double v = double(x[r * m.ld[k] + c]);
+      acc += v * v;
+    }
+  acc = group_allreduce(acc, kSquaresThreads, partial, SumOp{});
+  if (threadIdx.x == 0) out[k] = T(acc);
+}
+
+}  // namespace
+
+void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& out) {
+  NvtxRange range("matrix_sum_squares");
+  KILN_CHECK(out.dim() == 1 && out.numel() == int64_t(mats.size()) && out.is_contiguous() && out.device().is_cuda() &&
+                 (out.dtype() == DType::f32 || out.dtype() == DType::f64),
+             "matrix_sum_squares: ", mats.size(), " matrices into ", out.str(), ": expected one f32 or f64 output each");
+  if (mats.empty()) return;
+  DeviceGuard guard(out.device().index);
+  auto views = std::make_unique<MatrixViews>();
+  for (size_t first = 0; first < mats.size(); first += kMaxViews) {
+    const int count = int(std::min<size_t>(kMaxViews, mats.size() - first));
+    for (int j = 0; j < count; ++j) {
+      const Tensor& t = mats[first + size_t(j)];
+      KILN_CHECK(t.dim() == 2 && t.dtype() == out.dtype() && t.device() == out.device() &&
+                     (t.stride(1) == 1 || t.size(1) == 1),
+                 "matrix_sum_squares: ", t.str(), ": expected a 2-D matrix of the output's dtype and device, rows "
+                 "contiguous");
+      views->ptr[j] = t.raw_data();
+      views->rows[j] = t.numel() == 0 ? 0 : t.size(0);
+      views->cols[j] = t.size(1);
+      views->ld[j] = t.size(0) > 1 ? t.stride(0) : t.size(1);
+    }
+    if (out.dtype() == DType::f32)
+      matrix_sum_squares_kernel<float><<<count, kSquaresThreads, 0, current_stream()>>>(
+          *views, static_cast<float*>(out.raw_data()) + first);
+    else
+      matrix_sum_squares_kernel<double><<<count, kSquaresThreads, 0, current_stream()>>>(
+          *views, static_cast<double*>(out.raw_data()) + first);
+    KILN_LAUNCH_CHECK("matrix_sum_squares_kernel", "matrix_sum_squares");
+  }
+}
+
 namespace kernels {  // declared next to its op, core/ops_reduce.cpp
 void cumsum(const Tensor& in, int64_t dim, bool exclusive, bool reverse, const Tensor& out) {
   NvtxRange range("cumsum");

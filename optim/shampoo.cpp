@@ -1,5 +1,6 @@
 #include <kiln/optim/shampoo.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -10,6 +11,7 @@
 #include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/optim.h>
+#include <kiln/core/kernels/reduce.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/optim/shampoo_blocks.h>
@@ -507,21 +509,31 @@ void Shampoo::step() {
       graft = graft || Grafting(int(w.group->get("grafting"))) != Grafting::none;
     }
     const Tensor pb = matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2));
-    Tensor scaled;
-    if (graft) {  // the grafted method's step size, block by block
-      const Tensor d = stack_blocks(grafted);
-      scaled = mul(pb, div(sqrt(sum(mul(d, d), {1, 2}, /*keepdim=*/true)),
-                           add(sqrt(sum(mul(pb, pb), {1, 2}, /*keepdim=*/true)), 1e-16)));
-    }
     std::vector<Tensor> from, to;  // each block's direction into its parameter's, one launch
+    std::vector<double> grafts;    // 1 where the block's group grafts, else 0
     for (size_t r = 0; r < rows.size(); ++r) {
       const Member& mb = (*members)[rows[r]];
       Pending& w = pending[mb.pending];
-      const bool own_graft = Grafting(int(w.group->get("grafting"))) != Grafting::none;
-      from.push_back((own_graft ? scaled : pb).select(0, int64_t(r)));
+      from.push_back(pb.select(0, int64_t(r)));
       to.push_back(w.blocks.block(w.direction, mb.block));
+      grafts.push_back(Grafting(int(w.group->get("grafting"))) != Grafting::none ? 1.0 : 0.0);
     }
-    kernels::copy_matrices(from, to);
+    if (!graft) {
+      kernels::copy_matrices(from, to);
+      continue;
+    }
+    // the grafted method's step size, block by block, ‖D_b‖ / (‖P_b‖ + 1e-16): the sums of squares read the
+    // blocks where they are (no gathered copy of D), the scale applied as the blocks are scattered back
+    const TensorOptions o{.dtype = pb.dtype(), .device = pb.device()};
+    Tensor d2 = empty({int64_t(rows.size())}, o), p2 = empty({int64_t(rows.size())}, o);
+    kernels::matrix_sum_squares(grafted, d2);
+    kernels::matrix_sum_squares(from, p2);
+    Tensor scale = div(sqrt(d2), add(sqrt(p2), 1e-16));
+    if (std::find(grafts.begin(), grafts.end(), 0.0) != grafts.end()) {  // members of groups without grafting
+      const Tensor mask = from_vector(grafts, {int64_t(grafts.size())}, {.dtype = pb.dtype(), .device = pb.device()});
+      scale = add(mul(scale, mask), sub(full({1}, 1.0, o), mask));  // 1 where a block does not graft
+    }
+    kernels::scale_matrices(from, to, scale.contiguous());
   }
 
   // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled

@@ -47,6 +47,35 @@ void kernels::copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+namespace {
+template <class T>
+void scale_matrices_as(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, const Tensor& scale) {
+  const T* k = static_cast<const T*>(scale.raw_data());
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor &s = src[i], &d = dst[i];
+    const T* sp = static_cast<const T*>(s.raw_data());
+    T* dp = static_cast<T*>(d.raw_data());
+    for (int64_t r = 0; r < s.size(0); ++r)
+      for (int64_t c = 0; c < s.size(1); ++c) dp[r * d.stride(0) + c] = k[i] * sp[r * s.stride(0) + c];
+  }
+}
+}  // namespace
+
+void kernels::scale_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, const Tensor& scale) {
+  KILN_CHECK(src.size() == dst.size() && scale.dim() == 1 && scale.numel() == int64_t(src.size()) &&
+                 scale.is_contiguous() && (scale.dtype() == DType::f32 || scale.dtype() == DType::f64),
+             "scale_matrices: ", src.size(), " sources, ", dst.size(), " destinations and scale ", scale.str(),
+             ": expected one f32 or f64 scale per pair");
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor &s = src[i], &d = dst[i];
+    KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && s.dtype() == scale.dtype() && d.dtype() == scale.dtype() &&
+                   (s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1),
+               "scale_matrices: ", s.str(), " -> ", d.str(), ": expected 2-D matrices of the scale's dtype, rows contiguous");
+  }
+  if (scale.dtype() == DType::f32) scale_matrices_as<float>(src, dst, scale);
+  else scale_matrices_as<double>(src, dst, scale);
+}
+
 void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
   KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
   for (size_t i = 0; i < src.size(); ++i) {

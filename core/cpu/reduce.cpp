@@ -59,6 +59,35 @@ RowResult combine(ReduceOp op, RowResult a, RowResult b, int64_t b_base) {
 
 }  // namespace
 
+namespace {
+template <class T>
+void matrix_sum_squares_as(const std::vector<Tensor>& mats, const Tensor& out) {
+  T* o = static_cast<T*>(out.raw_data());
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const Tensor& m = mats[i];
+    const T* x = static_cast<const T*>(m.raw_data());
+    double acc = 0;
+    for (int64_t r = 0; r < m.size(0); ++r)
+      for (int64_t c = 0; c < m.size(1); ++c) {
+        const double v = double(x[r * m.stride(0) + c]);
+        acc += v * v;
+      }
+    o[i] = T(acc);
+  }
+}
+}  // namespace
+
+void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& out) {
+  KILN_CHECK(out.dim() == 1 && out.numel() == int64_t(mats.size()) && out.is_contiguous() &&
+                 (out.dtype() == DType::f32 || out.dtype() == DType::f64),
+             "matrix_sum_squares: ", mats.size(), " matrices into ", out.str(), ": expected one f32 or f64 output each");
+  for (const Tensor& m : mats)
+    KILN_CHECK(m.dim() == 2 && m.dtype() == out.dtype() && (m.stride(1) == 1 || m.size(1) == 1), "matrix_sum_squares: ",
+               m.str(), ": expected a 2-D matrix of the output's dtype, rows contiguous");
+  if (out.dtype() == DType::f32) matrix_sum_squares_as<float>(mats, out);
+  else matrix_sum_squares_as<double>(mats, out);
+}
+
 void kernels::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
   int64_t M = out.numel();
   int64_t R = M ? in.numel() / M : 0;

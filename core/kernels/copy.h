@@ -12,3 +12,6 @@ KILN_KERNEL(copy, void(const Tensor& src, const Tensor& dst));
 // and out of their groups' stacks): one launch on the GPU for hundreds of pairs, where copy would take one
 // each.
 KILN_KERNEL(copy_matrices, void(const std::vector<Tensor>& src, const std::vector<Tensor>& dst));
+// dst[i] ← scale[i] · src[i], copy_matrices' layouts, f32 or f64 matrices; scale (count) contiguous, of their
+// dtype, on their device. Shampoo's grafted directions scattered back with each block's step size.
+KILN_KERNEL(scale_matrices, void(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, const Tensor& scale));

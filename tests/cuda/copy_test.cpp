@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/reduce.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 
@@ -107,4 +108,43 @@ TEST(CudaCopy, CopyMatricesCopiesEveryPairAndNothingElse) {
     EXPECT_EQ(sum(abs(around)).item<double>(), sum(abs(dst[i].cpu().to(DType::f32))).item<double>()) << i;
   }
   EXPECT_THROW(kernels::copy_matrices({src[0]}, {dst[1]}), Error);  // shapes differ
+}
+
+// kernels::scale_matrices and kernels::matrix_sum_squares (Shampoo's grafting): f32 and f64 blocks of wider
+// matrices (row strides, the 16-byte and element paths, empty ones), more than one launch's worth, against
+// the CPU kernels; nothing around a destination written; each sum of squares against its definition in f64.
+TEST(CudaCopy, ScaleMatricesAndMatrixSumSquaresMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(32);
+  for (DType t : {DType::f32, DType::f64}) {
+    std::vector<Tensor> src, dst, big, src_cpu, dst_cpu;
+    for (int i = 0; i < 600; ++i) {  // 600 > one launch's 512
+      const int64_t rows = i == 5 ? 0 : 1 + (i * 13) % 70, cols = 1 + (i * 7) % 300;
+      const Tensor a = randn({rows + 2, cols + 4}, {.dtype = t});
+      const Tensor b = zeros({rows + 1, cols + 5}, {.dtype = t});
+      src_cpu.push_back(a.narrow(0, 1, rows).narrow(1, i % 4, cols));
+      dst_cpu.push_back(b.narrow(0, 1, rows).narrow(1, i % 5, cols));
+      const Tensor ag = a.to(gpu());
+      big.push_back(b.to(gpu()));
+      src.push_back(ag.narrow(0, 1, rows).narrow(1, i % 4, cols));
+      dst.push_back(big.back().narrow(0, 1, rows).narrow(1, i % 5, cols));
+    }
+    const Tensor scale = randn({600}, {.dtype = t});
+    kernels::scale_matrices(src_cpu, dst_cpu, scale);
+    kernels::scale_matrices(src, dst, scale.to(gpu()));
+    Tensor sums_cpu = empty({600}, {.dtype = t}), sums = empty({600}, {.dtype = t, .device = gpu()});
+    kernels::matrix_sum_squares(src_cpu, sums_cpu);
+    kernels::matrix_sum_squares(src, sums);
+    const std::vector<double> want = cast(sums_cpu, DType::f64).to_vector<double>(),
+                              got = cast(sums.cpu(), DType::f64).to_vector<double>();
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (dst[i].numel() > 0)
+        EXPECT_LT(amax(abs(sub(cast(dst[i].cpu(), DType::f64), cast(dst_cpu[i], DType::f64)))).item<double>(), 1e-6) << i;
+      EXPECT_EQ(sum(abs(big[i].cpu())).item<double>(), sum(abs(dst[i].cpu())).item<double>()) << i;  // around: 0
+      const double definition = sum(square(cast(src_cpu[i], DType::f64))).item<double>();
+      EXPECT_NEAR(got[i], definition, 1e-6 * definition + 1e-30) << i;
+      EXPECT_NEAR(want[i], definition, 1e-6 * definition + 1e-30) << i;
+    }
+    EXPECT_THROW(kernels::scale_matrices({src[0]}, {dst[0]}, empty({2}, {.dtype = t, .device = gpu()})), Error);
+  }
 }
