@@ -138,8 +138,9 @@ TEST(CudaCopy, ScaleMatricesAndMatrixSumSquaresMatchTheCpu) {
     const std::vector<double> want = cast(sums_cpu, DType::f64).to_vector<double>(),
                               got = cast(sums.cpu(), DType::f64).to_vector<double>();
     for (size_t i = 0; i < src.size(); ++i) {
-      if (dst[i].numel() > 0)
+      if (dst[i].numel() > 0) {
         EXPECT_LT(amax(abs(sub(cast(dst[i].cpu(), DType::f64), cast(dst_cpu[i], DType::f64)))).item<double>(), 1e-6) << i;
+      }
       EXPECT_EQ(sum(abs(big[i].cpu())).item<double>(), sum(abs(dst[i].cpu())).item<double>()) << i;  // around: 0
       const double definition = sum(square(cast(src_cpu[i], DType::f64))).item<double>();
       EXPECT_NEAR(got[i], definition, 1e-6 * definition + 1e-30) << i;
