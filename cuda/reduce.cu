@@ -276,24 +276,41 @@ constexpr int kMaxViews = 512;
 struct MatrixViews {
   const void* ptr[kMaxViews];
   int64_t rows[kMaxViews], cols[kMaxViews], ld[kMaxViews];
+  bool vec[kMaxViews];  // the start, the row length and the row stride allow 16-byte loads
 };
 static_assert(sizeof(MatrixViews) < 32000, "kernel parameters are limited to 32 KiB");
-constexpr int kSquaresThreads = 512;
+constexpr int kSquaresThreads = 1024;
 
-// Block k: Σ x² of matrix k, a warp a row (rows k·warps + w, ...), lanes along it, in f64; the block's
-// partials summed in a fixed order (the same result every run).
+// Block k: Σ x² of matrix k, a warp a row (rows w, w + warps, ...), lanes along it in 16-byte units where
+// the matrix allows, accumulated in f64; the block's partials summed in a fixed order (the same result
+// every run).
 template <class T>
 __global__ void __launch_bounds__(kSquaresThreads) matrix_sum_squares_kernel(const __grid_constant__ MatrixViews m,
                                                                               T* out) {
+  constexpr int kPer = 16 / int(sizeof(T));
+  struct alignas(16) Unit {
+    T v[kPer];
+  };
   __shared__ double partial[kSquaresThreads / 32];
   const int k = int(blockIdx.x), warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
   const T* x = static_cast<const T*>(m.ptr[k]);
   double acc = 0;
-  for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32)
-    for (int64_t c = lane; c < m.cols[k]; c += 32) {
-      const double v = double(x[r * m.ld[k] + c]);
-      acc += v * v;
+  if (m.vec[k]) {
+    for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32) {
+      const Unit* row = reinterpret_cast<const Unit*>(x + r * m.ld[k]);
+      for (int64_t c = lane; c < m.cols[k] / kPer; c += 32) {
+        const Unit u = row[c];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc += double(u.v[e]) * double(u.v[e]);
+      }
     }
+  } else {
+    for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32)
+      for (int64_t c = lane; c < m.cols[k]; c += 32) {
+        const double v = double(x[r * m.ld[k] + c]);
+        acc += v * v;
+      }
+  }
   acc = group_allreduce(acc, kSquaresThreads, partial, SumOp{});
   if (threadIdx.x == 0) out[k] = T(acc);
 }
@@ -320,6 +337,9 @@ void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& 
       views->rows[j] = t.numel() == 0 ? 0 : t.size(0);
       views->cols[j] = t.size(1);
       views->ld[j] = t.size(0) > 1 ? t.stride(0) : t.size(1);
+      const int64_t per = 16 / int64_t(t.element_size());
+      views->vec[j] = reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0 && views->cols[j] % per == 0 &&
+                      views->ld[j] % per == 0;
     }
     if (out.dtype() == DType::f32)
       matrix_sum_squares_kernel<float><<<count, kSquaresThreads, 0, current_stream()>>>(
