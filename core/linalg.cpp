@@ -108,11 +108,18 @@ Eigh eigh(const Tensor& a) {
   return {e.eigenvalues, e.eigenvectors};
 }
 
-InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions& options) {
-  const char* op = "linalg::inverse_root";
+namespace {
+// What every inverse root takes: finite square f32/f64 matrices, p > 0, ε >= 0.
+void check_root(const char* op, const Tensor& a, double p, const InverseRootOptions& options) {
   check_matrices(op, a);
   KILN_CHECK(p > 0 && std::isfinite(p), op, ": the root p must be positive, got ", p);
   KILN_CHECK(options.epsilon >= 0, op, ": epsilon must be non-negative, got ", options.epsilon);
+}
+}  // namespace
+
+InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions& options) {
+  const char* op = "linalg::inverse_root";
+  check_root(op, a, p, options);
   const NoGradGuard no_grad;
   const int64_t n = a.size(-1);
   const Shape batch = batch_shape(a);
@@ -173,9 +180,7 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
 
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
   const char* op = "linalg::inverse_root_warm";
-  check_matrices(op, a);
-  KILN_CHECK(p > 0 && std::isfinite(p), op, ": the root p must be positive, got ", p);
-  KILN_CHECK(options.epsilon >= 0, op, ": epsilon must be non-negative, got ", options.epsilon);
+  check_root(op, a, p, options);
   KILN_CHECK(options.warm_tolerance >= 0, op, ": warm_tolerance must be non-negative, got ", options.warm_tolerance);
   KILN_CHECK(basis.defined() && basis.sizes() == a.sizes() && basis.dtype() == a.dtype() &&
                  basis.device() == a.device() && basis.is_contiguous(),

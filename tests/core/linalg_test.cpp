@@ -100,17 +100,26 @@ TEST(LinalgInverseRoot, RaisedToPTimesTheRidgedMatrixIsTheIdentity) {
   }
 }
 
-TEST(LinalgInverseRoot, IllConditionedMatricesMatchTheRootOfTheirKnownEigenvalues) {
-  Generator gen(4);
+// A 48 x 48 matrix of eigenvalues 1 .. 1e-8 (condition 1e8), its eigenvectors q and its inverse 4th root.
+struct IllConditioned {
+  Tensor a, q, root;
+};
+IllConditioned ill_conditioned(Generator& gen) {
   const int64_t n = 48;
   std::vector<double> values(n), roots(n);
   for (int64_t i = 0; i < n; ++i) {
-    values[size_t(i)] = std::pow(10.0, -8.0 * double(i) / double(n - 1));  // 1 .. 1e-8: condition 1e8
+    values[size_t(i)] = std::pow(10.0, -8.0 * double(i) / double(n - 1));
     roots[size_t(i)] = std::pow(values[size_t(i)], -0.25);
   }
-  Tensor q;
-  const Tensor a = with_eigenvalues(values, gen, &q);
-  const Tensor expected = matmul(mul(q, from_vector(roots, {1, n})), q.transpose(0, 1));
+  IllConditioned m;
+  m.a = with_eigenvalues(values, gen, &m.q);
+  m.root = matmul(mul(m.q, from_vector(roots, {1, n})), m.q.transpose(0, 1));
+  return m;
+}
+
+TEST(LinalgInverseRoot, IllConditionedMatricesMatchTheRootOfTheirKnownEigenvalues) {
+  Generator gen(4);
+  const auto [a, q, expected] = ill_conditioned(gen);
   const double scale = max_abs(expected);  // 1e2
   const Tensor eigen = linalg::inverse_root(a, 4, {.epsilon = 0.0});
   EXPECT_LT(max_abs(sub(eigen, expected)) / scale, 1e-6);
@@ -236,15 +245,7 @@ TEST(LinalgInverseRootWarm, ANearbyMatrixKeepsItsBasisAndAFarOneIsRefreshed) {
 
 TEST(LinalgInverseRootWarm, AnExactBasisOfAnIllConditionedMatrixGivesItsRoot) {
   Generator gen(10);
-  const int64_t n = 48;
-  std::vector<double> values(n), roots(n);
-  for (int64_t i = 0; i < n; ++i) {
-    values[size_t(i)] = std::pow(10.0, -8.0 * double(i) / double(n - 1));  // 1 .. 1e-8: condition 1e8
-    roots[size_t(i)] = std::pow(values[size_t(i)], -0.25);
-  }
-  Tensor q;
-  const Tensor a = with_eigenvalues(values, gen, &q);
-  const Tensor expected = matmul(mul(q, from_vector(roots, {1, n})), q.transpose(0, 1));
+  const auto [a, q, expected] = ill_conditioned(gen);
   // f32: from an exact basis the Rayleigh quotients in f32 products find the small eigenvalues as well as
   // f32's eigensolver does
   const Tensor basis = cast(q.contiguous(), DType::f32);
