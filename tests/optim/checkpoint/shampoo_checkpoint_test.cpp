@@ -62,7 +62,9 @@ void resumes_bit_for_bit(linalg::RootMethod method) {
   load_checkpoint(dir.file("shampoo.h5"), other, &opt2);
   for (int i = 3; i < 8; ++i) EXPECT_EQ(train(net, opt, i), train(other, opt2, i)) << "step " << i;
   EXPECT_EQ(test::snapshot(other), test::snapshot(net));
-  if (method == linalg::RootMethod::warm_eigen) EXPECT_LT(opt2.eigen_refreshes(), opt2.root_updates());
+  if (method == linalg::RootMethod::warm_eigen) {
+    EXPECT_LT(opt2.eigen_refreshes(), opt2.root_updates());
+  }
 }
 
 TEST(ShampooCheckpoint, ResumesBitForBit) { resumes_bit_for_bit(linalg::RootMethod::eigen); }
