@@ -530,8 +530,9 @@ void Shampoo::step() {
     kernels::matrix_sum_squares(from, p2);
     Tensor scale = div(sqrt(d2), add(sqrt(p2), 1e-16));
     if (std::find(grafts.begin(), grafts.end(), 0.0) != grafts.end()) {  // members of groups without grafting
+      const Tensor one = full({1}, 1.0, o);
       const Tensor mask = from_vector(grafts, {int64_t(grafts.size())}, {.dtype = pb.dtype(), .device = pb.device()});
-      scale = add(mul(scale, mask), sub(full({1}, 1.0, o), mask));  // 1 where a block does not graft
+      scale = where(eq(mask, one), scale, one);  // 1 where a block does not graft, whatever its norms
     }
     kernels::scale_matrices(from, to, scale.contiguous());
   }
