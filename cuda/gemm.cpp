@@ -284,8 +284,10 @@ void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out,
   (void)type_info(out.dtype(), false);
   DeviceGuard guard(out.device().index);
   if (out.numel() == 0) return;
-  if (a_in.size(2) == 0) {  // an empty product: out scaled alone
-    if (beta != 1.0) Tensor(out).mul_(beta);  // a handle on the same storage
+  if (a_in.size(2) == 0) {  // an empty product: out scaled alone (beta = 0: zeros, out not read, as cuBLASLt)
+    Tensor handle = out;  // on the same storage
+    if (beta == 0.0) handle.zero_();
+    else if (beta != 1.0) handle.mul_(beta);
     return;
   }
   Operand oa, ob;

@@ -68,6 +68,8 @@ void kernels::scale_matrices(const std::vector<Tensor>& src, const std::vector<T
              ": expected one f32 or f64 scale per pair");
   for (size_t i = 0; i < src.size(); ++i) {
     const Tensor &s = src[i], &d = dst[i];
+    KILN_CHECK(scale.device().is_cpu() && s.device().is_cpu() && d.device().is_cpu(), "scale_matrices: ", s.str(),
+               " -> ", d.str(), " with scale ", scale.str(), ": expected every tensor on one device");
     KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && s.dtype() == scale.dtype() && d.dtype() == scale.dtype() &&
                    (s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1),
                "scale_matrices: ", s.str(), " -> ", d.str(), ": expected 2-D matrices of the scale's dtype, rows contiguous");

@@ -117,7 +117,8 @@ void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out, doubl
     scalar_t* o = static_cast<scalar_t*>(out.raw_data());
     const C* p = static_cast<const C*>(prod.raw_data());
     const C al = C(alpha), be = C(beta);
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = scalar_t(be * C(o[i]) + al * p[i]);
+    // beta = 0: out is not read (a NaN in it does not survive), as cuBLASLt does
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = scalar_t(beta == 0.0 ? al * p[i] : be * C(o[i]) + al * p[i]);
   });
 }
 

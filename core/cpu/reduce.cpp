@@ -82,6 +82,9 @@ void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& 
                  (out.dtype() == DType::f32 || out.dtype() == DType::f64),
              "matrix_sum_squares: ", mats.size(), " matrices into ", out.str(), ": expected one f32 or f64 output each");
   for (const Tensor& m : mats)
+    KILN_CHECK(m.device().is_cpu() && out.device().is_cpu(), "matrix_sum_squares: ", m.str(), " into ", out.str(),
+               ": expected every tensor on one device");
+  for (const Tensor& m : mats)
     KILN_CHECK(m.dim() == 2 && m.dtype() == out.dtype() && (m.stride(1) == 1 || m.size(1) == 1), "matrix_sum_squares: ",
                m.str(), ": expected a 2-D matrix of the output's dtype, rows contiguous");
   if (out.dtype() == DType::f32) matrix_sum_squares_as<float>(mats, out);

@@ -7,7 +7,7 @@
 KILN_KERNEL(bmm, void(const Tensor& a, const Tensor& b, const Tensor& out));
 // out (B, M, N) contiguous = beta · out + alpha · a (B, M, K) · b (B, K, N), with bmm's layouts and one dtype:
 // the scaled product added to the scaled old values in the compute dtype and rounded once (on the GPU,
-// cuBLASLt's alpha and beta). alpha = beta = 1: out += a·b.
+// cuBLASLt's alpha and beta). alpha = beta = 1: out += a·b; beta = 0: out's old values are not read.
 KILN_KERNEL(bmm_add, void(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta));
 // Optional: out (M, N) f32 = a (M, K) · b (K, N), plus out's old value when accumulate; a and b of one dtype
 // (bf16/f16: products accumulated and written in f32, no rounding).

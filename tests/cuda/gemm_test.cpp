@@ -82,6 +82,12 @@ TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
         kernels::bmm_add(a.contiguous(), b.contiguous(), scaled_cpu, 0.25, 0.75);
         EXPECT_LT(rel_err(scaled, scaled_want), tol_for(t)) << dtype_name(t) << " ta=" << ta << " tb=" << tb;
         EXPECT_LT(rel_err(scaled_cpu, scaled_want), tol_for(t)) << dtype_name(t) << " (CPU)";
+        // beta = 0: out's old values are not read (a NaN there does not survive), on both devices
+        Tensor poisoned = full({3, 31, 45}, NAN, {.dtype = t, .device = gpu()}), poisoned_cpu = full({3, 31, 45}, NAN, {.dtype = t});
+        kernels::bmm_add(a.to(gpu()), b.to(gpu()), poisoned, 0.25, 0.0);
+        kernels::bmm_add(a.contiguous(), b.contiguous(), poisoned_cpu, 0.25, 0.0);
+        EXPECT_LT(rel_err(poisoned, mul(ref_matmul(a, b), 0.25)), tol_for(t)) << dtype_name(t) << " beta 0";
+        EXPECT_LT(rel_err(poisoned_cpu, mul(ref_matmul(a, b), 0.25)), tol_for(t)) << dtype_name(t) << " beta 0 (CPU)";
       }
 }
 
