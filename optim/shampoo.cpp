@@ -208,10 +208,12 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         for (Factor* f : group) bases.push_back(f->basis);
       const Tensor stacked_bases = warm ? stack(bases) : Tensor();
       Tensor roots;
+      bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
       if (warm) {
         const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
         roots = r.root;
         eigen_refreshes_ += r.refreshed;
+        bases_changed = r.refreshed > 0;
       } else {
         roots = linalg::inverse_root(stacked, p, options);
       }
@@ -220,10 +222,10 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         for (size_t j = 0; j < group.size(); ++j) {
           from.push_back(roots.select(0, int64_t(j)));
           to.push_back(group[j]->root);
-          if (warm) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
+          if (bases_changed) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
         }
         kernels::copy_matrices(from, to);
-        if (warm) kernels::copy_matrices(from_bases, bases);
+        if (bases_changed) kernels::copy_matrices(from_bases, bases);
         done = true;
       }
     } catch (const Error&) {
