@@ -14,7 +14,8 @@ namespace kiln::optim {
 struct KFAC::Layer {
   const nn::CapturedLayer* captured = nullptr;
   Tensor a, g;            // the running factors
-  Tensor qa, da, qg, dg;  // their eigendecompositions
+  Tensor qa, qg;          // their eigenvectors
+  Tensor scale;           // 1 / (d_G d_Aᵀ + λ) from their eigenvalues d_G, d_A (clamped >= 0)
 
   const std::string& name() const { return captured->name; }
   const Tensor& weight() const { return captured->weight; }
@@ -109,25 +110,27 @@ void KFAC::step(const Optimizer& base, const GradScaler* scaler) {
     if (!l.a.defined()) continue;  // no factors yet (the first steps skipped): the base's gradient as it is
     if (update_inverses || !l.qa.defined()) {
       const auto ea = linalg::eigh(l.a), eg = linalg::eigh(l.g);
-      l.qa = ea.eigenvectors, l.da = clamp(ea.eigenvalues, 0.0, INFINITY);
-      l.qg = eg.eigenvectors, l.dg = clamp(eg.eigenvalues, 0.0, INFINITY);
+      l.qa = ea.eigenvectors, l.qg = eg.eigenvectors;
+      const Tensor da = clamp(ea.eigenvalues, 0.0, INFINITY), dg = clamp(eg.eigenvalues, 0.0, INFINITY);
+      l.scale = rdiv(add(mul(dg.unsqueeze(1), da.unsqueeze(0)), options_.damping), 1.0);
     }
     const Tensor grad = l.gradient_matrix(dt);
     Tensor v = matmul(matmul(l.qg.transpose(0, 1), grad), l.qa);
-    v = div(v, add(mul(l.dg.unsqueeze(1), l.da.unsqueeze(0)), options_.damping));
+    v = mul(v, l.scale);
     const Tensor natural = matmul(matmul(l.qg, v), l.qa.transpose(0, 1));
     const Tensor term = sum(mul(natural, grad));
     kl = kl.defined() ? add(kl, term) : term;
     preconditioned.emplace_back(&l, natural);
   }
   if (preconditioned.empty()) return;
-  double nu = 1.0;
+  // ν on the device (no wait for the GPU a step): a zero or non-finite |lr² Σ ∇̃ ⊙ ∇| leaves ν = 1
+  Tensor nu;
   if (options_.kl_clip > 0) {
-    const double vg = std::fabs(kl.cpu().item<double>()) * lr * lr;
-    if (vg > 0 && std::isfinite(vg)) nu = std::min(1.0, std::sqrt(options_.kl_clip / vg));
+    const Tensor vg = mul(abs(kl), lr * lr);
+    nu = where(isfinite(vg), clamp(mul(rsqrt(vg), std::sqrt(options_.kl_clip)), 0.0, 1.0), ones_like(vg));
   }
   for (auto& [l, natural] : preconditioned) {
-    const Tensor scaled = nu == 1.0 ? natural : mul(natural, nu);
+    const Tensor scaled = nu.defined() ? mul(natural, nu) : natural;
     const int64_t in = l->weight().numel() / l->weight().size(0);
     Tensor wgrad = l->weight().grad();
     wgrad.copy_(scaled.narrow(1, 0, in).reshape(l->weight().shape()));
@@ -181,7 +184,7 @@ std::vector<std::string> KFAC::check_state(const State& state) const {
 void KFAC::apply_state(const State& state) {
   steps_ = std::get<int64_t>(state.at("steps"));
   for (auto& l : layers_) {
-    l->a = l->g = l->qa = l->da = l->qg = l->dg = Tensor();
+    l->a = l->g = l->qa = l->qg = l->scale = Tensor();
     auto a = state.find("layers/" + l->name() + "/A"), g = state.find("layers/" + l->name() + "/G");
     if (a == state.end() || g == state.end()) continue;
     l->a = std::get<Tensor>(a->second).to(l->weight().device()).clone();

@@ -15,7 +15,8 @@
 //
 // --optimizer adamw (default) | sgd (momentum 0.9, decoupled decay as L2, the same cosine decay) | kfac (SGD
 // with momentum behind optim::KFAC, which preconditions the Linear and Conv2d gradients): the comparison
-// docs/optim.md reports. --kfac-damping, --kfac-inv-steps set K-FAC's λ and eigendecomposition interval.
+// docs/optim.md reports. --kfac-damping, --kfac-inv-steps, --kfac-factor-steps, --kfac-kl-clip set K-FAC's λ,
+// eigendecomposition and factor-update intervals and KL clipping.
 //
 // Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 fashion_mnist ..., or mpirun),
 // each rank trains on its share of every epoch (data::Loader's num_replicas/rank) and DistributedDataParallel
@@ -36,6 +37,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/data/data.h>
+#include <kiln/core/profiler.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/distributed/checkpoint.h>
@@ -45,6 +47,7 @@
 #include <kiln/observe/metrics_logger.h>
 #include <kiln/observe/plot.h>
 #include <kiln/observe/progress.h>
+#include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/clip_grad.h>
@@ -111,6 +114,11 @@ struct Args {
   double gpu_monitor = 5;                      // seconds between NVML samples into the metrics (0: off)
   double kfac_damping = 1e-3;
   int64_t kfac_inv_steps = 10;
+  int64_t kfac_factor_steps = 1;
+  double kfac_kl_clip = 1e-3;
+  double target_accuracy = 0;  // > 0: stop after the first epoch whose test accuracy reaches it
+  std::string trace;           // a Chrome trace of training steps 101-110 (K-FAC's default intervals: one
+                               // eigendecomposition step and one factor update among them)
   bool help = false;
 };
 
@@ -119,8 +127,12 @@ void usage(std::ostream& os) {
         "                     [--data DIR] [--checkpoint FILE [--resume]] [--device cpu|cuda[:i]]\n"
         "                     [--amp none|bf16|f16] [--clip MAX_NORM] [--seed S] [--sketch L,k]\n"
         "                     [--optimizer adamw|sgd|kfac] [--kfac-damping L] [--kfac-inv-steps N]\n"
+        "                     [--kfac-factor-steps N] [--kfac-kl-clip C] [--target-accuracy A]\n"
+        "                     [--trace FILE]\n"
         "                     [--run-dir DIR|none] [--gpu-monitor S]\n"
         "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
+        "  --target-accuracy A: stop after the first epoch whose test accuracy is at least A (time-to-target runs)\n"
+        "  --trace FILE: training steps 101-110 under the profiler, as a Chrome trace and a table on stderr\n"
         "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n"
         "  --gpu-monitor S: on a GPU, NVML's utilization, memory, power, temperature and clocks every S seconds\n"
         "                   into the run's metrics (default 5; 0: off)\n";
@@ -147,6 +159,10 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--kfac-damping") a.kfac_damping = r.f64();
     else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64();
+    else if (flag == "--kfac-factor-steps") a.kfac_factor_steps = r.i64();
+    else if (flag == "--kfac-kl-clip") a.kfac_kl_clip = r.f64();
+    else if (flag == "--target-accuracy") a.target_accuracy = r.f64();
+    else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--help" || flag == "-h") a.help = true;
@@ -243,7 +259,9 @@ int run(const Args& args) {
              "factors would come from its own batches, and the ranks' steps would differ)");
   if (args.optimizer == "kfac")
     kfac = std::make_unique<optim::KFAC>(*net, optim::KFACOptions{.damping = args.kfac_damping,
-                                                                  .inv_update_steps = args.kfac_inv_steps});
+                                                                  .factor_update_steps = args.kfac_factor_steps,
+                                                                  .inv_update_steps = args.kfac_inv_steps,
+                                                                  .kl_clip = args.kfac_kl_clip});
   optim::CosineWithWarmup schedule(opt, /*warmup_steps=*/0, /*total_steps=*/args.epochs * loader.size());
   // Loss scaling only for f16 (its narrow exponent flushes small gradients to zero); disabled, scale()
   // returns the loss and step() just steps. bf16 has f32's exponent range and needs none.
@@ -287,6 +305,7 @@ int run(const Args& args) {
   const std::unique_ptr<observe::GpuMonitor> monitor =
       observe::monitor_training(metrics.get(), dev, args.gpu_monitor, [&current_epoch] { return current_epoch.load(); });
   double accuracy = 0;
+  int64_t epochs_run = start_epoch;  // less than --epochs when --target-accuracy ended the run early
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
   for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {
     current_epoch.store(epoch + 1, std::memory_order_relaxed);  // logged as the epoch being trained
@@ -297,6 +316,11 @@ int run(const Args& args) {
     Tensor loss_sum = zeros({}, {.dtype = DType::f32, .device = dev});
     int64_t seen = 0, skipped = 0;
     for (auto it = loader.begin(); it != loader.end(); ++it) {
+      const bool traced = !args.trace.empty() && main_rank && step >= 100 && step < 110;
+      if (traced && step == 100) {
+        if (dev.is_cuda()) cuda::synchronize();
+        profiler::start();
+      }
       auto [x, y] = *it;
       Tensor loss;
       {
@@ -314,6 +338,13 @@ int run(const Args& args) {
       scaler.update();
       schedule.step();
       ++step;
+      if (traced && step == 110) {
+        if (dev.is_cuda()) cuda::synchronize();
+        const profiler::Trace trace = profiler::stop();
+        observe::save_chrome_trace(trace, args.trace);
+        std::fprintf(stderr, "profile of training steps 101-110 (%s):\n%s", args.trace.c_str(),
+                     observe::profile_table(trace).c_str());
+      }
       {
         NoGradGuard no_grad;
         loss_sum = add(loss_sum, cast(loss.detach(), DType::f32));
@@ -336,11 +367,13 @@ int run(const Args& args) {
                " ended with a non-finite training loss (", train_loss, "): the run diverged (lr ", args.lr,
                "); lower --lr or set --clip");
     accuracy = evaluate(*net, test, dev, amp_dtype);  // every rank holds the same model: the same figure
+    epochs_run = epoch + 1;
     if (metrics)
       metrics->log(epoch + 1, {{"train_loss", train_loss}, {"test_accuracy", accuracy}, {"lr", schedule.get_last_lr()[0]},
                                {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
     if (main_rank) {
-      std::printf("epoch %lld: train loss %.4f, test accuracy %.4f", (long long)epoch + 1, train_loss, accuracy);
+      std::printf("epoch %lld: train loss %.4f, test accuracy %.4f, %.2f s", (long long)epoch + 1, train_loss, accuracy,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (scaler.is_enabled())
         std::printf(", loss scale %g, skipped steps %lld", scaler.get_scale(), (long long)skipped);
       std::printf("\n");
@@ -356,6 +389,11 @@ int run(const Args& args) {
       else
         optim::save_checkpoint(args.checkpoint, *net, components, meta, step);
     }
+    if (args.target_accuracy > 0 && accuracy >= args.target_accuracy) {
+      if (main_rank)
+        std::printf("target test accuracy %.4f reached after epoch %lld\n", args.target_accuracy, (long long)epoch + 1);
+      break;
+    }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (metrics && !metrics->series("train_loss").empty()) {
@@ -369,7 +407,7 @@ int run(const Args& args) {
   }
   if (main_rank)
     std::printf("RESULT test_accuracy=%.4f epochs=%lld seconds=%.1f world=%d parameters=%lld\n", accuracy,
-                (long long)args.epochs, seconds, group ? group->size() : 1, (long long)num_params);
+                (long long)epochs_run, seconds, group ? group->size() : 1, (long long)num_params);
   return 0;
 }
 
