@@ -193,24 +193,40 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   WarmInverseRoot out;
   if (b == 0 || n == 0) {
     out.root = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
-    out.off_diagonal = zeros(batch, {.dtype = DType::f64});
+    out.coupling = zeros(batch, {.dtype = DType::f64});
     return out;
   }
   const cuda::AllowTf32Guard exact(true, false);  // TF32's 1e-3 would drown the small Rayleigh quotients
   const Tensor ridged = ridge(a.contiguous().reshape({b, n, n}), options.epsilon);
   const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
-  // λ_j = q_jᵀ·(A·q)_j: the column sums of q ⊙ (A·q); δ² = 1 − Σλ² / ‖A‖², both sums read in one transfer
-  const Tensor quotients = sum(mul(q, matmul(ridged, q)), {-2});
-  const Tensor sums = cast(stack({sum(mul(quotients, quotients), {-1}), sum(mul(ridged, ridged), {-2, -1})}),
-                           DType::f64).cpu();
-  const std::vector<double> v = sums.contiguous().to_vector<double>();
-  out.off_diagonal = empty(batch, {.dtype = DType::f64});
-  double* delta = static_cast<double*>(out.off_diagonal.raw_data());
+  const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
+  // B = qᵀ·A·q; λ_j = B_jj (the column sums of q ⊙ A·q), lifted as the eigen method lifts eigenvalues and
+  // floored at n·u·λ_max (u the dtype's unit roundoff)
+  const Tensor aq = matmul(ridged, q);
+  const Tensor coupled = matmul(q.transpose(-2, -1), aq);
+  const Tensor quotients = sum(mul(q, aq), {-2});
+  const Tensor lifted = add(quotients, clamp(rsub(amin(quotients, {-1}, true), options.epsilon), 0.0, INFINITY));
+  const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
+  const Tensor floored = maximum(lifted, mul(amax(lifted, {-1}, true), double(n) * unit_roundoff));
+  // ρ = max_i sqrt(Σ_{j≠i} B_ij² / (λ_i·λ_j)); and how far Σ_j λ_j is from trace(A), relative (0 for an
+  // orthonormal basis, 1 for a basis of zeros); both read in one transfer
+  const Tensor r = rsqrt(floored);
+  const Tensor off_diagonal = rsub(eye(n, like), 1.0);
+  const Tensor scaled = mul(mul(coupled, r.unsqueeze(-1)), r.unsqueeze(-2));
+  const Tensor coupling = sqrt(amax(sum(mul(square(scaled), off_diagonal), {-1}), {-1}));
+  const Tensor trace = sum(mul(ridged, eye(n, like)), {-2, -1});
+  const Tensor trace_gap = div(abs(sub(sum(quotients, {-1}), trace)), trace);
+  const Tensor read = cast(stack({coupling, trace_gap}), DType::f64).cpu();
+  const std::vector<double> v = read.contiguous().to_vector<double>();
+  out.coupling = empty(batch, {.dtype = DType::f64});
+  double* rho = static_cast<double*>(out.coupling.raw_data());
   std::vector<int64_t> kept, refreshed;
   for (int64_t i = 0; i < b; ++i) {
-    const double captured = v[size_t(i)], total = v[size_t(b + i)];
-    delta[i] = total > 0 ? std::sqrt(std::max(0.0, 1.0 - captured / total)) : 1.0;
-    const bool reuse = delta[i] <= options.warm_tolerance && delta[i] < 1.0 && std::isfinite(captured);
+    // Σ_j q_jᵀ·A·q_j = trace(A) for any orthonormal q whatever A: the gap tests the basis, not the move
+    const double coupling_i = v[size_t(i)], gap = v[size_t(b + i)];
+    const bool orthonormal = gap <= 1e-3;
+    rho[i] = std::isnan(coupling_i) || std::isnan(gap) ? NAN : orthonormal ? coupling_i : std::max(coupling_i, gap);
+    const bool reuse = orthonormal && rho[i] <= options.warm_tolerance;  // false for NaN
     (reuse ? kept : refreshed).push_back(i);
   }
   auto rows = [&](const Tensor& t, const std::vector<int64_t>& which) {

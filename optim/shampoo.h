@@ -81,7 +81,8 @@ class Shampoo : public Optimizer {
   // Newton; about 1% from the eigen roots (relative Frobenius distance). Off by default.
   bool root_tf32 = false;
   // With root_method warm_eigen (linalg::inverse_root_warm): each factor keeps its eigenbasis (state
-  // "eigenbasis.b.i") and a refresh reuses it while its relative off-diagonal mass δ is at most this; a
+  // "eigenbasis.b.i") and a refresh reuses it while its coupling ρ (each off-diagonal entry of QᵀAQ against
+  // the eigenvalues it couples; the root's relative error is of the order of ρ/p) is at most this; a
   // factor above it, or without a basis yet, is eigendecomposed afresh.
   double warm_tolerance = 1e-2;
   // Root computations so far, and matrices that fell back to f64 or kept their previous root (for logs).
