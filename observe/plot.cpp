@@ -163,8 +163,28 @@ void save_line_plot(const std::string& path, const std::vector<Series>& series, 
          options.y_label + (options.log_y ? " (log)" : ""), kInk, 2, /*up=*/true);
   int widest = 0;
   for (const Series& s : series) widest = std::max(widest, Canvas::text_width(s.name));
-  const int lx = right - widest - 56, ly = top + 10, row = 22;
-  c.fill(lx - 8, ly - 8, right - 6, ly + row * int(series.size()) + 2, kWhite);
+  // the legend in the corner whose box covers the least of the curves (sampled along their segments;
+  // top right, then top left, bottom right, bottom left on a tie)
+  const int row = 22, box_w = widest + 56 + 2, box_h = row * int(series.size()) + 10;
+  const std::array<std::pair<int, int>, 4> corners{{{right - widest - 56, top + 10},
+                                                    {left + 16, top + 10},
+                                                    {right - widest - 56, bottom - box_h},
+                                                    {left + 16, bottom - box_h}}};
+  int lx = corners[0].first, ly = corners[0].second;
+  int64_t fewest = std::numeric_limits<int64_t>::max();
+  for (const auto& [cx, cy] : corners) {
+    int64_t covered = 0;
+    for (const auto& p : pts)
+      for (size_t i = 1; i < p.size(); ++i)
+        for (int k = 0; k <= 32; ++k) {
+          const double t = k / 32.0;
+          const int x = px(p[i - 1].first + t * (p[i].first - p[i - 1].first));
+          const int y = py(p[i - 1].second + t * (p[i].second - p[i - 1].second));
+          covered += x >= cx - 8 && x <= cx - 8 + box_w && y >= cy - 8 && y <= cy - 8 + box_h;
+        }
+    if (covered < fewest) fewest = covered, lx = cx, ly = cy;
+  }
+  c.fill(lx - 8, ly - 8, std::min(right - 6, lx - 8 + box_w), ly + row * int(series.size()) + 2, kWhite);
   for (size_t s = 0; s < series.size(); ++s) {
     const Color color = kPalette[s % kPalette.size()];
     const int y = ly + row * int(s) + 7;
