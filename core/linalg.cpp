@@ -48,6 +48,29 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
 }
 
+// The root from a kept basis q, with B = qᵀ·A·q (batch, n, n) and its diagonal λ (batch, n):
+//   q·(diag(f(λ)) + F ⊙ (B − diag(λ)))·qᵀ,   f(x) = x^(−1/p),   F_ij = (f(λ_i) − f(λ_j)) / (λ_i − λ_j)
+// (F_ij = f'((λ_i + λ_j)/2) where λ_i and λ_j agree to 1e-3 in f32, 1e-6 in f64, and the difference would
+// cancel), λ lifted as the eigen method lifts eigenvalues: the Daleckii–Krein expansion of f(B) about its
+// diagonal to first order, so what the kept basis leaves out is second order in B's off-diagonal part.
+// F is taken at the λ floored as ρ floors them (`floored`): below n·u·λ_max the off-diagonal entries are
+// rounding, and f's steep divided differences there would amplify it.
+Tensor root_in_kept_basis(const Tensor& coupled, const Tensor& quotients, const Tensor& floored, const Tensor& q,
+                          double p, double epsilon) {
+  const int64_t n = q.size(-1);
+  const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
+  const Tensor lambda = add(quotients, clamp(rsub(amin(quotients, {-1}, true), epsilon), 0.0, INFINITY));
+  const Tensor roots = pow(lambda, -1.0 / p), floored_roots = pow(floored, -1.0 / p);
+  const Tensor li = floored.unsqueeze(-1), lj = floored.unsqueeze(-2);
+  const Tensor gap = sub(li, lj), mean = mul(add(li, lj), 0.5);
+  const Tensor near = le(abs(gap), mul(mean, q.dtype() == DType::f64 ? 1e-6 : 1e-3));
+  const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p),
+                               div(sub(floored_roots.unsqueeze(-1), floored_roots.unsqueeze(-2)), gap));
+  const Tensor identity = eye(n, like);
+  const Tensor m = add(mul(mul(divided, coupled), rsub(identity, 1.0)), mul(identity, roots.unsqueeze(-1)));
+  return matmul(matmul(q, m), q.transpose(-2, -1));
+}
+
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
 Eigh checked_eigh(const char* op, const Tensor& ridged) {
   EighEx e = eigh_ex(ridged);
@@ -243,7 +266,9 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     for (size_t j = 0; j < which.size(); ++j) into.narrow(0, which[j], 1).copy_(values.narrow(0, int64_t(j), 1));
   };
   if (!kept.empty())
-    put(root, kept, root_from_eigenpairs(rows(quotients, kept), rows(q, kept), p, options.epsilon));
+    put(root, kept,
+        root_in_kept_basis(rows(coupled, kept), rows(quotients, kept), rows(floored, kept), rows(q, kept), p,
+                           options.epsilon));
   if (!refreshed.empty()) {
     const Eigh e = checked_eigh(op, rows(ridged, refreshed));
     put(root, refreshed, root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, options.epsilon));

@@ -49,8 +49,8 @@ struct InverseRootOptions {
   // newton, f32 on a GPU: the iteration's products on TF32 tensor cores (about 10 mantissa bits a
   // product, several times faster); the default tolerance is then 2e-3, which TF32's rounding still reaches
   bool tf32 = false;
-  // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused
-  double warm_tolerance = 1e-2;
+  // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused (root error ~ρ²/8)
+  double warm_tolerance = 0.1;
 };
 struct InverseRoot {
   Tensor root;               // (..., n, n), a's dtype and device
@@ -67,20 +67,24 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // started eigendecomposition and SOAP make. With A = a + ε·I, q the basis, B = qᵀ·A·q and λ_j = B_jj its
 // Rayleigh quotients (lifted as the eigen method lifts eigenvalues), the basis is kept where the coupling
 //     ρ = max_i sqrt(Σ_{j≠i} B_ij² / (λ_i·λ_j))
-// is at most options.warm_tolerance: the root is then q·diag(λ^(−1/p))·qᵀ. ρ measures each off-diagonal
-// entry against the eigenvalues it couples, which is what the root's error follows: to first order the
-// error of entry (i, j) is B_ij·(λ_i^(−1/p) − λ_j^(−1/p))/(λ_i − λ_j), at most ~B_ij/sqrt(λ_i·λ_j) of the
-// larger of the two roots, and the second-order shift of a small λ_i by its couplings to large ones,
-// Σ_j B_ij²/λ_j, is ρ² of λ_i. So the root's relative error is of the order of ρ/p whatever the condition
-// number (a check with numpy: ρ 0.2 / 0.56 gave root errors of 2.8% / 11% at condition 1e6 / 1e8, where
-// the relative off-diagonal mass ‖B − diag(λ)‖_F/‖A‖_F, this function's earlier test, read 7e-6).
-// Quotients below n·u·λ_max (u the dtype's unit roundoff) count as n·u·λ_max: a backward-stable
+// is at most options.warm_tolerance. ρ measures each off-diagonal entry against the eigenvalues it couples,
+// which is what the root's error follows: to first order the error of entry (i, j) is
+// B_ij·(λ_i^(−1/p) − λ_j^(−1/p))/(λ_i − λ_j), at most ~B_ij/sqrt(λ_i·λ_j) of the larger of the two roots, and
+// the second-order shift of a small λ_i by its couplings to large ones, Σ_j B_ij²/λ_j, is ρ² of λ_i; the
+// relative off-diagonal mass ‖B − diag(λ)‖_F/‖A‖_F (this function's first test) follows neither (at
+// condition 1e8 it read 7e-6 beside a root 11% off). A kept basis gives the root
+//     q·(diag(f(λ)) + F ⊙ (B − diag(λ)))·qᵀ,   f(x) = x^(−1/p),   F_ij = (f(λ_i) − f(λ_j)) / (λ_i − λ_j),
+// the Daleckii–Krein expansion of f(B) about its diagonal to first order, so its relative error is second
+// order, about ρ²/8 (numpy, p = 4: ρ 0.054 / 0.20 / 0.31 / 0.71 gave 2.7e-4 / 3.9e-3 / 7.8e-3 / 7.9e-2,
+// where q·diag(f(λ))·qᵀ alone was ~ρ/7 off: 7.1e-3 / 2.8e-2 / 3.6e-2 / 1.6e-1).
+// Quotients below n·u·λ_max (u the dtype's unit roundoff) count as n·u·λ_max in ρ: a backward-stable
 // eigensolver in that precision resolves no finer, so a kept basis is not held to more than a fresh one.
 // A basis whose quotients' sum is off trace(A) by more than 1e-3 of it is not orthonormal (a basis of
 // zeros, how a first call starts, is off by 1) and is refreshed at any tolerance. Refreshed matrices are
-// eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new eigenvectors. The test costs three
-// batched f32 GEMMs (A·q, qᵀ·(A·q), the root) where cuSOLVER's eigensolver spends ~10x as long on its
-// tridiagonal reduction. `basis` must be contiguous, with a's shape, dtype and device.
+// eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
+// eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two) where
+// cuSOLVER's eigensolver spends ~10x as long on its tridiagonal reduction. `basis` must be contiguous, with
+// a's shape, dtype and device.
 struct WarmInverseRoot {
   Tensor root;             // (..., n, n)
   Tensor coupling;         // (...) ρ of each matrix in the basis it came with, or the trace gap where that is

@@ -82,9 +82,9 @@ class Shampoo : public Optimizer {
   bool root_tf32 = false;
   // With root_method warm_eigen (linalg::inverse_root_warm): each factor keeps its eigenbasis (state
   // "eigenbasis.b.i") and a refresh reuses it while its coupling ρ (each off-diagonal entry of QᵀAQ against
-  // the eigenvalues it couples; the root's relative error is of the order of ρ/p) is at most this; a
-  // factor above it, or without a basis yet, is eigendecomposed afresh.
-  double warm_tolerance = 1e-2;
+  // the eigenvalues it couples; the root, corrected to first order in the kept basis, is ~ρ²/8 off) is at
+  // most this; a factor above it, or without a basis yet, is eigendecomposed afresh.
+  double warm_tolerance = 0.1;
   // Root computations so far, and matrices that fell back to f64 or kept their previous root (for logs).
   int64_t root_updates() const { return root_updates_; }
   int64_t f64_retries() const { return f64_retries_; }

@@ -104,7 +104,7 @@ struct Args {
   int64_t shampoo_frequency = 10;
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
-  double shampoo_warm_tolerance = 1e-2;  // ... reused while its coupling ρ is at most this
+  double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t batch_size = 64;
@@ -147,7 +147,7 @@ void usage(std::ostream& os) {
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
         "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
-        "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.01)\n"
+        "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
         "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n"
         "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"

@@ -71,7 +71,7 @@ struct Args {
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
   bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
-  double shampoo_warm_tolerance = 1e-2;  // ... reused while its coupling ρ is at most this
+  double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
   double shampoo_beta2 = 0.95;  // Shampoo's factor average (AdamW's β2 by default)
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
@@ -111,7 +111,7 @@ void usage(std::ostream& os) {
         "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
         "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
         "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (RootMethod::warm_eigen), reused\n"
-        "                while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (default 0.01)\n"
+        "                while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (default 0.1)\n"
         "  --shampoo-beta2 B: its factors' average (default 0.95, AdamW's β2 here)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";

@@ -282,8 +282,9 @@ TEST(Shampoo, BatchedBlocksMatchOneOptimizerPerParameter) {
   EXPECT_GT(together.root_updates(), 0);
 }
 
-// root_method warm_eigen: every root is Q·diag(λ^(−1/4))·Qᵀ with Q the factor's stored eigenbasis and λ the
-// Rayleigh quotients of the bias-corrected, ridged factor in it (eigenvalues where Q was refreshed); the
+// root_method warm_eigen: every root is Q·M·Qᵀ with Q the factor's stored eigenbasis, M the first-order
+// expansion of B^(−1/4) about B's diagonal, B = QᵀAQ of the bias-corrected, ridged factor A (diagonal where
+// Q was refreshed: then M = diag(λ^(−1/4)) with λ the eigenvalues); the
 // basis is refreshed while the factors move fast and reused once they settle; the parameters stay near the
 // eigen method's run.
 TEST(Shampoo, WarmStartedRootsComeFromTheStoredBasis) {
@@ -309,10 +310,25 @@ TEST(Shampoo, WarmStartedRootsComeFromTheStoredBasis) {
       const Tensor q = st.at("eigenbasis.0." + std::to_string(i));
       const int64_t n = q.size(0);
       const Tensor a = add(mul(st.at("factor.0." + std::to_string(i)), scale), mul(linalg::eye(n, kF64), eps));
-      std::vector<double> lambda = sum(mul(q, matmul(a, q)), {0}).to_vector<double>();
+      // B = qᵀ·a·q; λ its diagonal (lifted); the root q·M·qᵀ with M_ii = λ_i^(−1/4) and, off the diagonal,
+      // M_ij = B_ij·(λ_i^(−1/4) − λ_j^(−1/4))/(λ_i − λ_j) (the derivative where they agree)
+      const Tensor b = matmul(matmul(q.transpose(0, 1), a), q);
+      const std::vector<double> bv = b.contiguous().to_vector<double>();
+      std::vector<double> lambda(size_t(n), 0.0);
+      for (int64_t k = 0; k < n; ++k) lambda[size_t(k)] = bv[size_t(k * n + k)];
       const double lowest = *std::min_element(lambda.begin(), lambda.end());
-      for (double& x : lambda) x = std::pow(lowest < eps ? x + eps - lowest : x, -0.25);
-      const Tensor expected = matmul(mul(q, from_vector(lambda, {1, n})), q.transpose(0, 1));
+      if (lowest < eps)
+        for (double& x : lambda) x += eps - lowest;
+      std::vector<double> m(size_t(n * n));
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+          const double li = lambda[size_t(r)], lj = lambda[size_t(c)];
+          const double slope = std::fabs(li - lj) <= 1e-6 * (li + lj) / 2
+                                   ? -0.25 * std::pow((li + lj) / 2, -1.25)
+                                   : (std::pow(li, -0.25) - std::pow(lj, -0.25)) / (li - lj);
+          m[size_t(r * n + c)] = r == c ? std::pow(li, -0.25) : bv[size_t(r * n + c)] * slope;
+        }
+      const Tensor expected = matmul(matmul(q, from_vector(m, {n, n})), q.transpose(0, 1));
       EXPECT_LT(max_abs(sub(st.at("root.0." + std::to_string(i)), expected)), 1e-7 * max_abs(expected))
           << "step " << step << " factor " << i;
     }
