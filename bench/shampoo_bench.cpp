@@ -85,8 +85,8 @@ int main() {
       const Tensor g = randn(f.sizes(), f32);
       moved[d] = add(mul(f, 0.99), mul(div(matmul(g, g.transpose(1, 2)), double(d)), 0.01));
     }
-    // at the default tolerance, and at one the bench's unrelated move passes (ρ up to ~0.35: roots ~1.5% off,
-    // as far as the TF32 Newton roots above)
+    // at the default tolerance, and at one the bench's unrelated move passes (ρ up to ~0.35: roots estimated
+    // ~ρ²/8 ≈ 1.5% off, about as far as the TF32 Newton roots above)
     for (double tolerance : {0.1, 0.4}) {
       const linalg::InverseRootOptions options{.epsilon = 1e-12, .warm_tolerance = tolerance};
       int64_t refreshed = 0;

@@ -72,23 +72,23 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // B_ij·(λ_i^(−1/p) − λ_j^(−1/p))/(λ_i − λ_j), at most ~B_ij/sqrt(λ_i·λ_j) of the larger of the two roots, and
 // the second-order shift of a small λ_i by its couplings to large ones, Σ_j B_ij²/λ_j, is ρ² of λ_i; the
 // relative off-diagonal mass ‖B − diag(λ)‖_F/‖A‖_F (this function's first test) follows neither (at
-// condition 1e8 it read 7e-6 beside a root 11% off). A kept basis gives the root
+// condition 1e8 it read 7e-6 beside a root 12% off: tests/core/linalg_test.cpp). A kept basis gives the root
 //     q·(diag(f(λ)) + F ⊙ (B − diag(λ)))·qᵀ,   f(x) = x^(−1/p),   F_ij = (f(λ_i) − f(λ_j)) / (λ_i − λ_j),
 // the Daleckii–Krein expansion of f(B) about its diagonal to first order, so its relative error is second
 // order, about ρ²/8 (numpy, p = 4: ρ 0.054 / 0.20 / 0.31 / 0.71 gave 2.7e-4 / 3.9e-3 / 7.8e-3 / 7.9e-2,
 // where q·diag(f(λ))·qᵀ alone was ~ρ/7 off: 7.1e-3 / 2.8e-2 / 3.6e-2 / 1.6e-1).
 // Quotients below n·u·λ_max (u the dtype's unit roundoff) count as n·u·λ_max in ρ: a backward-stable
 // eigensolver in that precision resolves no finer, so a kept basis is not held to more than a fresh one.
-// A basis whose quotients' sum is off trace(A) by more than 1e-3 of it is not orthonormal (a basis of
-// zeros, how a first call starts, is off by 1) and is refreshed at any tolerance. Refreshed matrices are
+// A basis with a column whose squared norm is off 1 by more than 1e-3 (a basis of zeros, how a first call
+// starts, is off by 1) is refreshed at any tolerance; columns that are not orthogonal show in ρ. Refreshed matrices are
 // eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
 // eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two) where
 // cuSOLVER's eigensolver spends ~10x as long on its tridiagonal reduction. `basis` must be contiguous, with
 // a's shape, dtype and device.
 struct WarmInverseRoot {
   Tensor root;             // (..., n, n)
-  Tensor coupling;         // (...) ρ of each matrix in the basis it came with, or the trace gap where that is
-                           // larger and the basis not orthonormal (1 for a basis of zeros); host f64
+  Tensor coupling;         // (...) ρ of each matrix in the basis it came with; for a basis whose columns are
+                           // not of unit norm, their largest deviation (1 for a basis of zeros); host f64
   int64_t refreshed = 0;   // matrices eigendecomposed afresh
 };
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options = {});

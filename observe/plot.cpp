@@ -174,14 +174,17 @@ void save_line_plot(const std::string& path, const std::vector<Series>& series, 
   int64_t fewest = std::numeric_limits<int64_t>::max();
   for (const auto& [cx, cy] : corners) {
     int64_t covered = 0;
-    for (const auto& p : pts)
+    auto inside = [&](int x, int y) { return x >= cx - 8 && x <= cx - 8 + box_w && y >= cy - 8 && y <= cy - 8 + box_h; };
+    for (const auto& p : pts) {
+      if (p.size() == 1) covered += 32 * inside(px(p[0].first), py(p[0].second));  // a lone point, as a segment
       for (size_t i = 1; i < p.size(); ++i)
         for (int k = 0; k <= 32; ++k) {
           const double t = k / 32.0;
           const int x = px(p[i - 1].first + t * (p[i].first - p[i - 1].first));
           const int y = py(p[i - 1].second + t * (p[i].second - p[i - 1].second));
-          covered += x >= cx - 8 && x <= cx - 8 + box_w && y >= cy - 8 && y <= cy - 8 + box_h;
+          covered += inside(x, y);
         }
+    }
     if (covered < fewest) fewest = covered, lx = cx, ly = cy;
   }
   c.fill(lx - 8, ly - 8, std::min(right - 6, lx - 8 + box_w), ly + row * int(series.size()) + 2, kWhite);

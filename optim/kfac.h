@@ -12,7 +12,7 @@
 //   every inv_update_steps steps: A = Q_A diag(d_A) Q_Aᵀ, G = Q_G diag(d_G) Q_Gᵀ (eigenvalues clamped >= 0)
 //   the gradient ∇ = [∇W | ∇b] (out x in(+1)):  V = Q_Gᵀ ∇ Q_A;  V ← V / (d_G d_Aᵀ + λ);  ∇̃ = Q_G V Q_Aᵀ
 //   KL clipping: ν = min(1, sqrt(kl_clip / |lr² Σ_layers Σ ∇̃ ⊙ ∇|)); ∇̃ ← ν·∇̃ (kl_clip = 0: off; ν is computed on the
-//   device, so a step never waits for the GPU)
+//   device: KL clipping reads nothing back to the host)
 // and ∇̃ is written back as the gradients (in place: flat and DDP gradients stay views), for the base
 // optimizer's step. That is (A ⊗ G + λI)⁻¹ applied to ∇ in the factors' eigenbasis.
 //

@@ -4,7 +4,8 @@
 # beside torch.linalg.eigh) and gpt2_bench's step with AdamW (plus --trace: the profiler's overhead) and with
 # Shampoo every 10 steps; (2) char_gpt with AdamW and with Shampoo (val loss 1.50 in how many iterations and
 # seconds; AdamW's run also --trace); (3) the Fashion-MNIST CNN's time to test accuracy 0.91: SGD + momentum,
-# AdamW (batch 128 and 256) and K-FAC (cosine schedules of 2, 3 and 5 epochs), each with seeds 0, 1, 2,
+# AdamW (batch 128 and 256, 5-epoch cosine schedules) and K-FAC (batch 128 over 2 and 3 epochs, batch 256
+# over 3), each with seeds 0, 1, 2,
 # one run at a time, every run stopped at the first epoch that reaches 0.91 (--target-accuracy). (2) and (3)
 # run side by side where there are two GPUs, one after the other on one.
 # Every run's metrics.jsonl goes into $OUT/optim_runs.tgz; `tools/kiln_plot` draws the curves afterwards.
@@ -13,6 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
+case "$what" in perf | quality | fashion | all) ;; *) echo "usage: $0 [perf|quality|fashion|all]" >&2; exit 2 ;; esac
 out=${OUT:-optim_logs}
 build=build-gpu
 mkdir -p "$out/runs"
@@ -76,7 +78,7 @@ echo "==== optim_compare summary ($(nvidia-smi --query-gpu=name --format=csv,noh
 [ -f "$out/shampoo_torch.txt" ] && grep -h '^#' "$out/shampoo_torch.txt" | sed 's/^#/torch/'
 for f in gpt2_adamw gpt2_shampoo; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
 python3 - "$out/runs" <<'PY'
-import json, os, sys
+import json, os, re, sys
 root = sys.argv[1]
 if not os.path.isdir(root): sys.exit(0)
 summary = {}
@@ -96,7 +98,7 @@ for name in sorted(os.listdir(root)):
     print(f"{name:24} {key} {target}: " + (f"at step {hit[0]} after {hit[1]:.1f} s" if hit else "not reached") +
           f"; best {best:.4f}; run {end:.1f} s")
     if name.startswith("fm_"):
-        summary.setdefault(name.rsplit("_s", 1)[0], []).append(hit)
+        summary.setdefault(re.sub(r"_s\d+$", "", name), []).append(hit)
 for config, hits in summary.items():  # the Fashion-MNIST configurations over their seeds
     reached = sorted(h for h in hits if h)
     med = reached[len(hits) // 2] if len(reached) == len(hits) else None

@@ -117,8 +117,8 @@ struct Args {
   int64_t kfac_factor_steps = 1;
   double kfac_kl_clip = 1e-3;
   double target_accuracy = 0;  // > 0: stop after the first epoch whose test accuracy reaches it
-  std::string trace;           // a Chrome trace of training steps 101-110 (K-FAC's default intervals: one
-                               // eigendecomposition step and one factor update among them)
+  std::string trace;           // a Chrome trace of 10 training steps from step 101 (with K-FAC every 10 and
+                               // 100 steps: one factor update and one eigendecomposition among them)
   bool help = false;
 };
 
@@ -132,7 +132,8 @@ void usage(std::ostream& os) {
         "                     [--run-dir DIR|none] [--gpu-monitor S]\n"
         "  --epochs defaults to 10 for the MLP and 15 for the CNN\n"
         "  --target-accuracy A: stop after the first epoch whose test accuracy is at least A (time-to-target runs)\n"
-        "  --trace FILE: training steps 101-110 under the profiler, as a Chrome trace and a table on stderr\n"
+        "  --trace FILE: 10 training steps from step 101 (the first 10 within one epoch) under the profiler,\n"
+        "                as a Chrome trace and a table on stderr\n"
         "  --sketch L,k: nn::sketch the model (L terms of rank k) wherever that saves parameters\n"
         "  --gpu-monitor S: on a GPU, NVML's utilization, memory, power, temperature and clocks every S seconds\n"
         "                   into the run's metrics (default 5; 0: off)\n";
@@ -304,6 +305,17 @@ int run(const Args& args) {
   std::atomic<int64_t> current_epoch{start_epoch};
   const std::unique_ptr<observe::GpuMonitor> monitor =
       observe::monitor_training(metrics.get(), dev, args.gpu_monitor, [&current_epoch] { return current_epoch.load(); });
+  // --trace: 10 steps from step 101, within one epoch (main rank)
+  enum class TraceState { off, waiting, tracing, done };
+  TraceState trace_state = !args.trace.empty() && main_rank ? TraceState::waiting : TraceState::off;
+  int64_t trace_from = 0;
+  auto save_trace = [&] {
+    if (dev.is_cuda()) cuda::synchronize();
+    const profiler::Trace trace = profiler::stop();
+    observe::save_chrome_trace(trace, args.trace);
+    std::fprintf(stderr, "profile of training steps %lld-%lld (%s):\n%s", (long long)trace_from + 1, (long long)step,
+                 args.trace.c_str(), observe::profile_table(trace).c_str());
+  };
   double accuracy = 0;
   int64_t epochs_run = start_epoch;  // less than --epochs when --target-accuracy ended the run early
   if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
@@ -316,10 +328,10 @@ int run(const Args& args) {
     Tensor loss_sum = zeros({}, {.dtype = DType::f32, .device = dev});
     int64_t seen = 0, skipped = 0;
     for (auto it = loader.begin(); it != loader.end(); ++it) {
-      const bool traced = !args.trace.empty() && main_rank && step >= 100 && step < 110;
-      if (traced && step == 100) {
+      if (trace_state == TraceState::waiting && step >= 100 && it.index() + 10 <= loader.size()) {
         if (dev.is_cuda()) cuda::synchronize();
         profiler::start();
+        trace_state = TraceState::tracing, trace_from = step;
       }
       auto [x, y] = *it;
       Tensor loss;
@@ -338,12 +350,9 @@ int run(const Args& args) {
       scaler.update();
       schedule.step();
       ++step;
-      if (traced && step == 110) {
-        if (dev.is_cuda()) cuda::synchronize();
-        const profiler::Trace trace = profiler::stop();
-        observe::save_chrome_trace(trace, args.trace);
-        std::fprintf(stderr, "profile of training steps 101-110 (%s):\n%s", args.trace.c_str(),
-                     observe::profile_table(trace).c_str());
+      if (trace_state == TraceState::tracing && step == trace_from + 10) {
+        save_trace();
+        trace_state = TraceState::done;
       }
       {
         NoGradGuard no_grad;
@@ -395,6 +404,9 @@ int run(const Args& args) {
       break;
     }
   }
+  if (trace_state == TraceState::waiting)
+    std::fprintf(stderr, "--trace: the run ended at step %lld, before 10 steps from step 101 fit in an epoch: no trace\n",
+                 (long long)step);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (metrics && !metrics->series("train_loss").empty()) {
     const std::filesystem::path dir(args.run_dir);

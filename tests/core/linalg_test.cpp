@@ -211,6 +211,24 @@ TEST(LinalgInverseRootWarm, AZeroBasisIsEigendecomposedAndAnExactOneReused) {
   EXPECT_EQ(max_abs(sub(basis, kept)), 0.0);
 }
 
+// A basis is kept only with columns of unit norm: a basis of zeros is refreshed for an indefinite matrix
+// too (its trace negative), and so is an eigenbasis with one column zeroed (the smallest eigenvalue's,
+// which a trace would weigh by 1e-8 of the largest).
+TEST(LinalgInverseRootWarm, OnlyABasisOfUnitColumnsIsKept) {
+  Generator gen(12);
+  const Tensor indefinite = with_eigenvalues({-3.0, -1.0, 0.5, 2.0}, gen);
+  const auto r = linalg::inverse_root_warm(indefinite, 2, zeros({4, 4}, {.dtype = DType::f64}), {.warm_tolerance = 10});
+  EXPECT_EQ(r.refreshed, 1);
+  EXPECT_EQ(r.coupling.item<double>(), 1.0);
+  EXPECT_LT(max_abs(sub(r.root, linalg::inverse_root(indefinite, 2))), 1e-12);
+  const auto [a, q, expected] = ill_conditioned(gen);
+  Tensor missing = q.contiguous().clone();
+  missing.narrow(1, a.size(0) - 1, 1).zero_();  // the last column: the 1e-8 eigenvalue's
+  const auto m = linalg::inverse_root_warm(a, 4, missing, {.epsilon = 0.0, .warm_tolerance = 10});
+  EXPECT_EQ(m.refreshed, 1);
+  EXPECT_LT(max_abs(sub(m.root, expected)) / max_abs(expected), 1e-6);
+}
+
 TEST(LinalgInverseRootWarm, ANearbyMatrixKeepsItsBasisAndAFarOneIsRefreshed) {
   Generator gen(9);
   const int64_t n = 32;
