@@ -3,8 +3,8 @@
 // random SPD matrices of sizes 1..1024, match a root built from known eigenvalues on ill-conditioned
 // (condition 1e8) matrices, handle singular and indefinite ones by the ε rule, and the Newton iteration
 // agrees with the eigen method (falling back to it, or failing, when it does not converge); the warm-started
-// eigen method reuses an exact or nearby basis (within first order of its off-diagonal mass) and refreshes a
-// zero or far one; bad input is an error.
+// eigen method reuses an exact or nearby basis (its root within ρ²/4, ρ the coupling) and refreshes a zero, a
+// far or a degenerate one, and ρ follows the root's error on an ill-conditioned matrix; bad input is an error.
 #include <gtest/gtest.h>
 
 #include <cmath>
