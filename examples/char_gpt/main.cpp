@@ -478,8 +478,12 @@ int run(const Args& args) {
       if (improved) best_val = val_loss;
       if (rank == 0) {
         const double ms_per_iter = segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0;
-        std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter)\n", (long long)iter, train_loss, val_loss,
+        std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter", (long long)iter, train_loss, val_loss,
                     schedule.get_last_lr()[0], ms_per_iter);
+        if (const auto* shampoo = dynamic_cast<const optim::Shampoo*>(optimizer.get()))  // roots so far
+          std::printf("; Shampoo roots %lld, %lld eigendecomposed afresh", (long long)shampoo->root_updates(),
+                      (long long)shampoo->eigen_refreshes());
+        std::printf(")\n");
         std::fflush(stdout);
         if (metrics) {
           std::vector<std::pair<std::string, double>> values{
