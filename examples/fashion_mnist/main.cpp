@@ -269,6 +269,7 @@ int run(const Args& args) {
   optim::GradScaler scaler({.enabled = amp_dtype == DType::f16});
 
   int64_t start_epoch = 0, step = 0;
+  bool target_reached = false;  // a resumed run whose checkpoint already reached --target-accuracy trains no more
   if (args.resume) {
     if (!std::filesystem::exists(args.checkpoint)) {
       std::fprintf(stderr, "no checkpoint at %s yet: starting from scratch\n", args.checkpoint.c_str());
@@ -293,6 +294,12 @@ int run(const Args& args) {
       step = info.step;
       std::fprintf(stderr, "resumed from %s at epoch %lld (step %lld)\n", args.checkpoint.c_str(),
                    (long long)start_epoch, (long long)step);
+      if (const auto found = info.metadata.find("test_accuracy"); args.target_accuracy > 0 && found != info.metadata.end())
+        if (const auto* reached = std::get_if<double>(&found->second); reached && *reached >= args.target_accuracy) {
+          target_reached = true;
+          std::fprintf(stderr, "its test accuracy %.4f already reaches --target-accuracy %.4f: no more training\n",
+                       *reached, args.target_accuracy);
+        }
     }
   }
   loader.set_epoch(start_epoch);
@@ -318,8 +325,8 @@ int run(const Args& args) {
   };
   double accuracy = 0;
   int64_t epochs_run = start_epoch;  // less than --epochs when --target-accuracy ended the run early
-  if (start_epoch >= args.epochs) accuracy = evaluate(*net, test, dev, amp_dtype);
-  for (int64_t epoch = start_epoch; epoch < args.epochs; ++epoch) {
+  if (start_epoch >= args.epochs || target_reached) accuracy = evaluate(*net, test, dev, amp_dtype);
+  for (int64_t epoch = start_epoch; epoch < args.epochs && !target_reached; ++epoch) {
     current_epoch.store(epoch + 1, std::memory_order_relaxed);  // logged as the epoch being trained
     observe::ProgressBar progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs),
                                   loader.size());
