@@ -38,13 +38,15 @@ Shape with(Shape s, std::initializer_list<int64_t> tail) {
   return s;
 }
 
+// The eigen method's lift of eigenvalues (b, n) of a + ε·I: λ ← λ + (ε − λ_min) where λ_min < ε, per matrix.
+Tensor lift_eigenvalues(const Tensor& values, double epsilon) {
+  return add(values, clamp(rsub(amin(values, {-1}, /*keepdim=*/true), epsilon), 0.0, INFINITY));
+}
+
 // V·diag(λ^(−1/p))·Vᵀ for eigenpairs (λ, V) of a + ε·I, batched (b, n) and (b, n, n), V's columns the
-// vectors: λ ← λ + (ε − λ_min) where λ_min < ε, per matrix (the eigen method's lift).
+// vectors, λ lifted (lift_eigenvalues).
 Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double p, double epsilon) {
-  const Tensor lowest = amin(values, {-1}, /*keepdim=*/true);
-  const Tensor lift =
-      clamp(sub(full({1}, epsilon, {.dtype = values.dtype(), .device = values.device()}), lowest), 0.0, INFINITY);
-  const Tensor scale = pow(add(values, lift), -1.0 / p);
+  const Tensor scale = pow(lift_eigenvalues(values, epsilon), -1.0 / p);
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
 }
 
@@ -227,7 +229,7 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const Tensor aq = matmul(ridged, q);
   const Tensor coupled = matmul(q.transpose(-2, -1), aq);
   const Tensor quotients = sum(mul(q, aq), {-2});
-  const Tensor lifted = add(quotients, clamp(rsub(amin(quotients, {-1}, true), options.epsilon), 0.0, INFINITY));
+  const Tensor lifted = lift_eigenvalues(quotients, options.epsilon);
   const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
   const Tensor floored = maximum(lifted, mul(amax(lifted, {-1}, true), double(n) * unit_roundoff));
   // ρ = max_i sqrt(Σ_{j≠i} B_ij² / (λ_i·λ_j)); and the basis' largest column-norm deviation max_j |‖q_j‖² − 1|
