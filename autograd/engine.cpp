@@ -1,6 +1,8 @@
 // The backward pass. Counts, for every node reachable from the roots, how many edges lead into it;
 // runs a node once all its gradients have arrived (accumulators first, then the latest-recorded among the
-// ready ones: Node::sequence_nr), summing gradients that arrive along several edges.
+// ready ones: Node::sequence_nr), summing gradients that arrive along several edges, or letting the node
+// write them in place (gradient_destination).
+#include <cstdint>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -32,6 +34,33 @@ void check_finite(const Node& node, const std::vector<Tensor>& grads) {
 thread_local int backward_depth = 0;
 thread_local std::vector<std::function<void()>> end_callbacks;
 
+using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
+
+// The node now running on this thread and its pass's gradient buffers (for gradient_destination), set
+// for the duration of one apply; a nested pass (a checkpoint's recomputation) sets and restores its own.
+struct RunningNode {
+  const Node* node = nullptr;
+  const GradientBuffers* buffers = nullptr;
+};
+thread_local RunningNode running;
+
+class RunningScope {
+ public:
+  RunningScope(const Node* node, const GradientBuffers* buffers) : saved_(running) { running = {node, buffers}; }
+  ~RunningScope() { running = saved_; }
+  RunningScope(const RunningScope&) = delete;
+  RunningScope& operator=(const RunningScope&) = delete;
+
+ private:
+  RunningNode saved_;
+};
+
+// A tensor a backward may write a gradient of `info` into as it would into its own new buffer.
+bool writable_as(const Tensor& t, const OutputInfo& info) {
+  return t.sizes() == info.shape && t.dtype() == info.dtype && t.device() == info.device && t.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
+}
+
 // Counts this pass in; when the outermost pass ends normally, runs the queued callbacks (which may queue
 // more); when it ends by an exception, drops them.
 class BackwardScope {
@@ -52,6 +81,36 @@ class BackwardScope {
 
 }  // namespace
 
+GradientDestination gradient_destination(size_t input) {
+  if (!running.node || input >= running.node->next_edges.size()) return {};
+  const Node& node = *running.node;
+  const Edge& e = node.next_edges[input];
+  if (!e.node || !e.node->pre_hooks.empty()) return {};
+  // the same input reached twice from this node (mul(w, w)): its two gradients are summed by the engine
+  for (size_t j = 0; j < node.next_edges.size(); ++j)
+    if (j != input && node.next_edges[j].node == e.node && node.next_edges[j].input_nr == e.input_nr) return {};
+  const OutputInfo& info = e.node->outputs[e.input_nr];
+  auto* accumulator = dynamic_cast<AccumulateGrad*>(e.node.get());
+  const std::shared_ptr<TensorImpl> leaf = accumulator ? accumulator->leaf() : nullptr;
+  // a leaf's pinned gradient, as a tensor
+  auto pinned_grad = [&]() { return leaf && leaf->grad_pinned && leaf->grad ? Tensor(leaf->grad) : Tensor(); };
+  const auto it = running.buffers->find(e.node.get());
+  if (it != running.buffers->end() && e.input_nr < it->second.size() && it->second[e.input_nr].defined()) {
+    const Tensor& so_far = it->second[e.input_nr];
+    // the engine's own sum (nothing else holds it or a view of it), or a pinned gradient written in place
+    const bool own = so_far.impl_ptr().use_count() == 1 && so_far.impl().storage.use_count() == 1;
+    const Tensor pinned = pinned_grad();
+    const bool pinned_in_place = pinned.defined() && so_far.shares_storage(pinned) && so_far.offset() == pinned.offset();
+    if ((own || pinned_in_place) && writable_as(so_far, info)) return {so_far, true};
+    return {};
+  }
+  if (leaf && AccumulateGrad::awaits_first_gradient(*leaf)) {
+    const Tensor pinned = pinned_grad();
+    if (writable_as(pinned, info)) return {pinned, false};
+  }
+  return {};
+}
+
 void queue_callback(std::function<void()> callback) {
   KILN_CHECK(backward_depth > 0, "queue_callback: no backward pass is running on this thread; call it from a hook "
              "during backward");
@@ -61,7 +120,7 @@ void queue_callback(std::function<void()> callback) {
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
   BackwardScope scope;
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  GradientBuffers buffers;
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
 
@@ -73,6 +132,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (gg.dtype() != info.dtype) gg = gg.to(info.dtype);
     if (gg.sizes() != info.shape) gg = sum_to(gg, info.shape);
     Tensor& slot = buf[e.input_nr];
+    if (slot.defined() && slot.is_same(gg)) return;  // added in place (gradient_destination)
     slot = slot.defined() ? add(slot, gg) : gg;
   };
 
@@ -131,7 +191,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
                  "; a hook must keep the gradient's shape and device");
       in[index] = replaced;
     }
-    std::vector<Tensor> out = node->apply(in);
+    std::vector<Tensor> out;
+    {
+      RunningScope scope_of_node(node, &buffers);
+      out = node->apply(in);
+    }
     if (is_anomaly_enabled()) check_finite(*node, out);
     if (!retain_graph) node->release();
     for (size_t i = 0; i < node->next_edges.size() && i < out.size(); ++i) {

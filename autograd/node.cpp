@@ -49,15 +49,23 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   return {};
 }
 
+bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
+  if (!leaf.grad_pinned || !leaf.grad_zero_pending) return false;
+  const cuda::Graph* graph = cuda::capturing_graph();
+  return !graph || leaf.grad_zero_pending_graph == graph->id();
+}
+
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   cuda::Graph* graph = cuda::capturing_graph();
-  if (var.grad_zero_pending() && (!graph || var.impl().grad_zero_pending_graph == graph->id())) {
-    // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it
+  if (awaits_first_gradient(var.impl())) {
+    // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it (already in
+    // place when the node that produced it wrote it there: gradient_destination)
     Tensor pinned(var.impl().grad);
     var.impl().grad_zero_pending = false;
-    pinned.copy_(g);
+    const bool in_place = g.shares_storage(pinned) && g.offset() == pinned.offset() && g.strides() == pinned.strides();
+    if (!in_place) pinned.copy_(g);
     if (graph)  // each replay writes it whole
       graph->after_replay([weak = std::weak_ptr<TensorImpl>(var.impl_ptr())] {
         if (const std::shared_ptr<TensorImpl> l = weak.lock()) l->grad_zero_pending = false;

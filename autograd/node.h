@@ -88,6 +88,10 @@ struct AccumulateGrad final : Node {
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf)
       : Node("AccumulateGrad", kAccumulatorSequenceNr), leaf_(leaf) {}
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override;
+  std::shared_ptr<TensorImpl> leaf() const { return leaf_.lock(); }
+  // True when the leaf's gradient is pinned and counts as zero (Tensor::zero_pinned_grad, by the capture
+  // now running if one is): the next gradient to arrive is all of it and is copied in, not added.
+  static bool awaits_first_gradient(const TensorImpl& leaf);
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)
 
@@ -121,6 +125,25 @@ Edge gradient_edge(const Tensor& t);
 
 // A process-wide unique handle for a new hook.
 size_t next_hook_handle();
+
+// Where the backward of the node now running may put the gradient of its input `input` itself, instead
+// of returning a new tensor that the engine then adds to what that input already has or copies into a
+// leaf's pinned gradient (what Megatron's gradient-accumulation fusion does for its linear layers, for
+// any op that asks). Undefined outside a backward pass, where the input needs no gradient, where the node
+// it flows to has gradient hooks, and where nothing can be written in place. Otherwise a contiguous,
+// 16-byte-aligned tensor of the input's shape, dtype and device, either
+//   - holding = true: the gradient the input has received so far in this pass (its only handle, or a leaf's
+//     pinned gradient that an earlier node wrote): add this node's gradient into it, or
+//   - holding = false: a leaf's pinned gradient (optim::FlatParameters, DDP's buckets) that counts as zero
+//     and to which nothing has arrived yet: write this node's gradient over it.
+// A node that uses it returns the destination tensor itself as that input's gradient; one that does not
+// returns its own tensor as usual. (A checkpoint's recomputation runs a pass of its own: the nodes it runs
+// see that pass's buffers.)
+struct GradientDestination {
+  Tensor tensor;
+  bool holding = false;
+};
+GradientDestination gradient_destination(size_t input);
 
 // Queues `callback` to run once the backward pass now running on this thread has finished, after every
 // gradient has been accumulated (PyTorch's queue_callback): where DDP waits for its last all-reduce. Call

@@ -33,7 +33,10 @@ namespace kiln {
 // Recording a backward: any_requires_grad({inputs}) says whether to; record(name, inputs, outputs, fn)
 // adds the node, fn mapping the outputs' gradients to the inputs' (an undefined tensor: no gradient);
 // SavedTensor keeps a tensor for backward and checks on unpack that nothing modified it in place.
+// A backward whose gradient for an input can be written in place (a weight gradient from a GEMM, an
+// embedding's rows added into its table) asks gradient_destination(input) for where (autograd/node.h).
 using autograd::any_requires_grad;
+using autograd::gradient_destination;
 using autograd::record;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;

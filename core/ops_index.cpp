@@ -1,5 +1,6 @@
 // Joining, splitting and indexing ops.
 #include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/kernels/index.h>
 #include <kiln/core/op.h>
 
@@ -95,6 +96,13 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   }
   if (any_requires_grad({a}))
     record("index_select", {a}, {out}, [dim, idx, shape = a.sizes()](const Grads& g) {
+      // An embedding table's gradient: its rows added into what the table has so far (a tied lm_head's
+      // gradient) or over its pinned gradient, instead of into table-sized zeros the engine then adds or copies.
+      if (const autograd::GradientDestination to = gradient_destination(0); to.tensor.defined()) {
+        if (!to.holding) kernels::fill(to.tensor, 0.0);
+        kernels::index_add(to.tensor, dim, idx, g[0].contiguous());
+        return Grads{to.tensor};
+      }
       return Grads{index_add(zeros(shape, {.dtype = g[0].dtype(), .device = g[0].device()}), dim, idx, g[0])};
     });
   return out;

@@ -71,14 +71,25 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
              TensorOptions to{.dtype = gt, .device = dev};
              Tensor dy = g[0].contiguous().reshape({M, N});
              Tensor dx = rx ? empty({M, K}, to) : Tensor();
+             // The weight's and bias's gradients go straight where they are summed when nothing has
+             // arrived there yet (a pinned gradient: FlatParameters, DDP's buckets), else into new tensors.
+             auto destination = [](size_t input, DType dt) {
+               const autograd::GradientDestination to = gradient_destination(input);
+               return to.tensor.defined() && !to.holding && to.tensor.dtype() == dt ? to.tensor : Tensor();
+             };
+             auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
+               return written.defined() ? written : empty(shape, opt);
+             };
              // f32 parameters of a half-precision layer: their gradients in f32 from the device's kernel if it has one
              if ((gt == DType::bf16 || gt == DType::f16) && (!rw || wdt == DType::f32) && (!rb || bdt == DType::f32)) {
                TensorOptions f32{.dtype = DType::f32, .device = dev};
-               Tensor dw = rw ? empty({N, K}, f32) : Tensor(), db = rb ? empty({N}, f32) : Tensor();
+               Tensor dw = rw ? own(destination(1, DType::f32), {N, K}, f32) : Tensor();
+               Tensor db = rb ? own(destination(2, DType::f32), {N}, f32) : Tensor();
                if (kernels::linear_backward_f32_params(dy, xx, ww, pre, ep, dx, dw, db))
                  return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
              }
-             Tensor dw = rw ? empty({N, K}, to) : Tensor(), db = rb ? empty({N}, to) : Tensor();
+             Tensor dw = rw ? own(destination(1, gt), {N, K}, to) : Tensor();
+             Tensor db = rb ? own(destination(2, gt), {N}, to) : Tensor();
              kernels::linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
              return Grads{rx ? dx.reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor(), rb ? cast(db, bdt) : Tensor()};
            });

@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include <kiln/core/kernels/cross_entropy.h>
+#include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
@@ -103,8 +104,19 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
            // is not an f16 value, and the composition also rounds only the scaled gradient.
            const DType wide = dx.defined() && dx.dtype() == DType::f64 ? DType::f64 : DType::f32;
            const Tensor s = cast(g[0], wide);
-           return Grads{rx ? cast(mul(cast(dx, wide), s), xdt).reshape(xs) : Tensor(),
-                        rw ? cast(mul(dw, cast(s, dw.dtype())), wdt) : Tensor()};
+           Tensor dweight;
+           if (rw) {
+             // s · dw written over the weight's pinned gradient when nothing has arrived there yet (DDP's
+             // bucket: no copy of the 154 MB head gradient into it afterwards)
+             const autograd::GradientDestination to = gradient_destination(1);
+             if (to.tensor.defined() && !to.holding && to.tensor.dtype() == dw.dtype()) {
+               kernels::binary(BinaryOp::mul, dw, cast(s, dw.dtype()).expand(dw.sizes()), to.tensor);
+               dweight = to.tensor;
+             } else {
+               dweight = cast(mul(dw, cast(s, dw.dtype())), wdt);
+             }
+           }
+           return Grads{rx ? cast(mul(cast(dx, wide), s), xdt).reshape(xs) : Tensor(), dweight};
          });
   return result;
 }

@@ -1,0 +1,212 @@
+// gradient_destination: where a backward may write an input's gradient in place (autograd/node.h). The
+// engine offers a leaf's pinned gradient while it counts as zero, and an input's gradient so far while
+// only the engine holds it; never a tensor something else can see. The ops that use it (linear's weight
+// and bias, index_select's table, linear_cross_entropy's weight) give the gradients they give without it.
+#include <gtest/gtest.h>
+
+#include <optional>
+
+#include <kiln/autograd/grad_mode.h>
+#include <kiln/autograd/node.h>
+#include <kiln/core/ops.h>
+#include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
+
+#include "../core/core_test_util.h"
+
+using namespace kiln;
+using kiln::test::AllClose;
+
+namespace {
+
+// What gradient_destination(input) returned inside a backward.
+struct Seen {
+  bool defined = false;
+  bool holding = false;
+  const void* data = nullptr;
+};
+
+// y = x (same values), whose backward records gradient_destination(0) and, when `use` is set and one is
+// offered, adds the gradient into it (holding) or writes it over it.
+Tensor probe(const Tensor& x, std::optional<Seen>* seen, bool use) {
+  Tensor out = x.detach().clone();
+  autograd::record("probe", {x}, {out}, [seen, use](const std::vector<Tensor>& g) {
+    const autograd::GradientDestination to = autograd::gradient_destination(0);
+    *seen = Seen{to.tensor.defined(), to.holding, to.tensor.defined() ? to.tensor.raw_data() : nullptr};
+    if (use && to.tensor.defined()) {
+      Tensor into = to.tensor;
+      if (to.holding) into.add_(g[0]);
+      else into.copy_(g[0]);
+      return std::vector<Tensor>{to.tensor};
+    }
+    return std::vector<Tensor>{g[0].clone()};
+  });
+  return out;
+}
+
+// A (rows x cols) f32 leaf whose gradient is pinned to a view at `offset` of `flat` (FlatParameters' way).
+Tensor pinned_leaf(const Tensor& values, const Tensor& flat, int64_t offset) {
+  Tensor p = values.detach().clone().requires_grad_(true);
+  p.set_pinned_grad(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+  return p;
+}
+
+std::vector<float> values(const Tensor& t) { return t.contiguous().to_vector<float>(); }
+std::vector<double> wide(const Tensor& t) { return t.to(DType::f64).contiguous().to_vector<double>(); }
+
+}  // namespace
+
+TEST(GradientDestination, NoneOutsideBackward) {
+  EXPECT_FALSE(autograd::gradient_destination(0).tensor.defined());
+}
+
+TEST(GradientDestination, APinnedGradientThatCountsAsZeroIsWrittenOver) {
+  Tensor flat = full({12}, 7.0);  // stale values: the destination is written over, not added to
+  Tensor w = pinned_leaf(randn({2, 3}), flat, 4);
+  w.zero_pinned_grad();
+  std::optional<Seen> seen;
+  sum(mul(probe(w, &seen, true), 3.0)).backward();
+  ASSERT_TRUE(seen && seen->defined);
+  EXPECT_FALSE(seen->holding);
+  EXPECT_EQ(seen->data, flat.narrow(0, 4, 6).raw_data());
+  EXPECT_EQ(values(w.grad()), std::vector<float>(6, 3.0f));
+  EXPECT_EQ(values(flat.narrow(0, 0, 4)), std::vector<float>(4, 7.0f));  // outside the view: untouched
+  EXPECT_FALSE(w.grad_zero_pending());
+  // A second backward without zero_grad adds (the gradient no longer counts as zero): no destination.
+  sum(mul(probe(w, &seen, true), 2.0)).backward();
+  EXPECT_FALSE(seen->defined);
+  EXPECT_EQ(values(w.grad()), std::vector<float>(6, 5.0f));
+}
+
+TEST(GradientDestination, NoneForALeafWithHooksOrWithoutAPinnedGradient) {
+  std::optional<Seen> seen;
+  Tensor a = randn({4}).requires_grad_(true);
+  sum(probe(a, &seen, true)).backward();
+  EXPECT_FALSE(seen->defined);  // nothing has arrived and a.grad is not pinned
+  EXPECT_EQ(values(a.grad()), std::vector<float>(4, 1.0f));
+
+  Tensor flat = zeros({4});
+  Tensor b = pinned_leaf(randn({4}), flat, 0);
+  b.zero_pinned_grad();
+  b.register_hook([](const Tensor& g) { return mul(g, 2.0); });
+  sum(probe(b, &seen, true)).backward();
+  EXPECT_FALSE(seen->defined);  // a hook may replace the gradient: it gets its own tensor
+  EXPECT_EQ(values(b.grad()), std::vector<float>(4, 2.0f));
+}
+
+TEST(GradientDestination, ALaterProducerAddsIntoWhatAnEarlierOneWrote) {
+  // w feeds two probes (a tied weight): the one backward reaches first writes over the pinned gradient,
+  // the second adds into it
+  Tensor flat = full({6}, -1.0);
+  Tensor w = pinned_leaf(randn({6}), flat, 0);
+  w.zero_pinned_grad();
+  std::optional<Seen> first, second;
+  Tensor y1 = probe(w, &first, true);
+  Tensor y2 = probe(w, &second, true);  // recorded later: its backward runs first
+  add(sum(mul(y1, 2.0)), sum(mul(y2, 5.0))).backward();
+  ASSERT_TRUE(first && second);
+  EXPECT_TRUE(second->defined);
+  EXPECT_FALSE(second->holding);
+  EXPECT_TRUE(first->defined);
+  EXPECT_TRUE(first->holding);
+  EXPECT_EQ(first->data, flat.raw_data());
+  EXPECT_EQ(values(w.grad()), std::vector<float>(6, 7.0f));
+}
+
+TEST(GradientDestination, AProducerThatDeclinesIsStillSummedRight) {
+  // the first producer writes in place, the second returns its own tensor: the engine adds the two, and
+  // the accumulator copies the sum over the pinned gradient
+  Tensor flat = zeros({3});
+  Tensor w = pinned_leaf(randn({3}), flat, 0);
+  w.zero_pinned_grad();
+  std::optional<Seen> first, second;
+  Tensor y1 = probe(w, &first, false);
+  Tensor y2 = probe(w, &second, true);
+  add(sum(mul(y1, 2.0)), sum(mul(y2, 5.0))).backward();
+  EXPECT_TRUE(second->defined);
+  EXPECT_TRUE(first->defined);  // offered, declined
+  EXPECT_EQ(values(w.grad()), std::vector<float>(3, 7.0f));
+}
+
+TEST(GradientDestination, TheSumSoFarOnlyWhileNothingElseHoldsIt) {
+  // x reaches `probe` and, through add, c's path: add's backward hands the same tensor to x's buffer and
+  // to c's, so x's sum so far must not be offered while c's producer has not run (writing into it would
+  // change c's gradient too). The nodes run latest first: add, then the probe, then c's mul.
+  Tensor x = randn({5}).requires_grad_(true), c_leaf = randn({5}).requires_grad_(true);
+  Tensor c = mul(c_leaf, 1.0);
+  std::optional<Seen> seen;
+  Tensor p = probe(x, &seen, true);
+  Tensor s = add(x, c);
+  add(sum(mul(p, 3.0)), sum(mul(s, 2.0))).backward();
+  EXPECT_FALSE(seen->defined);
+  EXPECT_EQ(values(x.grad()), std::vector<float>(5, 5.0f));
+  EXPECT_EQ(values(c_leaf.grad()), std::vector<float>(5, 2.0f));
+
+  // The same without c: add's gradient for x is the engine's alone, so the probe adds into it.
+  Tensor y = randn({5}).requires_grad_(true);
+  Tensor q = probe(y, &seen, true);
+  Tensor t = mul(y, 2.0);
+  add(sum(mul(q, 3.0)), sum(t)).backward();
+  EXPECT_TRUE(seen->defined);
+  EXPECT_TRUE(seen->holding);
+  EXPECT_EQ(values(y.grad()), std::vector<float>(5, 5.0f));
+}
+
+TEST(GradientDestination, NoneForAnInputANodeReachesTwice) {
+  // a node with w as both its inputs: each of the two gradients must arrive on its own
+  Tensor flat = zeros({4});
+  Tensor w = pinned_leaf(from_vector<float>({1, 2, 3, 4}, {4}), flat, 0);
+  w.zero_pinned_grad();
+  Tensor out = mul(w.detach(), w.detach());
+  bool offered = true;
+  autograd::record("square_of_two", {w, w}, {out}, [&offered, w0 = w.detach()](const std::vector<Tensor>& g) {
+    offered = autograd::gradient_destination(0).tensor.defined() || autograd::gradient_destination(1).tensor.defined();
+    return std::vector<Tensor>{mul(g[0], w0), mul(g[0], w0)};
+  });
+  sum(out).backward();
+  EXPECT_FALSE(offered);
+  EXPECT_EQ(values(w.grad()), (std::vector<float>{2, 4, 6, 8}));
+}
+
+// The ops that write in place: a tied embedding and head (GPT's wte), and a linear layer with a bias,
+// with pinned gradients (written over, then added into) against plain leaves (the engine's sums).
+TEST(GradientDestination, TiedEmbeddingAndLinearLayersGiveTheSameGradientsInPlace) {
+  manual_seed(3);
+  const int64_t V = 11, E = 6, H = 5, N = 7;
+  const Tensor wte0 = randn({V, E}), w1_0 = randn({H, E}), b1_0 = randn({H}), x0 = randn({N, E}), wpe0 = randn({N + 2, E});
+  const Tensor positions = from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6}, {N}, {.dtype = DType::i64});
+  const Tensor idx = from_vector<int64_t>({1, 4, 4, 0, 10, 3, 4}, {N}, {.dtype = DType::i64});
+  const Tensor targets = from_vector<int64_t>({2, 2, 9, 0, 5, 1, 7}, {N}, {.dtype = DType::i64});
+  // wpe: an embedding alone (its table's pinned gradient written over by index_select's backward)
+  auto loss_of = [&](const Tensor& wte, const Tensor& w1, const Tensor& b1, const Tensor& wpe) {
+    Tensor h = add(add(nn::functional::embedding(idx, wte), nn::functional::embedding(positions, wpe)),
+                   nn::functional::linear(x0, w1, b1).narrow(1, 0, 1));
+    Tensor head = nn::functional::linear_cross_entropy(h, wte, targets);      // the tied head
+    return add(head, sum(square(nn::functional::linear(h, wte, Tensor()))));  // and the weight once more
+  };
+  Tensor a = wte0.clone().requires_grad_(true), b = w1_0.clone().requires_grad_(true),
+         c = b1_0.clone().requires_grad_(true), d = wpe0.clone().requires_grad_(true);
+  loss_of(a, b, c, d).backward();
+
+  // stale values under every view: a destination written over must be written whole
+  // (views at 16-byte multiples, as destinations must be; FlatParameters aligns them at 128)
+  auto next = [](int64_t end) { return (end + 4 + 3) / 4 * 4; };
+  const int64_t at_b = next(V * E), at_c = next(at_b + H * E), at_d = next(at_c + H);
+  Tensor flat = full({at_d + (N + 2) * E}, 3.0);
+  Tensor pa = pinned_leaf(wte0, flat, 0), pb = pinned_leaf(w1_0, flat, at_b), pc = pinned_leaf(b1_0, flat, at_c),
+         pd = pinned_leaf(wpe0, flat, at_d);
+  for (int step = 0; step < 2; ++step) {
+    for (const Tensor& p : {pa, pb, pc, pd}) p.zero_pinned_grad();
+    loss_of(pa, pb, pc, pd).backward();
+    EXPECT_TRUE(AllClose(wide(pa.grad()), wide(a.grad()), 1e-5)) << step;
+    EXPECT_TRUE(AllClose(wide(pb.grad()), wide(b.grad()), 1e-5)) << step;
+    EXPECT_TRUE(AllClose(wide(pc.grad()), wide(c.grad()), 1e-5)) << step;
+    EXPECT_TRUE(AllClose(wide(pd.grad()), wide(d.grad()), 1e-5)) << step;
+    EXPECT_EQ(pa.grad().raw_data(), flat.raw_data());  // still the views
+  }
+  // Without zero_grad the next backward adds to them.
+  loss_of(pa, pb, pc, pd).backward();
+  std::vector<double> twice = wide(a.grad());
+  for (double& v : twice) v *= 2;
+  EXPECT_TRUE(AllClose(wide(pa.grad()), twice, 1e-5));
+}
