@@ -163,6 +163,7 @@ void usage(std::ostream& os) {
 Args parse_args(int argc, char** argv) {
   Args a;
   examples::ArgReader r("char_gpt", argc, argv);
+  std::string shampoo_flag;  // the last --shampoo-* flag given
   while (r.next()) {
     const std::string& flag = r.flag();
     if (flag == "--data") a.data = r.value();
@@ -189,10 +190,10 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--grad-clip") a.grad_clip = r.f64();
     else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--optimizer") a.optimizer = r.value();
-    else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64();
-    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
-    else if (flag == "--shampoo-warm") a.shampoo_warm = true;
-    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64();
+    else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64(), shampoo_flag = flag;
+    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true, shampoo_flag = flag;
+    else if (flag == "--shampoo-warm") a.shampoo_warm = true, shampoo_flag = flag;
+    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64(), shampoo_flag = flag;
     else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--trace") a.trace = r.value();
@@ -224,6 +225,8 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
   KILN_CHECK(a.cuda_graph != 1 || a.optimizer == "adamw", "char_gpt: --cuda-graph needs --optimizer adamw (Shampoo "
              "decides on the host when to compute roots)");
+  KILN_CHECK(shampoo_flag.empty() || a.optimizer == "shampoo", "char_gpt: ", shampoo_flag,
+             " sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: ", a.optimizer, ")");
   if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and a GPU: in run()
   return a;
 }

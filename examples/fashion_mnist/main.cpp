@@ -142,6 +142,7 @@ void usage(std::ostream& os) {
 Args parse_args(int argc, char** argv) {
   Args a;
   examples::ArgReader r("fashion_mnist", argc, argv);
+  std::string kfac_flag;  // the last --kfac-* flag given
   while (r.next()) {
     const std::string& flag = r.flag();
     if (flag == "--model") a.model = r.value();
@@ -158,10 +159,10 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--seed") a.seed = uint64_t(r.i64());
     else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--optimizer") a.optimizer = r.value();
-    else if (flag == "--kfac-damping") a.kfac_damping = r.f64();
-    else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64();
-    else if (flag == "--kfac-factor-steps") a.kfac_factor_steps = r.i64();
-    else if (flag == "--kfac-kl-clip") a.kfac_kl_clip = r.f64();
+    else if (flag == "--kfac-damping") a.kfac_damping = r.f64(), kfac_flag = flag;
+    else if (flag == "--kfac-inv-steps") a.kfac_inv_steps = r.i64(), kfac_flag = flag;
+    else if (flag == "--kfac-factor-steps") a.kfac_factor_steps = r.i64(), kfac_flag = flag;
+    else if (flag == "--kfac-kl-clip") a.kfac_kl_clip = r.f64(), kfac_flag = flag;
     else if (flag == "--target-accuracy") a.target_accuracy = r.f64();
     else if (flag == "--trace") a.trace = r.value();
     else if (flag == "--run-dir") a.run_dir = r.value();
@@ -177,6 +178,8 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.gpu_monitor >= 0, "fashion_mnist: --gpu-monitor must be >= 0 seconds, got ", a.gpu_monitor);
   KILN_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd" || a.optimizer == "kfac",
              "fashion_mnist: --optimizer must be adamw, sgd or kfac, got '", a.optimizer, "'");
+  KILN_CHECK(kfac_flag.empty() || a.optimizer == "kfac", "fashion_mnist: ", kfac_flag,
+             " sets K-FAC, which runs only with --optimizer kfac (this run's optimizer: ", a.optimizer, ")");
   KILN_CHECK(a.amp == "none" || a.amp == "bf16" || a.amp == "f16", "fashion_mnist: --amp must be none, bf16 or f16, got '",
              a.amp, "'");
   KILN_CHECK(a.clip >= 0, "fashion_mnist: --clip must be positive (or 0 for no clipping)");

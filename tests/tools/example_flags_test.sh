@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# An optimizer's flags given without that optimizer are an error naming the flag, before any data is read
+# (they used to be ignored silently). Usage: example_flags_test.sh FASHION_MNIST CHAR_GPT
+set -u
+fashion=$1 char=$2
+fail=0
+expect_error() {  # expect_error PATTERN COMMAND...
+  local pattern=$1; shift
+  local out
+  if out=$("$@" 2>&1); then echo "FAIL: '$*' succeeded"; fail=1; return; fi
+  if ! grep -q -- "$pattern" <<<"$out"; then echo "FAIL: '$*' did not say '$pattern':"; echo "$out" | tail -3; fail=1; fi
+}
+expect_error "--kfac-damping sets K-FAC, which runs only with --optimizer kfac (this run's optimizer: adamw)" \
+  "$fashion" --kfac-damping 0.1
+expect_error "--kfac-kl-clip sets K-FAC, which runs only with --optimizer kfac (this run's optimizer: sgd)" \
+  "$fashion" --optimizer sgd --kfac-kl-clip 0.01
+expect_error "--shampoo-warm sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: adamw)" \
+  "$char" --shampoo-warm
+[ $fail = 0 ] && echo PASS
+exit $fail
