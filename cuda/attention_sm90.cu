@@ -173,7 +173,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
   // producer put them; BiasKind::full reads each score's bias from global memory.
   const bool need_mask = n0 + kFwdKeys > p.Tk || !p.band.sees_all(row_first, row_first + 63, n0, n0 + kFwdKeys - 1);
   const float sl = kBias != BiasKind::none ? 1.f : p.scale_log2;
-  float mx[2] = {-INFINITY, -INFINITY};
+  float mx[2];
   if constexpr (kBias == BiasKind::keys) {
 #pragma unroll
     for (int j = 0; j < kFwdKeys / 8; ++j)
@@ -196,21 +196,31 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
         s[4 * j + c + 2] = fmaf(s[4 * j + c + 2], p.scale_log2, col < p.Tk ? __ldg(b_hi + at) * kLog2e : 0.f);
       }
   }
-  // the keys each of the thread's two rows sees, as columns of the tile: [lo, hi)
-  const int lo[2] = {p.band.key_begin(row_lo) - n0, p.band.key_begin(row_hi) - n0};
-  const int hi[2] = {p.band.key_end(row_lo, p.Tk) - n0, p.band.key_end(row_hi, p.Tk) - n0};
+  // Keys the band hides or past Tk, only in the tiles that have any: a branch of its own (the group's rows
+  // share it), since inside the loop below the compiler turned the test into three integer compares and a
+  // select for every score of every tile (a fifth of the D = 64 kernel's instructions, ncu).
+  if (need_mask) {
+    // the keys each of the thread's two rows sees, as columns of the tile: [lo, hi)
+    const int lo[2] = {p.band.key_begin(row_lo) - n0, p.band.key_begin(row_hi) - n0};
+    const int hi[2] = {p.band.key_end(row_lo, p.Tk) - n0, p.band.key_end(row_hi, p.Tk) - n0};
 #pragma unroll
-  for (int j = 0; j < kFwdKeys / 8; ++j)
+    for (int j = 0; j < kFwdKeys / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[4 * j + e];
-      if (need_mask) {
+      for (int e = 0; e < 4; ++e) {
         const int c = 8 * j + 2 * t4 + (e & 1);
-        if (c < lo[e / 2] || c >= hi[e / 2]) x = -INFINITY;
+        if (c < lo[e / 2] || c >= hi[e / 2]) s[4 * j + e] = -INFINITY;
       }
-      s[4 * j + e] = x;
-      mx[e / 2] = fmaxf(mx[e / 2], x);
-    }
+  }
+  // Row maxima and sums over four partial chains a row (a thread holds 32 scores of each of its rows):
+  // one chain of 32 dependent instructions left the warps waiting on each result (ncu: "wait" stalls).
+  constexpr int kChains = 4;
+  float mxc[2][kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) mxc[0][c] = mxc[1][c] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kFwdKeys / 2; ++i) mxc[(i / 2) % 2][(i / 4) % kChains] = fmaxf(mxc[(i / 2) % 2][(i / 4) % kChains], s[i]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mxc[r][0], mxc[r][1]), fmaxf(mxc[r][2], mxc[r][3]));
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -221,14 +231,14 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
     corr[r] = fast_exp2(m[r] - base[r]);
     m[r] = mn;
   }
-  float sum[2] = {0.f, 0.f};
+  float sum[2][kChains] = {};
 #pragma unroll
   for (int i = 0; i < kFwdKeys / 2; ++i) {
     s[i] = fast_exp2(fmaf(s[i], sl, -base[(i / 2) % 2]));
-    sum[(i / 2) % 2] += s[i];
+    sum[(i / 2) % 2][(i / 4) % kChains] += s[i];
   }
-  l[0] = l[0] * corr[0] + sum[0];
-  l[1] = l[1] * corr[1] + sum[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + ((sum[r][0] + sum[r][1]) + (sum[r][2] + sum[r][3]));
   if (p.drop.on) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
