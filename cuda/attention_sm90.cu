@@ -80,6 +80,19 @@ __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk, int col0) {
                      kRows * kRowBytes, kAtomBytes);
 }
 
+// The same descriptors as a base (k_major(tile, r0, 0), mn_major(tile, 0, 0)) plus a constant: the start
+// address is the descriptor's low field, in 16-byte units, and stays below 2^14 inside shared memory, so
+// moving it by a tile's offset is one add of `offset / 16`. The forward builds its bases once and adds the
+// k16 step's and the stage's offsets (its descriptor arithmetic had been a sixth of its instructions).
+template <int kRows>
+constexpr uint32_t k_major_step(int kk) {
+  return uint32_t((kk / 4) * kRows * int(kRowBytes) + (kk % 4) * 32) >> 4;
+}
+template <int kRows>
+constexpr uint32_t mn_major_step(int kk) {
+  return uint32_t(kk * 16 * int(kRowBytes)) >> 4;
+}
+
 // Shared memory rounded up to a 1024-byte boundary (the swizzle atoms' alignment).
 __device__ __forceinline__ uint32_t aligned_smem_base(unsigned char* raw) {
   return (smem_addr(raw) + kAtomBytes - 1) & ~(kAtomBytes - 1);
@@ -344,13 +357,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
   float s[kFwdKeys / 2];
   uint32_t pa[kFwdKeys / 16][4];
+  // descriptor bases: the group's Q rows, stage 0's K (K-major) and V (MN-major)
+  const uint64_t q_desc = k_major<kFwdRows>(sQ, wg * 64, 0), k_desc = k_major<kFwdKeys>(sK0, 0, 0),
+                 v_desc = mn_major<kFwdKeys>(sV0, 0, 0);
   // S = Q_group K_sᵀ into s
   auto issue_scores = [&](int stage) {
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      MmaS::template ss<0, 0>(s, k_major<kFwdRows>(sQ, wg * 64, kk),
-                              k_major<kFwdKeys>(sK0 + uint32_t(stage) * kTileK, 0, kk), kk > 0);
+      MmaS::template ss<0, 0>(s, q_desc + k_major_step<kFwdRows>(kk),
+                              k_desc + uint32_t(stage) * (kTileK >> 4) + k_major_step<kFwdKeys>(kk), kk > 0);
     wgmma::commit();
   };
 
@@ -361,7 +377,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kFwdKeys / 16; ++kk)
-      MmaO::template rs<1>(o, pa[kk], mn_major<kFwdKeys>(sV0 + uint32_t(stage) * kTileK, kk, 0), 1);
+      MmaO::template rs<1>(o, pa[kk], v_desc + uint32_t(stage) * (kTileK >> 4) + mn_major_step<kFwdKeys>(kk), 1);
     wgmma::commit();
   };
 
