@@ -6,6 +6,7 @@
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include <kiln/autograd/anomaly.h>
 #include <kiln/autograd/grad_mode.h>
@@ -133,6 +134,22 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (gg.sizes() != info.shape) gg = sum_to(gg, info.shape);
     Tensor& slot = buf[e.input_nr];
     if (slot.defined() && slot.is_same(gg)) return;  // added in place (gradient_destination)
+    // A leaf's pinned gradient: what a node wrote there in place counts as accumulated from now on, and
+    // later gradients of this pass are added to it there (the accumulator then has nothing to add).
+    if (const auto* acc = dynamic_cast<const AccumulateGrad*>(e.node.get())) {
+      if (const std::shared_ptr<TensorImpl> leaf = acc->leaf()) {
+        if (AccumulateGrad::is_pinned_grad_of(*leaf, gg)) {
+          AccumulateGrad::written_in_place(leaf);
+          if (!slot.defined()) slot = gg;
+          else Tensor(leaf->grad).add_(std::exchange(slot, gg));  // an earlier gradient the engine held
+          return;
+        }
+        if (slot.defined() && AccumulateGrad::is_pinned_grad_of(*leaf, slot)) {
+          Tensor(slot).add_(gg);
+          return;
+        }
+      }
+    }
     slot = slot.defined() ? add(slot, gg) : gg;
   };
 

@@ -55,21 +55,42 @@ bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
   return !graph || leaf.grad_zero_pending_graph == graph->id();
 }
 
+bool AccumulateGrad::is_pinned_grad_of(const TensorImpl& leaf, const Tensor& t) {
+  if (!leaf.grad_pinned || !leaf.grad || !t.defined()) return false;
+  const Tensor pinned(leaf.grad);
+  return t.shares_storage(pinned) && t.offset() == pinned.offset() && t.sizes() == pinned.sizes() &&
+         t.strides() == pinned.strides() && t.dtype() == pinned.dtype();
+}
+
+namespace {
+// Under CUDA graph capture, a pinned gradient that the capture wrote whole: each replay writes it whole
+// again, so it stops counting as zero after each replay too.
+void clear_zero_after_replays(cuda::Graph* graph, const std::shared_ptr<TensorImpl>& leaf) {
+  if (graph)
+    graph->after_replay([weak = std::weak_ptr<TensorImpl>(leaf)] {
+      if (const std::shared_ptr<TensorImpl> l = weak.lock()) l->grad_zero_pending = false;
+    });
+}
+}  // namespace
+
+void AccumulateGrad::written_in_place(const std::shared_ptr<TensorImpl>& leaf) {
+  if (!awaits_first_gradient(*leaf)) return;
+  leaf->grad_zero_pending = false;
+  clear_zero_after_replays(cuda::capturing_graph(), leaf);
+}
+
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
+  // written in place by the nodes that produced it, and counted in by the engine as they arrived
+  if (is_pinned_grad_of(var.impl(), incoming)) return;
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   cuda::Graph* graph = cuda::capturing_graph();
   if (awaits_first_gradient(var.impl())) {
-    // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it (already in
-    // place when the node that produced it wrote it there: gradient_destination)
+    // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it
     Tensor pinned(var.impl().grad);
     var.impl().grad_zero_pending = false;
-    const bool in_place = g.shares_storage(pinned) && g.offset() == pinned.offset() && g.strides() == pinned.strides();
-    if (!in_place) pinned.copy_(g);
-    if (graph)  // each replay writes it whole
-      graph->after_replay([weak = std::weak_ptr<TensorImpl>(var.impl_ptr())] {
-        if (const std::shared_ptr<TensorImpl> l = weak.lock()) l->grad_zero_pending = false;
-      });
+    pinned.copy_(g);
+    clear_zero_after_replays(graph, var.impl_ptr());  // each replay writes it whole
     return;
   }
   if (graph && var.grad_is_pinned()) {

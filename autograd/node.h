@@ -92,6 +92,14 @@ struct AccumulateGrad final : Node {
   // True when the leaf's gradient is pinned and counts as zero (Tensor::zero_pinned_grad, by the capture
   // now running if one is): the next gradient to arrive is all of it and is copied in, not added.
   static bool awaits_first_gradient(const TensorImpl& leaf);
+  // True when `t` is the leaf's pinned gradient itself (the same memory and layout): a gradient a node wrote
+  // there in place (gradient_destination), which the engine counts as accumulated when it arrives.
+  static bool is_pinned_grad_of(const TensorImpl& leaf, const Tensor& t);
+  // Called by the engine when a gradient written over the leaf's pinned gradient arrives: the gradient no
+  // longer counts as zero (under CUDA graph capture, again after each replay). From then on everything
+  // else adds to it: the rest of this pass and a checkpoint's recomputation, whose own pass accumulates
+  // into the same leaf.
+  static void written_in_place(const std::shared_ptr<TensorImpl>& leaf);
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)
 

@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include <kiln/autograd/checkpoint.h>
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
 #include <kiln/core/ops.h>
@@ -209,4 +210,33 @@ TEST(GradientDestination, TiedEmbeddingAndLinearLayersGiveTheSameGradientsInPlac
   std::vector<double> twice = wide(a.grad());
   for (double& v : twice) v *= 2;
   EXPECT_TRUE(AllClose(wide(pa.grad()), twice, 1e-5));
+}
+
+TEST(GradientDestination, ACheckpointsRecomputationAddsToWhatTheOuterPassWroteInPlace) {
+  // W is captured by a checkpointed function (its recomputation runs a backward pass of its own that adds
+  // to W.grad) and used twice outside it, once on each side of it in backward order: the outer pass writes
+  // W's first gradient over its pinned view, the recomputation then adds its own, and the outer pass adds
+  // its second. None may be written over another or counted twice.
+  manual_seed(5);
+  const Tensor w0 = randn({3, 4}), x_in = randn({5, 4}), x_a = randn({6, 4}), x_b = randn({2, 4});
+  auto loss_of = [&](const Tensor& w) {
+    Tensor before = nn::functional::linear(x_b, w, Tensor());  // recorded first: its backward runs last
+    Tensor inner = autograd::checkpoint(
+        [w](const std::vector<Tensor>& in) { return nn::functional::linear(in[0], w, Tensor()); },
+        {x_in.detach().clone().requires_grad_(true)});
+    Tensor after = nn::functional::linear(x_a, w, Tensor());  // recorded last: its backward runs first
+    Tensor l1 = sum(mul(before, 3.0));
+    Tensor l2 = sum(mul(inner, 2.0));
+    Tensor l3 = sum(square(after));
+    return add(add(l1, l2), l3);
+  };
+  Tensor plain = w0.clone().requires_grad_(true);
+  loss_of(plain).backward();
+  Tensor flat = full({12}, 9.0);
+  Tensor pinned = pinned_leaf(w0, flat, 0);
+  for (int step = 0; step < 2; ++step) {
+    pinned.zero_pinned_grad();
+    loss_of(pinned).backward();
+    EXPECT_TRUE(AllClose(wide(pinned.grad()), wide(plain.grad()), 1e-5)) << step;
+  }
 }
