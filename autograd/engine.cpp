@@ -3,6 +3,7 @@
 // ready ones: Node::sequence_nr), summing gradients that arrive along several edges, or letting the node
 // write them in place (gradient_destination).
 #include <cstdint>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -36,18 +37,42 @@ thread_local int backward_depth = 0;
 thread_local std::vector<std::function<void()>> end_callbacks;
 
 using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
+// An input slot of a node (a node, the index of its output whose gradient it holds).
+using Slot = std::pair<const Node*, uint32_t>;
+struct SlotHash {
+  size_t operator()(const Slot& s) const { return std::hash<const void*>()(s.first) ^ (size_t(s.second) << 1); }
+};
+using SlotSet = std::unordered_set<Slot, SlotHash>;
 
-// The node now running on this thread and its pass's gradient buffers (for gradient_destination), set
-// for the duration of one apply; a nested pass (a checkpoint's recomputation) sets and restores its own.
+// What gradient_destination needs of the pass: its buffers, the slots of leaves whose gradient is already
+// in their pinned gradient (written or added there in place), and whether this thread's passes may write
+// pinned gradients at all (pinned_writes_owner).
+struct PassState {
+  const GradientBuffers* buffers = nullptr;
+  const SlotSet* pinned_slots = nullptr;
+};
+
+// A destination handed to the running node: which input, and the tensor.
+struct Handed {
+  size_t input;
+  const TensorImpl* tensor;
+  bool pinned;  // the leaf's pinned gradient (written over, or added into)
+};
+
+// The node now running on this thread, its pass, and the destinations handed to it, set for the duration
+// of one apply; a nested pass (a checkpoint's recomputation) sets and restores its own.
 struct RunningNode {
   const Node* node = nullptr;
-  const GradientBuffers* buffers = nullptr;
+  PassState pass;
+  std::vector<Handed>* handed = nullptr;
 };
 thread_local RunningNode running;
 
 class RunningScope {
  public:
-  RunningScope(const Node* node, const GradientBuffers* buffers) : saved_(running) { running = {node, buffers}; }
+  RunningScope(const Node* node, const PassState& pass, std::vector<Handed>* handed) : saved_(running) {
+    running = {node, pass, handed};
+  }
   ~RunningScope() { running = saved_; }
   RunningScope(const RunningScope&) = delete;
   RunningScope& operator=(const RunningScope&) = delete;
@@ -56,10 +81,44 @@ class RunningScope {
   RunningNode saved_;
 };
 
+// Pinned gradients are written in place by one thread's backward passes at a time: backward passes on
+// other threads that share a leaf with them (concurrent backward calls, docs/design.md) accumulate under
+// AccumulateGrad's lock, which cannot order a GEMM writing the same view outside it. The first thread to
+// start a backward pass while no other thread's pass holds the right takes it for its outermost pass; a
+// pass on another thread meanwhile gets no pinned destinations, and its accumulators wait for the right
+// before they touch a pinned gradient (pinned_writes_guard).
+std::mutex pinned_writes;
+thread_local bool owns_pinned_writes = false;
+
+class PinnedWritesScope {  // the outermost pass on this thread tries to take the right
+ public:
+  PinnedWritesScope() {
+    if (backward_depth == 1 && !owns_pinned_writes && pinned_writes.try_lock()) owns_pinned_writes = taken_ = true;
+  }
+  ~PinnedWritesScope() {
+    if (taken_) {
+      owns_pinned_writes = false;
+      pinned_writes.unlock();
+    }
+  }
+  PinnedWritesScope(const PinnedWritesScope&) = delete;
+  PinnedWritesScope& operator=(const PinnedWritesScope&) = delete;
+
+ private:
+  bool taken_ = false;
+};
+
 // A tensor a backward may write a gradient of `info` into as it would into its own new buffer.
 bool writable_as(const Tensor& t, const OutputInfo& info) {
   return t.sizes() == info.shape && t.dtype() == info.dtype && t.device() == info.device && t.is_contiguous() &&
          reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
+}
+
+// The leaf of an accumulator whose gradient is pinned, or null.
+std::shared_ptr<TensorImpl> pinned_leaf(const Node* node) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(node);
+  std::shared_ptr<TensorImpl> leaf = acc ? acc->leaf() : nullptr;
+  return leaf && leaf->grad_pinned && leaf->grad ? leaf : nullptr;
 }
 
 // Counts this pass in; when the outermost pass ends normally, runs the queued callbacks (which may queue
@@ -82,6 +141,11 @@ class BackwardScope {
 
 }  // namespace
 
+std::unique_lock<std::mutex> pinned_writes_guard() {
+  if (owns_pinned_writes) return {};
+  return std::unique_lock<std::mutex>(pinned_writes);
+}
+
 GradientDestination gradient_destination(size_t input) {
   if (!running.node || input >= running.node->next_edges.size()) return {};
   const Node& node = *running.node;
@@ -91,23 +155,30 @@ GradientDestination gradient_destination(size_t input) {
   for (size_t j = 0; j < node.next_edges.size(); ++j)
     if (j != input && node.next_edges[j].node == e.node && node.next_edges[j].input_nr == e.input_nr) return {};
   const OutputInfo& info = e.node->outputs[e.input_nr];
-  auto* accumulator = dynamic_cast<AccumulateGrad*>(e.node.get());
-  const std::shared_ptr<TensorImpl> leaf = accumulator ? accumulator->leaf() : nullptr;
-  // a leaf's pinned gradient, as a tensor
-  auto pinned_grad = [&]() { return leaf && leaf->grad_pinned && leaf->grad ? Tensor(leaf->grad) : Tensor(); };
-  const auto it = running.buffers->find(e.node.get());
-  if (it != running.buffers->end() && e.input_nr < it->second.size() && it->second[e.input_nr].defined()) {
+  const std::shared_ptr<TensorImpl> leaf = owns_pinned_writes ? pinned_leaf(e.node.get()) : nullptr;
+  auto hand = [&](const Tensor& t, bool holding, bool pinned) {
+    running.handed->push_back({input, &t.impl(), pinned});
+    return GradientDestination{t, holding};
+  };
+  if (running.pass.pinned_slots->count({e.node.get(), e.input_nr})) {
+    // the leaf's pinned gradient already holds this pass's gradient so far: add to it (or write over it
+    // when something zeroed it since: a hook that stepped and zeroed the parameter)
+    if (!leaf) return {};
+    const Tensor pinned(leaf->grad);
+    if (!writable_as(pinned, info)) return {};
+    return hand(pinned, !AccumulateGrad::awaits_first_gradient(*leaf), true);
+  }
+  const auto it = running.pass.buffers->find(e.node.get());
+  if (it != running.pass.buffers->end() && e.input_nr < it->second.size() && it->second[e.input_nr].defined()) {
+    // the engine's own sum, when nothing else holds it or a view of it
     const Tensor& so_far = it->second[e.input_nr];
-    // the engine's own sum (nothing else holds it or a view of it), or a pinned gradient written in place
     const bool own = so_far.impl_ptr().use_count() == 1 && so_far.impl().storage.use_count() == 1;
-    const Tensor pinned = pinned_grad();
-    const bool pinned_in_place = pinned.defined() && so_far.shares_storage(pinned) && so_far.offset() == pinned.offset();
-    if ((own || pinned_in_place) && writable_as(so_far, info)) return {so_far, true};
+    if (own && writable_as(so_far, info)) return hand(so_far, true, false);
     return {};
   }
   if (leaf && AccumulateGrad::awaits_first_gradient(*leaf)) {
-    const Tensor pinned = pinned_grad();
-    if (writable_as(pinned, info)) return {pinned, false};
+    const Tensor pinned(leaf->grad);
+    if (writable_as(pinned, info)) return hand(pinned, false, true);
   }
   return {};
 }
@@ -125,30 +196,40 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
 
-  auto add_grad = [&](const Edge& e, const Tensor& g) {
+  SlotSet pinned_slots;  // slots whose gradient is in the leaf's pinned gradient already
+  PinnedWritesScope pinned_writes_scope;
+
+  // `in_place`: g is a destination the node was handed for this edge (gradient_destination) and wrote.
+  auto add_grad = [&](const Edge& e, const Tensor& g, const Handed* in_place) {
     auto& buf = buffers[e.node.get()];
     if (buf.empty()) buf.resize(e.node->outputs.size());
+    Tensor& slot = buf[e.input_nr];
+    const Slot key{e.node.get(), e.input_nr};
+    if (in_place) {
+      if (in_place->pinned) {
+        // written over or added into the leaf's pinned gradient: accumulated from now on (so that a
+        // checkpoint's recomputation, whose own pass accumulates into the same leaf, adds to it)
+        AccumulateGrad::written_in_place(pinned_leaf(e.node.get()));
+        pinned_slots.insert(key);
+      }
+      slot = g;  // (the engine's own sum, added into: the same tensor)
+      return;
+    }
     const OutputInfo& info = e.node->outputs[e.input_nr];
     Tensor gg = g;
     if (gg.dtype() != info.dtype) gg = gg.to(info.dtype);
     if (gg.sizes() != info.shape) gg = sum_to(gg, info.shape);
-    Tensor& slot = buf[e.input_nr];
-    if (slot.defined() && slot.is_same(gg)) return;  // added in place (gradient_destination)
-    // A leaf's pinned gradient: what a node wrote there in place counts as accumulated from now on, and
-    // later gradients of this pass are added to it there (the accumulator then has nothing to add).
-    if (const auto* acc = dynamic_cast<const AccumulateGrad*>(e.node.get())) {
-      if (const std::shared_ptr<TensorImpl> leaf = acc->leaf()) {
-        if (AccumulateGrad::is_pinned_grad_of(*leaf, gg)) {
-          AccumulateGrad::written_in_place(leaf);
-          if (!slot.defined()) slot = gg;
-          else Tensor(leaf->grad).add_(std::exchange(slot, gg));  // an earlier gradient the engine held
-          return;
-        }
-        if (slot.defined() && AccumulateGrad::is_pinned_grad_of(*leaf, slot)) {
-          Tensor(slot).add_(gg);
-          return;
-        }
+    if (pinned_slots.count(key)) {
+      // the rest of the pass's gradient, where the first part is (written over if something zeroed it since)
+      const std::shared_ptr<TensorImpl> leaf = pinned_leaf(e.node.get());
+      Tensor pinned(leaf->grad);
+      if (AccumulateGrad::awaits_first_gradient(*leaf)) {
+        pinned.copy_(gg);
+        AccumulateGrad::written_in_place(leaf);
+      } else {
+        pinned.add_(gg);
       }
+      return;
     }
     slot = slot.defined() ? add(slot, gg) : gg;
   };
@@ -164,7 +245,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
     KILN_CHECK(g.sizes() == r.sizes(), "backward: gradient ", g.str(), " does not match tensor ", r.str());
     root_edges.push_back(gradient_edge(r));
-    add_grad(root_edges.back(), g);
+    add_grad(root_edges.back(), g, nullptr);
   }
 
   // Count incoming edges of every reachable node.
@@ -209,8 +290,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       in[index] = replaced;
     }
     std::vector<Tensor> out;
-    {
-      RunningScope scope_of_node(node, &buffers);
+    std::vector<Handed> handed;
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(node); acc && pinned_slots.count({node, 0})) {
+      // a leaf's accumulator whose whole gradient is in its pinned gradient already: its hooks only
+      acc->gradient_in_place();
+    } else {
+      RunningScope scope_of_node(node, PassState{&buffers, &pinned_slots}, &handed);
       out = node->apply(in);
     }
     if (is_anomaly_enabled()) check_finite(*node, out);
@@ -218,7 +303,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     for (size_t i = 0; i < node->next_edges.size() && i < out.size(); ++i) {
       const Edge& e = node->next_edges[i];
       if (!e.node || !out[i].defined()) continue;
-      add_grad(e, out[i]);
+      const Handed* in_place = nullptr;
+      for (const Handed& h : handed)
+        if (h.input == i && h.tensor == &out[i].impl()) in_place = &h;
+      add_grad(e, out[i], in_place);
     }
     for (auto& e : node->next_edges) {
       if (!e.node) continue;

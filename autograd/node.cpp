@@ -34,13 +34,18 @@ bool FunctionNode::released() const {
   return !fn_;
 }
 
+namespace {
+std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
+}  // namespace
+
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto leaf = leaf_.lock();
   if (!leaf || !grads[0].defined()) return {};
   Tensor var(leaf);
   std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
   {
-    static std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
+    // (another thread's backward may be writing pinned gradients in place: wait for it first)
+    const std::unique_lock<std::mutex> pinned_writes = leaf->grad_pinned ? pinned_writes_guard() : std::unique_lock<std::mutex>();
     std::lock_guard lock(accumulate_mutex);
     accumulate(var, grads[0]);
     hooks = post_hooks;  // a copy: a hook may remove itself
@@ -49,17 +54,22 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   return {};
 }
 
+void AccumulateGrad::gradient_in_place() {
+  auto leaf = leaf_.lock();
+  if (!leaf) return;
+  std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
+  {
+    std::lock_guard lock(accumulate_mutex);
+    hooks = post_hooks;
+  }
+  const Tensor var(leaf);
+  for (auto& [handle, hook] : hooks) hook(var);
+}
+
 bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
   if (!leaf.grad_pinned || !leaf.grad_zero_pending) return false;
   const cuda::Graph* graph = cuda::capturing_graph();
   return !graph || leaf.grad_zero_pending_graph == graph->id();
-}
-
-bool AccumulateGrad::is_pinned_grad_of(const TensorImpl& leaf, const Tensor& t) {
-  if (!leaf.grad_pinned || !leaf.grad || !t.defined()) return false;
-  const Tensor pinned(leaf.grad);
-  return t.shares_storage(pinned) && t.offset() == pinned.offset() && t.sizes() == pinned.sizes() &&
-         t.strides() == pinned.strides() && t.dtype() == pinned.dtype();
 }
 
 namespace {
@@ -74,14 +84,12 @@ void clear_zero_after_replays(cuda::Graph* graph, const std::shared_ptr<TensorIm
 }  // namespace
 
 void AccumulateGrad::written_in_place(const std::shared_ptr<TensorImpl>& leaf) {
-  if (!awaits_first_gradient(*leaf)) return;
+  if (!leaf || !awaits_first_gradient(*leaf)) return;
   leaf->grad_zero_pending = false;
   clear_zero_after_replays(cuda::capturing_graph(), leaf);
 }
 
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
-  // written in place by the nodes that produced it, and counted in by the engine as they arrived
-  if (is_pinned_grad_of(var.impl(), incoming)) return;
   Tensor g = incoming;
   if (g.dtype() != var.dtype()) g = g.to(var.dtype());
   cuda::Graph* graph = cuda::capturing_graph();

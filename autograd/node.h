@@ -92,14 +92,14 @@ struct AccumulateGrad final : Node {
   // True when the leaf's gradient is pinned and counts as zero (Tensor::zero_pinned_grad, by the capture
   // now running if one is): the next gradient to arrive is all of it and is copied in, not added.
   static bool awaits_first_gradient(const TensorImpl& leaf);
-  // True when `t` is the leaf's pinned gradient itself (the same memory and layout): a gradient a node wrote
-  // there in place (gradient_destination), which the engine counts as accumulated when it arrives.
-  static bool is_pinned_grad_of(const TensorImpl& leaf, const Tensor& t);
-  // Called by the engine when a gradient written over the leaf's pinned gradient arrives: the gradient no
-  // longer counts as zero (under CUDA graph capture, again after each replay). From then on everything
-  // else adds to it: the rest of this pass and a checkpoint's recomputation, whose own pass accumulates
-  // into the same leaf.
+  // Called by the engine when a gradient written over the leaf's pinned gradient arrives (the leaf may be
+  // gone: null): the gradient no longer counts as zero (under CUDA graph capture, again after each
+  // replay). From then on everything else adds to it: the rest of this pass and a checkpoint's
+  // recomputation, whose own pass accumulates into the same leaf.
   static void written_in_place(const std::shared_ptr<TensorImpl>& leaf);
+  // What the engine runs instead of apply when the pass's whole gradient for the leaf was written into its
+  // pinned gradient in place: the post-accumulate hooks.
+  void gradient_in_place();
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)
 
@@ -152,6 +152,10 @@ struct GradientDestination {
   bool holding = false;
 };
 GradientDestination gradient_destination(size_t input);
+// Pinned gradients are written in place by one thread's backward passes at a time (engine.cpp); an
+// accumulator of a pass on another thread holds this before it writes a pinned gradient. Empty (nothing
+// held) on the thread that has the right.
+std::unique_lock<std::mutex> pinned_writes_guard();
 
 // Queues `callback` to run once the backward pass now running on this thread has finished, after every
 // gradient has been accumulated (PyTorch's queue_callback): where DDP waits for its last all-reduce. Call

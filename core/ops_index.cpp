@@ -100,7 +100,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
       // gradient) or over its pinned gradient, instead of into table-sized zeros the engine then adds or copies.
       if (const autograd::GradientDestination to = gradient_destination(0); to.tensor.defined()) {
         if (!to.holding) kernels::fill(to.tensor, 0.0);
-        kernels::index_add(to.tensor, dim, idx, g[0].contiguous());
+        kernels::index_add(to.tensor, dim, idx, cast(g[0], to.tensor.dtype()).contiguous());  // (a hook may change it)
         return Grads{to.tensor};
       }
       return Grads{index_add(zeros(shape, {.dtype = g[0].dtype(), .device = g[0].device()}), dim, idx, g[0])};

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <thread>
 
 #include <kiln/autograd/checkpoint.h>
 #include <kiln/autograd/grad_mode.h>
@@ -238,5 +239,57 @@ TEST(GradientDestination, ACheckpointsRecomputationAddsToWhatTheOuterPassWroteIn
     pinned.zero_pinned_grad();
     loss_of(pinned).backward();
     EXPECT_TRUE(AllClose(wide(pinned.grad()), wide(plain.grad()), 1e-5)) << step;
+  }
+}
+
+// What a review found in the first version (it skipped any second arrival of the same tensor object and
+// treated any tensor that was the pinned view itself as written in place):
+TEST(GradientDestination, OneTensorReachingASlotTwiceCountsTwice) {
+  Tensor x = ones({3}).requires_grad_(true), y = ones({3}).requires_grad_(true), z = ones({3}).requires_grad_(true);
+  sum(add(x, x)).backward();               // add's backward hands the same tensor to both inputs
+  sum(add(y, add(y, 1.0))).backward();     // add_scalar passes add's tensor on to y's slot
+  Tensor l = sum(z);
+  add(l, l).backward();
+  for (const Tensor& t : {x, y, z}) EXPECT_EQ(values(t.grad()), std::vector<float>(3, 2.0f));
+}
+
+TEST(GradientDestination, APinnedGradientPassedAsAGradientIsAddedAsAValue) {
+  Tensor flat = zeros({4});
+  Tensor w = pinned_leaf(ones({4}), flat, 0);
+  w.zero_pinned_grad();
+  sum(mul(w, 1.0)).backward();     // w.grad = 1 (written over the pinned view)
+  w.clone().backward(w.grad());    // clone passes the view itself on: w.grad += w.grad
+  EXPECT_EQ(values(w.grad()), std::vector<float>(4, 2.0f));
+}
+
+TEST(GradientDestination, AHookThatChangesTheDtypeBeforeAnEmbeddingsBackward) {
+  // mul's backward reaches t first, so index_select is offered t's gradient so far (f64) while the hook
+  // hands it an f32 gradient: it is cast, not read as f64
+  Tensor t = randn({5, 3}).to(DType::f64).requires_grad_(true);
+  Tensor e = index_select(t, 0, from_vector<int64_t>({1, 1, 4}, {3}, {.dtype = DType::i64}));
+  e.register_hook([](const Tensor& g) { return g.to(DType::f32); });
+  add(sum(e), sum(mul(t, 2.0))).backward();
+  const std::vector<double> g = t.grad().to_vector<double>();
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(g[size_t(r * 3 + c)], r == 1 ? 4.0 : r == 4 ? 3.0 : 2.0) << r << "," << c;
+}
+
+TEST(GradientDestination, ConcurrentPassesIntoOnePinnedLeafLoseNothing) {
+  // Backward calls on two threads sharing only a leaf lose nothing (docs/design.md): one thread's passes
+  // write pinned gradients in place at a time, the other's accumulators wait for them.
+  manual_seed(9);
+  const Tensor w0 = randn({64, 64}), x1 = randn({256, 64}), x2 = randn({256, 64});
+  Tensor p = w0.clone().requires_grad_(true);
+  sum(nn::functional::linear(x1, p, Tensor())).backward();
+  sum(nn::functional::linear(x2, p, Tensor())).backward();
+  Tensor flat = zeros({64 * 64});
+  Tensor w = pinned_leaf(w0, flat, 0);
+  for (int trial = 0; trial < 50; ++trial) {
+    w.zero_pinned_grad();
+    std::thread a([&] { sum(nn::functional::linear(x1, w, Tensor())).backward(); });
+    std::thread b([&] { sum(nn::functional::linear(x2, w, Tensor())).backward(); });
+    a.join();
+    b.join();
+    ASSERT_TRUE(AllClose(wide(w.grad()), wide(p.grad()), 1e-4)) << trial;
   }
 }
