@@ -44,9 +44,8 @@ struct SlotHash {
 };
 using SlotSet = std::unordered_set<Slot, SlotHash>;
 
-// What gradient_destination needs of the pass: its buffers, the slots of leaves whose gradient is already
-// in their pinned gradient (written or added there in place), and whether this thread's passes may write
-// pinned gradients at all (pinned_writes_owner).
+// What gradient_destination needs of the pass: its buffers, and the slots of leaves whose gradient is
+// already in their pinned gradient (written or added there in place).
 struct PassState {
   const GradientBuffers* buffers = nullptr;
   const SlotSet* pinned_slots = nullptr;
@@ -222,6 +221,11 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (pinned_slots.count(key)) {
       // the rest of the pass's gradient, where the first part is (written over if something zeroed it since)
       const std::shared_ptr<TensorImpl> leaf = pinned_leaf(e.node.get());
+      if (!leaf) {  // unpinned (set_grad) or gone since: what the slot holds is summed as any gradient
+        pinned_slots.erase(key);
+        slot = slot.defined() ? add(slot, gg) : gg;
+        return;
+      }
       Tensor pinned(leaf->grad);
       if (AccumulateGrad::awaits_first_gradient(*leaf)) {
         pinned.copy_(gg);
