@@ -37,25 +37,32 @@ thread_local int backward_depth = 0;
 thread_local std::vector<std::function<void()>> end_callbacks;
 
 using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
-// An input slot of a node (a node, the index of its output whose gradient it holds).
-using Slot = std::pair<const Node*, uint32_t>;
-struct SlotHash {
-  size_t operator()(const Slot& s) const { return std::hash<const void*>()(s.first) ^ (size_t(s.second) << 1); }
-};
-using SlotSet = std::unordered_set<Slot, SlotHash>;
+using Dependencies = std::unordered_map<Node*, int>;
 
-// What gradient_destination needs of the pass: its buffers, and the slots of leaves whose gradient is
-// already in their pinned gradient (written or added there in place).
+// A leaf's pinned gradient written in place by its last producer in a pass, from the moment it is handed
+// out until the leaf's accumulator has run (right after the producer: accumulators run first). Meanwhile
+// the pass holds AccumulateGrad's lock, so that no other thread's accumulator or destination touches the
+// pinned gradient while it holds part of a pass that has not been accumulated.
+struct PinnedWrites {
+  std::unique_lock<std::recursive_mutex> lock;
+  std::unordered_set<const Node*> accumulators;  // whose gradient is in the pinned gradient, not yet run
+  void release_if_done() {
+    if (accumulators.empty() && lock.owns_lock()) lock.unlock();
+  }
+};
+
+// What gradient_destination needs of the pass.
 struct PassState {
   const GradientBuffers* buffers = nullptr;
-  const SlotSet* pinned_slots = nullptr;
+  const Dependencies* dependencies = nullptr;
+  PinnedWrites* pinned = nullptr;
 };
 
 // A destination handed to the running node: which input, and the tensor.
 struct Handed {
   size_t input;
   const TensorImpl* tensor;
-  bool pinned;  // the leaf's pinned gradient (written over, or added into)
+  bool pinned;  // a leaf's pinned gradient, written over
 };
 
 // The node now running on this thread, its pass, and the destinations handed to it, set for the duration
@@ -80,44 +87,10 @@ class RunningScope {
   RunningNode saved_;
 };
 
-// Pinned gradients are written in place by one thread's backward passes at a time: backward passes on
-// other threads that share a leaf with them (concurrent backward calls, docs/design.md) accumulate under
-// AccumulateGrad's lock, which cannot order a GEMM writing the same view outside it. The first thread to
-// start a backward pass while no other thread's pass holds the right takes it for its outermost pass; a
-// pass on another thread meanwhile gets no pinned destinations, and its accumulators wait for the right
-// before they touch a pinned gradient (pinned_writes_guard).
-std::mutex pinned_writes;
-thread_local bool owns_pinned_writes = false;
-
-class PinnedWritesScope {  // the outermost pass on this thread tries to take the right
- public:
-  PinnedWritesScope() {
-    if (backward_depth == 1 && !owns_pinned_writes && pinned_writes.try_lock()) owns_pinned_writes = taken_ = true;
-  }
-  ~PinnedWritesScope() {
-    if (taken_) {
-      owns_pinned_writes = false;
-      pinned_writes.unlock();
-    }
-  }
-  PinnedWritesScope(const PinnedWritesScope&) = delete;
-  PinnedWritesScope& operator=(const PinnedWritesScope&) = delete;
-
- private:
-  bool taken_ = false;
-};
-
 // A tensor a backward may write a gradient of `info` into as it would into its own new buffer.
 bool writable_as(const Tensor& t, const OutputInfo& info) {
   return t.sizes() == info.shape && t.dtype() == info.dtype && t.device() == info.device && t.is_contiguous() &&
          reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
-}
-
-// The leaf of an accumulator whose gradient is pinned, or null.
-std::shared_ptr<TensorImpl> pinned_leaf(const Node* node) {
-  const auto* acc = dynamic_cast<const AccumulateGrad*>(node);
-  std::shared_ptr<TensorImpl> leaf = acc ? acc->leaf() : nullptr;
-  return leaf && leaf->grad_pinned && leaf->grad ? leaf : nullptr;
 }
 
 // Counts this pass in; when the outermost pass ends normally, runs the queued callbacks (which may queue
@@ -140,13 +113,9 @@ class BackwardScope {
 
 }  // namespace
 
-std::unique_lock<std::mutex> pinned_writes_guard() {
-  if (owns_pinned_writes) return {};
-  return std::unique_lock<std::mutex>(pinned_writes);
-}
-
 GradientDestination gradient_destination(size_t input) {
-  if (!running.node || input >= running.node->next_edges.size()) return {};
+  // (anomaly mode checks each node's own gradient: the plain path)
+  if (!running.node || input >= running.node->next_edges.size() || is_anomaly_enabled()) return {};
   const Node& node = *running.node;
   const Edge& e = node.next_edges[input];
   if (!e.node || !e.node->pre_hooks.empty()) return {};
@@ -154,32 +123,33 @@ GradientDestination gradient_destination(size_t input) {
   for (size_t j = 0; j < node.next_edges.size(); ++j)
     if (j != input && node.next_edges[j].node == e.node && node.next_edges[j].input_nr == e.input_nr) return {};
   const OutputInfo& info = e.node->outputs[e.input_nr];
-  const std::shared_ptr<TensorImpl> leaf = owns_pinned_writes ? pinned_leaf(e.node.get()) : nullptr;
-  auto hand = [&](const Tensor& t, bool holding, bool pinned) {
-    running.handed->push_back({input, &t.impl(), pinned});
-    return GradientDestination{t, holding};
-  };
-  if (running.pass.pinned_slots->count({e.node.get(), e.input_nr})) {
-    // the leaf's pinned gradient already holds this pass's gradient so far: add to it (or write over it
-    // when something zeroed it since: a hook that stepped and zeroed the parameter)
-    if (!leaf) return {};
-    const Tensor pinned(leaf->grad);
-    if (!writable_as(pinned, info)) return {};
-    return hand(pinned, !AccumulateGrad::awaits_first_gradient(*leaf), true);
-  }
-  const auto it = running.pass.buffers->find(e.node.get());
-  if (it != running.pass.buffers->end() && e.input_nr < it->second.size() && it->second[e.input_nr].defined()) {
-    // the engine's own sum, when nothing else holds it or a view of it
+  const PassState& pass = running.pass;
+  const auto it = pass.buffers->find(e.node.get());
+  if (it != pass.buffers->end() && e.input_nr < it->second.size() && it->second[e.input_nr].defined()) {
+    // the engine's own sum, when nothing else holds it or a view of it: this pass's alone
     const Tensor& so_far = it->second[e.input_nr];
     const bool own = so_far.impl_ptr().use_count() == 1 && so_far.impl().storage.use_count() == 1;
-    if (own && writable_as(so_far, info)) return hand(so_far, true, false);
+    if (!own || !writable_as(so_far, info)) return {};
+    running.handed->push_back({input, &so_far.impl(), false});
+    return {so_far, true};
+  }
+  // A leaf's pinned gradient that counts as zero, to this node as the leaf's last producer in the pass
+  // (its accumulator runs next, so nothing sees the gradient half-written), under AccumulateGrad's lock.
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(e.node.get());
+  const std::shared_ptr<TensorImpl> leaf = acc ? acc->leaf() : nullptr;
+  if (!leaf || !leaf->grad_pinned || !leaf->grad) return {};
+  const auto dep = pass.dependencies->find(e.node.get());
+  if (dep == pass.dependencies->end() || dep->second != 1) return {};
+  PinnedWrites& pinned = *pass.pinned;
+  if (!pinned.lock.owns_lock()) pinned.lock.lock();
+  const Tensor view(leaf->grad);
+  if (!AccumulateGrad::awaits_first_gradient(*leaf) || !writable_as(view, info)) {
+    pinned.release_if_done();
     return {};
   }
-  if (leaf && AccumulateGrad::awaits_first_gradient(*leaf)) {
-    const Tensor pinned(leaf->grad);
-    if (writable_as(pinned, info)) return hand(pinned, false, true);
-  }
-  return {};
+  pinned.accumulators.insert(e.node.get());
+  running.handed->push_back({input, &view.impl(), true});
+  return {view, false};
 }
 
 void queue_callback(std::function<void()> callback) {
@@ -195,46 +165,22 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
 
-  SlotSet pinned_slots;  // slots whose gradient is in the leaf's pinned gradient already
-  PinnedWritesScope pinned_writes_scope;
+  PinnedWrites pinned;  // (declared after the buffers: released before them)
+  pinned.lock = std::unique_lock<std::recursive_mutex>(AccumulateGrad::lock(), std::defer_lock);
 
   // `in_place`: g is a destination the node was handed for this edge (gradient_destination) and wrote.
   auto add_grad = [&](const Edge& e, const Tensor& g, const Handed* in_place) {
     auto& buf = buffers[e.node.get()];
     if (buf.empty()) buf.resize(e.node->outputs.size());
     Tensor& slot = buf[e.input_nr];
-    const Slot key{e.node.get(), e.input_nr};
     if (in_place) {
-      if (in_place->pinned) {
-        // written over or added into the leaf's pinned gradient: accumulated from now on (so that a
-        // checkpoint's recomputation, whose own pass accumulates into the same leaf, adds to it)
-        AccumulateGrad::written_in_place(pinned_leaf(e.node.get()));
-        pinned_slots.insert(key);
-      }
-      slot = g;  // (the engine's own sum, added into: the same tensor)
+      slot = g;  // the engine's own sum, added into (the same tensor), or the leaf's pinned gradient
       return;
     }
     const OutputInfo& info = e.node->outputs[e.input_nr];
     Tensor gg = g;
     if (gg.dtype() != info.dtype) gg = gg.to(info.dtype);
     if (gg.sizes() != info.shape) gg = sum_to(gg, info.shape);
-    if (pinned_slots.count(key)) {
-      // the rest of the pass's gradient, where the first part is (written over if something zeroed it since)
-      const std::shared_ptr<TensorImpl> leaf = pinned_leaf(e.node.get());
-      if (!leaf) {  // unpinned (set_grad) or gone since: what the slot holds is summed as any gradient
-        pinned_slots.erase(key);
-        slot = slot.defined() ? add(slot, gg) : gg;
-        return;
-      }
-      Tensor pinned(leaf->grad);
-      if (AccumulateGrad::awaits_first_gradient(*leaf)) {
-        pinned.copy_(gg);
-        AccumulateGrad::written_in_place(leaf);
-      } else {
-        pinned.add_(gg);
-      }
-      return;
-    }
     slot = slot.defined() ? add(slot, gg) : gg;
   };
 
@@ -295,11 +241,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
     std::vector<Tensor> out;
     std::vector<Handed> handed;
-    if (auto* acc = dynamic_cast<AccumulateGrad*>(node); acc && pinned_slots.count({node, 0})) {
-      // a leaf's accumulator whose whole gradient is in its pinned gradient already: its hooks only
-      acc->gradient_in_place();
+    if (pinned.accumulators.count(node)) {
+      // a leaf's accumulator whose gradient its last producer wrote over its pinned gradient: counted in
+      // there, unless a hook replaced it (then accumulated as any gradient)
+      auto* acc = static_cast<AccumulateGrad*>(node);
+      if (acc->holds_pinned_grad(in[0])) acc->gradient_in_place();
+      else out = acc->apply(in);
+      pinned.accumulators.erase(node);
+      pinned.release_if_done();
     } else {
-      RunningScope scope_of_node(node, PassState{&buffers, &pinned_slots}, &handed);
+      RunningScope scope_of_node(node, PassState{&buffers, &dependencies, &pinned}, &handed);
       out = node->apply(in);
     }
     if (is_anomaly_enabled()) check_finite(*node, out);
@@ -312,6 +263,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         if (h.input == i && h.tensor == &out[i].impl()) in_place = &h;
       add_grad(e, out[i], in_place);
     }
+    // a pinned gradient handed out but not written (the node returned a tensor of its own): the leaf's
+    // accumulator takes that tensor as usual
+    for (const Handed& h : handed)
+      if (h.pinned && !(h.input < out.size() && out[h.input].defined() && h.tensor == &out[h.input].impl()))
+        pinned.accumulators.erase(node->next_edges[h.input].node.get());
+    pinned.release_if_done();
     for (auto& e : node->next_edges) {
       if (!e.node) continue;
       if (--dependencies[e.node.get()] == 0) {

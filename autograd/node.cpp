@@ -34,9 +34,10 @@ bool FunctionNode::released() const {
   return !fn_;
 }
 
-namespace {
-std::mutex accumulate_mutex;  // one for all leaves: accumulation is one add, rarely contended
-}  // namespace
+std::recursive_mutex& AccumulateGrad::lock() {
+  static std::recursive_mutex m;
+  return m;
+}
 
 std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   auto leaf = leaf_.lock();
@@ -44,9 +45,7 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   Tensor var(leaf);
   std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
   {
-    // (another thread's backward may be writing pinned gradients in place: wait for it first)
-    const std::unique_lock<std::mutex> pinned_writes = leaf->grad_pinned ? pinned_writes_guard() : std::unique_lock<std::mutex>();
-    std::lock_guard lock(accumulate_mutex);
+    std::lock_guard guard(lock());
     accumulate(var, grads[0]);
     hooks = post_hooks;  // a copy: a hook may remove itself
   }
@@ -54,16 +53,12 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   return {};
 }
 
-void AccumulateGrad::gradient_in_place() {
-  auto leaf = leaf_.lock();
-  if (!leaf) return;
-  std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
-  {
-    std::lock_guard lock(accumulate_mutex);
-    hooks = post_hooks;
-  }
-  const Tensor var(leaf);
-  for (auto& [handle, hook] : hooks) hook(var);
+bool AccumulateGrad::holds_pinned_grad(const Tensor& t) const {
+  const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
+  if (!leaf || !leaf->grad_pinned || !leaf->grad || !t.defined()) return false;
+  const Tensor pinned(leaf->grad);
+  return t.shares_storage(pinned) && t.offset() == pinned.offset() && t.sizes() == pinned.sizes() &&
+         t.strides() == pinned.strides() && t.dtype() == pinned.dtype();
 }
 
 bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
@@ -83,10 +78,20 @@ void clear_zero_after_replays(cuda::Graph* graph, const std::shared_ptr<TensorIm
 }
 }  // namespace
 
-void AccumulateGrad::written_in_place(const std::shared_ptr<TensorImpl>& leaf) {
-  if (!leaf || !awaits_first_gradient(*leaf)) return;
-  leaf->grad_zero_pending = false;
-  clear_zero_after_replays(cuda::capturing_graph(), leaf);
+void AccumulateGrad::gradient_in_place() {
+  const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
+  if (!leaf) return;
+  std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
+  {
+    std::lock_guard guard(lock());
+    if (awaits_first_gradient(*leaf)) {
+      leaf->grad_zero_pending = false;
+      clear_zero_after_replays(cuda::capturing_graph(), leaf);
+    }
+    hooks = post_hooks;
+  }
+  const Tensor var(leaf);
+  for (auto& [handle, hook] : hooks) hook(var);
 }
 
 void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {

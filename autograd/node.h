@@ -92,14 +92,16 @@ struct AccumulateGrad final : Node {
   // True when the leaf's gradient is pinned and counts as zero (Tensor::zero_pinned_grad, by the capture
   // now running if one is): the next gradient to arrive is all of it and is copied in, not added.
   static bool awaits_first_gradient(const TensorImpl& leaf);
-  // Called by the engine when a gradient written over the leaf's pinned gradient arrives (the leaf may be
-  // gone: null): the gradient no longer counts as zero (under CUDA graph capture, again after each
-  // replay). From then on everything else adds to it: the rest of this pass and a checkpoint's
-  // recomputation, whose own pass accumulates into the same leaf.
-  static void written_in_place(const std::shared_ptr<TensorImpl>& leaf);
-  // What the engine runs instead of apply when the pass's whole gradient for the leaf was written into its
-  // pinned gradient in place: the post-accumulate hooks.
+  // True when `t` is the leaf's pinned gradient itself (its memory and layout).
+  bool holds_pinned_grad(const Tensor& t) const;
+  // What the engine runs instead of apply when the leaf's last producer in the pass wrote the pass's
+  // gradient over the leaf's pinned gradient (gradient_destination): the gradient counts as zero no longer
+  // (under CUDA graph capture, again after each replay), then the post-accumulate hooks run.
   void gradient_in_place();
+  // The lock accumulation takes (one for all leaves: an accumulation is one add, rarely contended);
+  // recursive, since a backward pass holds it from handing out a pinned gradient until that leaf's
+  // accumulator has run.
+  static std::recursive_mutex& lock();
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)
 
@@ -152,10 +154,6 @@ struct GradientDestination {
   bool holding = false;
 };
 GradientDestination gradient_destination(size_t input);
-// Pinned gradients are written in place by one thread's backward passes at a time (engine.cpp); an
-// accumulator of a pass on another thread holds this before it writes a pinned gradient. Empty (nothing
-// held) on the thread that has the right.
-std::unique_lock<std::mutex> pinned_writes_guard();
 
 // Queues `callback` to run once the backward pass now running on this thread has finished, after every
 // gradient has been accumulated (PyTorch's queue_callback): where DDP waits for its last all-reduce. Call
