@@ -39,16 +39,13 @@ thread_local std::vector<std::function<void()>> end_callbacks;
 using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
 using Dependencies = std::unordered_map<Node*, int>;
 
-// A leaf's pinned gradient written in place by its last producer in a pass, from the moment it is handed
-// out until the leaf's accumulator has run (right after the producer: accumulators run first). Meanwhile
-// the pass holds AccumulateGrad's lock, so that no other thread's accumulator or destination touches the
-// pinned gradient while it holds part of a pass that has not been accumulated.
+// A leaf's pinned gradient handed to its last producer in a pass: from the hand-out until the producer has
+// returned and the engine has counted the written gradient in (the leaf counts as zero no longer), the pass
+// holds AccumulateGrad's lock, so that no other thread's accumulation or destination touches the pinned
+// gradient meanwhile; then the leaf's accumulator only runs its hooks.
 struct PinnedWrites {
   std::unique_lock<std::recursive_mutex> lock;
-  std::unordered_set<const Node*> accumulators;  // whose gradient is in the pinned gradient, not yet run
-  void release_if_done() {
-    if (accumulators.empty() && lock.owns_lock()) lock.unlock();
-  }
+  std::unordered_set<const Node*> accumulators;  // whose gradient is in the pinned gradient, counted in
 };
 
 // What gradient_destination needs of the pass.
@@ -133,21 +130,18 @@ GradientDestination gradient_destination(size_t input) {
     running.handed->push_back({input, &so_far.impl(), false});
     return {so_far, true};
   }
-  // A leaf's pinned gradient that counts as zero, to this node as the leaf's last producer in the pass
-  // (its accumulator runs next, so nothing sees the gradient half-written), under AccumulateGrad's lock.
+  // A leaf's pinned gradient that counts as zero, to this node as the leaf's last producer in the pass,
+  // under AccumulateGrad's lock (taken before the leaf is looked at) until the engine has counted it in.
   const auto* acc = dynamic_cast<const AccumulateGrad*>(e.node.get());
-  const std::shared_ptr<TensorImpl> leaf = acc ? acc->leaf() : nullptr;
-  if (!leaf || !leaf->grad_pinned || !leaf->grad) return {};
+  if (!acc) return {};
   const auto dep = pass.dependencies->find(e.node.get());
   if (dep == pass.dependencies->end() || dep->second != 1) return {};
   PinnedWrites& pinned = *pass.pinned;
   if (!pinned.lock.owns_lock()) pinned.lock.lock();
+  const std::shared_ptr<TensorImpl> leaf = acc->leaf();
+  if (!leaf || !leaf->grad_pinned || !leaf->grad || !AccumulateGrad::awaits_first_gradient(*leaf)) return {};
   const Tensor view(leaf->grad);
-  if (!AccumulateGrad::awaits_first_gradient(*leaf) || !writable_as(view, info)) {
-    pinned.release_if_done();
-    return {};
-  }
-  pinned.accumulators.insert(e.node.get());
+  if (!writable_as(view, info)) return {};
   running.handed->push_back({input, &view.impl(), true});
   return {view, false};
 }
@@ -242,13 +236,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     std::vector<Tensor> out;
     std::vector<Handed> handed;
     if (pinned.accumulators.count(node)) {
-      // a leaf's accumulator whose gradient its last producer wrote over its pinned gradient: counted in
-      // there, unless a hook replaced it (then accumulated as any gradient)
-      auto* acc = static_cast<AccumulateGrad*>(node);
-      if (acc->holds_pinned_grad(in[0])) acc->gradient_in_place();
-      else out = acc->apply(in);
+      // a leaf's accumulator whose gradient its last producer wrote over its pinned gradient, counted in
+      // already: its hooks (a pre-hook's replacement is copied over it first)
+      static_cast<AccumulateGrad*>(node)->gradient_in_place(in[0]);
       pinned.accumulators.erase(node);
-      pinned.release_if_done();
     } else {
       RunningScope scope_of_node(node, PassState{&buffers, &dependencies, &pinned}, &handed);
       out = node->apply(in);
@@ -263,12 +254,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         if (h.input == i && h.tensor == &out[i].impl()) in_place = &h;
       add_grad(e, out[i], in_place);
     }
-    // a pinned gradient handed out but not written (the node returned a tensor of its own): the leaf's
-    // accumulator takes that tensor as usual
-    for (const Handed& h : handed)
-      if (h.pinned && !(h.input < out.size() && out[h.input].defined() && h.tensor == &out[h.input].impl()))
-        pinned.accumulators.erase(node->next_edges[h.input].node.get());
-    pinned.release_if_done();
+    // The pinned gradients the node wrote count in now, before any hook of the pass can see them (a node
+    // writes several: a linear layer's weight and bias); one handed out but not written (the node returned
+    // a tensor of its own) goes to its accumulator as usual. Then the lock goes.
+    for (const Handed& h : handed) {
+      if (!h.pinned || !(h.input < out.size() && out[h.input].defined() && h.tensor == &out[h.input].impl())) continue;
+      auto* acc = static_cast<AccumulateGrad*>(node->next_edges[h.input].node.get());
+      acc->count_in_place();
+      pinned.accumulators.insert(acc);
+    }
+    if (pinned.lock.owns_lock()) pinned.lock.unlock();
     for (auto& e : node->next_edges) {
       if (!e.node) continue;
       if (--dependencies[e.node.get()] == 0) {

@@ -53,14 +53,6 @@ std::vector<Tensor> AccumulateGrad::apply(const std::vector<Tensor>& grads) {
   return {};
 }
 
-bool AccumulateGrad::holds_pinned_grad(const Tensor& t) const {
-  const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
-  if (!leaf || !leaf->grad_pinned || !leaf->grad || !t.defined()) return false;
-  const Tensor pinned(leaf->grad);
-  return t.shares_storage(pinned) && t.offset() == pinned.offset() && t.sizes() == pinned.sizes() &&
-         t.strides() == pinned.strides() && t.dtype() == pinned.dtype();
-}
-
 bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
   if (!leaf.grad_pinned || !leaf.grad_zero_pending) return false;
   const cuda::Graph* graph = cuda::capturing_graph();
@@ -78,12 +70,26 @@ void clear_zero_after_replays(cuda::Graph* graph, const std::shared_ptr<TensorIm
 }
 }  // namespace
 
-void AccumulateGrad::gradient_in_place() {
+void AccumulateGrad::count_in_place() {
   const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
   if (!leaf) return;
+  std::lock_guard guard(lock());
+  if (!awaits_first_gradient(*leaf)) return;
+  leaf->grad_zero_pending = false;
+  clear_zero_after_replays(cuda::capturing_graph(), leaf);
+}
+
+void AccumulateGrad::gradient_in_place(const Tensor& g) {
+  const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
+  if (!leaf || !leaf->grad_pinned || !leaf->grad) return;
   std::vector<std::pair<size_t, PostAccumulateGradHook>> hooks;
   {
     std::lock_guard guard(lock());
+    Tensor pinned(leaf->grad);
+    const bool same = g.defined() && g.shares_storage(pinned) && g.offset() == pinned.offset() &&
+                      g.strides() == pinned.strides() && g.dtype() == pinned.dtype();
+    if (!same && g.defined()) pinned.copy_(g.dtype() == pinned.dtype() ? g : g.to(pinned.dtype()));  // a hook's
+    // (zero_grad's mark since the write, from a hook of another leaf: the gradient is what was written)
     if (awaits_first_gradient(*leaf)) {
       leaf->grad_zero_pending = false;
       clear_zero_after_replays(cuda::capturing_graph(), leaf);

@@ -92,15 +92,15 @@ struct AccumulateGrad final : Node {
   // True when the leaf's gradient is pinned and counts as zero (Tensor::zero_pinned_grad, by the capture
   // now running if one is): the next gradient to arrive is all of it and is copied in, not added.
   static bool awaits_first_gradient(const TensorImpl& leaf);
-  // True when `t` is the leaf's pinned gradient itself (its memory and layout).
-  bool holds_pinned_grad(const Tensor& t) const;
-  // What the engine runs instead of apply when the leaf's last producer in the pass wrote the pass's
-  // gradient over the leaf's pinned gradient (gradient_destination): the gradient counts as zero no longer
-  // (under CUDA graph capture, again after each replay), then the post-accumulate hooks run.
-  void gradient_in_place();
+  // When the leaf's last producer in a pass has written the pass's gradient over its pinned gradient
+  // (gradient_destination), the engine calls count_in_place as the producer returns (the gradient counts as
+  // zero no longer; under CUDA graph capture, again after each replay), and gradient_in_place instead of
+  // apply when the accumulator's turn comes: `g` (after the pre-hooks) is copied over the pinned gradient
+  // if a hook replaced it, and the post-accumulate hooks run.
+  void count_in_place();
+  void gradient_in_place(const Tensor& g);
   // The lock accumulation takes (one for all leaves: an accumulation is one add, rarely contended);
-  // recursive, since a backward pass holds it from handing out a pinned gradient until that leaf's
-  // accumulator has run.
+  // recursive, since a backward pass holds it while a node writes a pinned gradient it was handed.
   static std::recursive_mutex& lock();
 
   std::vector<std::pair<size_t, PostAccumulateGradHook>> post_hooks;  // (handle, hook)

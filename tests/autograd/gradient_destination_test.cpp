@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include <kiln/autograd/anomaly.h>
 #include <kiln/autograd/checkpoint.h>
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/node.h>
@@ -372,4 +373,49 @@ TEST(GradientDestination, TwoThreadsThroughOneSharedCheckpointDoNotDeadlock) {
   ASSERT_EQ(b.wait_for(20s), std::future_status::ready);
   a.get();
   b.get();
+}
+
+// And what a third review found (pinned gradients were counted in only when each leaf's accumulator ran,
+// under a lock held across other accumulators' hooks):
+TEST(GradientDestination, HooksOfOneLeafSeeTheOtherLeafsGradientWrittenByTheSameNode) {
+  // linear writes its weight's and its bias's pinned gradients; the accumulator that runs first has hooks
+  // that read the other leaf's gradient (a lazy fill would have zeroed it) or mark it zero. The reference
+  // is the same pass in anomaly mode, where nothing is written in place.
+  for (int variant = 0; variant < 2; ++variant) {
+    auto run = [variant](bool in_place) {
+      std::optional<autograd::DetectAnomalyGuard> plain;
+      if (!in_place) plain.emplace();
+      Tensor flat = zeros({12});
+      Tensor w = pinned_leaf(ones({2, 3}), flat, 0), b = pinned_leaf(ones({2}), flat, 8);
+      w.zero_pinned_grad();
+      b.zero_pinned_grad();
+      auto touch = [variant](const Tensor& other) {
+        if (variant == 0) (void)other.grad();
+        else other.zero_pinned_grad();
+      };
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { touch(b); });
+      b.register_post_accumulate_grad_hook([&](const Tensor&) { if (variant != 1) touch(w); });
+      sum(nn::functional::linear(ones({4, 3}), w, b)).backward();
+      return std::make_pair(values(w.grad()), values(b.grad()));
+    };
+    const auto got = run(true), want = run(false);
+    EXPECT_EQ(got.first, want.first) << variant;
+    EXPECT_EQ(got.second, want.second) << variant;
+    if (variant == 0) EXPECT_EQ(got.first, std::vector<float>(6, 4.0f));
+  }
+}
+
+TEST(GradientDestination, AHookThatWaitsForABackwardOnAnotherThreadDoesNotDeadlock) {
+  using namespace std::chrono_literals;
+  Tensor flat = zeros({16});
+  Tensor w = pinned_leaf(randn({4, 4}), flat, 0);
+  w.zero_pinned_grad();
+  Tensor v = randn({3}).requires_grad_(true);
+  w.register_post_accumulate_grad_hook([&](const Tensor&) {
+    std::async(std::launch::async, [&] { sum(mul(v, 2.0)).backward(); }).get();
+  });
+  auto run = std::async(std::launch::async, [&] { sum(nn::functional::linear(randn({5, 4}), w, Tensor())).backward(); });
+  ASSERT_EQ(run.wait_for(20s), std::future_status::ready);
+  run.get();
+  EXPECT_EQ(values(v.grad()), std::vector<float>(3, 2.0f));
 }
