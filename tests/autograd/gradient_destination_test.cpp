@@ -401,7 +401,9 @@ TEST(GradientDestination, HooksOfOneLeafSeeTheOtherLeafsGradientWrittenByTheSame
     const auto got = run(true), want = run(false);
     EXPECT_EQ(got.first, want.first) << variant;
     EXPECT_EQ(got.second, want.second) << variant;
-    if (variant == 0) EXPECT_EQ(got.first, std::vector<float>(6, 4.0f));
+    if (variant == 0) {
+      EXPECT_EQ(got.first, std::vector<float>(6, 4.0f));
+    }
   }
 }
 
