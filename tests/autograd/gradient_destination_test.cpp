@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <optional>
 #include <thread>
@@ -305,30 +306,29 @@ TEST(GradientDestination, ConcurrentPassesIntoOnePinnedLeafLoseNothing) {
 
 // What a second review found in the next version (pinned gradients written by any producer, counted as
 // accumulated when written, and one thread's passes holding the right to write them for a whole pass):
-TEST(GradientDestination, AZeroGradBetweenAPinnedLeafsProducersLosesNothing) {
-  // a's post-accumulate hook zeroes w while w's producers are half done: as with fresh tensors, the
-  // accumulator then takes the whole pass's gradient (1 + 2)
+// w's pinned gradient after a pass in which w's first producer (index_select of rows 0 and 1) runs, then
+// the accumulator of another leaf a, whose post-accumulate hook does `mid_pass(w)`, then w's last producer
+// (mul by 2): the plain engine gives w's accumulator the pass's whole gradient.
+std::vector<float> pass_with_a_hook_between(const std::function<void(const Tensor&)>& mid_pass) {
   Tensor flat = zeros({4});
   Tensor w = pinned_leaf(ones({2, 2}), flat, 0);
   w.zero_pinned_grad();
   Tensor a = ones({1}).requires_grad_(true);
-  a.register_post_accumulate_grad_hook([&](const Tensor&) { w.zero_pinned_grad(); });
+  a.register_post_accumulate_grad_hook([&](const Tensor&) { mid_pass(w); });
   Tensor l_last = sum(mul(w, 2.0)), l_a = sum(mul(a, 1.0));
   Tensor l_first = sum(index_select(w, 0, from_vector<int64_t>({0, 1}, {2}, {.dtype = DType::i64})));
   add(add(l_last, l_a), l_first).backward();
-  EXPECT_EQ(values(w.grad()), std::vector<float>(4, 3.0f));
+  return values(w.grad());
+}
+
+TEST(GradientDestination, AZeroGradBetweenAPinnedLeafsProducersLosesNothing) {
+  // the hook zeroes w while w's producers are half done: the accumulator then takes the whole (1 + 2)
+  EXPECT_EQ(pass_with_a_hook_between([](const Tensor& w) { w.zero_pinned_grad(); }), std::vector<float>(4, 3.0f));
 }
 
 TEST(GradientDestination, AHookRegisteredDuringBackwardIsApplied) {
-  Tensor flat = zeros({4});
-  Tensor w = pinned_leaf(ones({2, 2}), flat, 0);
-  w.zero_pinned_grad();
-  Tensor a = ones({1}).requires_grad_(true);
-  a.register_post_accumulate_grad_hook([&](const Tensor&) { w.register_hook([](const Tensor& g) { return mul(g, 2.0); }); });
-  Tensor l_last = sum(mul(w, 2.0)), l_a = sum(mul(a, 1.0));
-  Tensor l_first = sum(index_select(w, 0, from_vector<int64_t>({0, 1}, {2}, {.dtype = DType::i64})));
-  add(add(l_last, l_a), l_first).backward();
-  EXPECT_EQ(values(w.grad()), std::vector<float>(4, 6.0f));
+  const auto doubling = [](const Tensor& w) { w.register_hook([](const Tensor& g) { return mul(g, 2.0); }); };
+  EXPECT_EQ(pass_with_a_hook_between(doubling), std::vector<float>(4, 6.0f));
 }
 
 TEST(GradientDestination, ABackwardThatThrowsLeavesAPinnedGradientCountingAsZero) {
