@@ -106,8 +106,9 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
            const Tensor s = cast(g[0], wide);
            Tensor dweight;
            if (rw) {
-             // s · dw written over the weight's pinned gradient when nothing has arrived there yet (DDP's
-             // bucket: no copy of the 154 MB head gradient into it afterwards)
+             // s · dw written over the weight's pinned gradient when this is its last producer (an untied
+             // head in DDP's bucket: no copy of the head gradient into it afterwards; a tied one's embedding
+             // comes later and adds its rows to this gradient instead)
              const autograd::GradientDestination to = gradient_destination(1);
              if (to.tensor.defined() && !to.holding && to.tensor.dtype() == dw.dtype()) {
                kernels::binary(BinaryOp::mul, dw, cast(s, dw.dtype()).expand(dw.sizes()), to.tensor);
