@@ -60,10 +60,11 @@ bool AccumulateGrad::awaits_first_gradient(const TensorImpl& leaf) {
 }
 
 namespace {
-// Under CUDA graph capture, a pinned gradient that the capture wrote whole: each replay writes it whole
-// again, so it stops counting as zero after each replay too.
-void clear_zero_after_replays(cuda::Graph* graph, const std::shared_ptr<TensorImpl>& leaf) {
-  if (graph)
+// A pinned gradient that now holds a whole gradient counts as zero no longer; under CUDA graph capture,
+// which wrote it whole, after each replay too (each replay writes it whole again).
+void stop_counting_as_zero(const std::shared_ptr<TensorImpl>& leaf) {
+  leaf->grad_zero_pending = false;
+  if (cuda::Graph* graph = cuda::capturing_graph())
     graph->after_replay([weak = std::weak_ptr<TensorImpl>(leaf)] {
       if (const std::shared_ptr<TensorImpl> l = weak.lock()) l->grad_zero_pending = false;
     });
@@ -74,9 +75,7 @@ void AccumulateGrad::count_in_place() {
   const std::shared_ptr<TensorImpl> leaf = leaf_.lock();
   if (!leaf) return;
   std::lock_guard guard(lock());
-  if (!awaits_first_gradient(*leaf)) return;
-  leaf->grad_zero_pending = false;
-  clear_zero_after_replays(cuda::capturing_graph(), leaf);
+  if (awaits_first_gradient(*leaf)) stop_counting_as_zero(leaf);
 }
 
 void AccumulateGrad::gradient_in_place(const Tensor& g) {
@@ -90,10 +89,7 @@ void AccumulateGrad::gradient_in_place(const Tensor& g) {
                       g.strides() == pinned.strides() && g.dtype() == pinned.dtype();
     if (!same && g.defined()) pinned.copy_(g.dtype() == pinned.dtype() ? g : g.to(pinned.dtype()));  // a hook's
     // (zero_grad's mark since the write, from a hook of another leaf: the gradient is what was written)
-    if (awaits_first_gradient(*leaf)) {
-      leaf->grad_zero_pending = false;
-      clear_zero_after_replays(cuda::capturing_graph(), leaf);
-    }
+    if (awaits_first_gradient(*leaf)) stop_counting_as_zero(leaf);
     hooks = post_hooks;
   }
   const Tensor var(leaf);
@@ -106,10 +102,8 @@ void AccumulateGrad::accumulate(const Tensor& var, const Tensor& incoming) {
   cuda::Graph* graph = cuda::capturing_graph();
   if (awaits_first_gradient(var.impl())) {
     // a pinned gradient zeroed lazily (by this capture, if capturing): this one is all of it
-    Tensor pinned(var.impl().grad);
-    var.impl().grad_zero_pending = false;
-    pinned.copy_(g);
-    clear_zero_after_replays(graph, var.impl_ptr());  // each replay writes it whole
+    Tensor(var.impl().grad).copy_(g);
+    stop_counting_as_zero(var.impl_ptr());
     return;
   }
   if (graph && var.grad_is_pinned()) {

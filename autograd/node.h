@@ -139,13 +139,15 @@ size_t next_hook_handle();
 // Where the backward of the node now running may put the gradient of its input `input` itself, instead
 // of returning a new tensor that the engine then adds to what that input already has or copies into a
 // leaf's pinned gradient (what Megatron's gradient-accumulation fusion does for its linear layers, for
-// any op that asks). Undefined outside a backward pass, where the input needs no gradient, where the node
-// it flows to has gradient hooks, and where nothing can be written in place. Otherwise a contiguous,
-// 16-byte-aligned tensor of the input's shape, dtype and device, either
-//   - holding = true: the gradient the input has received so far in this pass (its only handle, or a leaf's
-//     pinned gradient that an earlier node wrote): add this node's gradient into it, or
-//   - holding = false: a leaf's pinned gradient (optim::FlatParameters, DDP's buckets) that counts as zero
-//     and to which nothing has arrived yet: write this node's gradient over it.
+// any op that asks). Undefined outside a backward pass, in anomaly mode, where the input needs no
+// gradient, where the node it flows to has gradient hooks, where the node reaches the input twice, and
+// where nothing can be written in place. Otherwise a contiguous, 16-byte-aligned tensor of the input's
+// shape, dtype and device, either
+//   - holding = true: the gradient the input has received so far in this pass, which only the engine
+//     holds: add this node's gradient into it, or
+//   - holding = false: a leaf's pinned gradient (optim::FlatParameters, DDP's buckets) that counts as zero,
+//     offered to the leaf's last producer in the pass while nothing has arrived for it: write this node's
+//     gradient over it (the engine counts it in as the node returns; docs/design.md).
 // A node that uses it returns the destination tensor itself as that input's gradient; one that does not
 // returns its own tensor as usual. (A checkpoint's recomputation runs a pass of its own: the nodes it runs
 // see that pass's buffers.)

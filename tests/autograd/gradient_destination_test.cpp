@@ -1,6 +1,6 @@
 // gradient_destination: where a backward may write an input's gradient in place (autograd/node.h). The
-// engine offers a leaf's pinned gradient while it counts as zero, and an input's gradient so far while
-// only the engine holds it; never a tensor something else can see. The ops that use it (linear's weight
+// engine offers a leaf's pinned gradient while it counts as zero to the leaf's last producer in the pass,
+// and an input's gradient so far while only the engine holds it; never a tensor something else can see. The ops that use it (linear's weight
 // and bias, index_select's table, linear_cross_entropy's weight) give the gradients they give without it.
 #include <gtest/gtest.h>
 
