@@ -82,8 +82,9 @@ __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk, int col0) {
 
 // The same descriptors as a base (k_major(tile, r0, 0), mn_major(tile, 0, 0)) plus a constant: the start
 // address is the descriptor's low field, in 16-byte units, and stays below 2^14 inside shared memory, so
-// moving it by a tile's offset is one add of `offset / 16`. The forward builds its bases once and adds the
-// k16 step's and the stage's offsets (its descriptor arithmetic had been a sixth of its instructions).
+// moving it by a tile's offset is one add of `offset / 16`. Both kernels build their bases once and add the
+// k16 step's and the stage's or buffer's offsets (the forward's descriptor arithmetic had been a sixth of
+// its instructions).
 template <int kRows>
 constexpr uint32_t k_major_step(int kk) {
   return uint32_t((kk / 4) * kRows * int(kRowBytes) + (kk % 4) * 32) >> 4;
@@ -91,6 +92,14 @@ constexpr uint32_t k_major_step(int kk) {
 template <int kRows>
 constexpr uint32_t mn_major_step(int kk) {
   return uint32_t(kk * 16 * int(kRowBytes)) >> 4;
+}
+// Every descriptor here has the same high word (SBO one swizzle atom, 128-byte swizzle), so a base can be
+// held as its low word: one register instead of two, moved by 32-bit adds (the backward, whose D = 128
+// consumers run at the register limit, holds nine).
+__device__ __forceinline__ uint32_t low_word(uint64_t desc) { return uint32_t(desc); }
+__device__ __forceinline__ uint64_t from_low_word(uint32_t low) {
+  constexpr uint32_t kHigh = ((kAtomBytes >> 4) & 0x3FFF) | (1u << 30);
+  return (uint64_t(kHigh) << 32) | low;
 }
 
 // Shared memory rounded up to a 1024-byte boundary (the swizzle atoms' alignment).
@@ -574,16 +583,65 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 
   float st[kBwdRows / 2], dpt[kBwdRows / 2];
+  // The operands' descriptors for k16 step kk, of Q/dO buffer `buf` and dSᵀ buffer `sb`. At D = 64 they
+  // are one base (low word, k_major_step/mn_major_step) plus constant and per-buffer offsets: the tiles sit at
+  // constant offsets from sK, and an MN-major descriptor differs from a K-major one in its LBO field alone.
+  // That took 2-3% off the D = 64 backward (H100); at D = 128 the bases' registers raised the consumers'
+  // spills (88 -> 116 bytes) and the causal backward took 3% longer, so that instance rebuilds each
+  // descriptor from its tile's address.
+  const uint32_t base = low_word(k_major<kBwdKeys>(sK, 0, 0));
+  constexpr uint32_t kOffV = kTileK >> 4, kOffQ = 2 * kTileK >> 4, kOffdO = kOffQ + (kBwdBuffers * kTileQ >> 4),
+                     kOffdS = kOffdO + (kBwdBuffers * kTileQ >> 4), kStepQ = kTileQ >> 4, kStepS = kTileS >> 4;
+  constexpr uint32_t kLbo = 1u << 16;  // the LBO field's unit (16 bytes); K-major descriptors have LBO 16 bytes
+  constexpr uint32_t kMnRows = ((kBwdRows * kRowBytes >> 4) - 1) * kLbo,
+                     kMnKeys = ((kBwdKeys * kRowBytes >> 4) - 1) * kLbo;
+  const uint32_t wg_rows = uint32_t(wg) * (64 * kRowBytes >> 4),
+                 wg_cols = uint32_t(((wg * (D / 2)) / 64) * kBwdKeys * kRowBytes + ((wg * (D / 2)) % 64) * 2) >> 4;
+  constexpr bool kDescBases = D <= 64;
+  auto pick = [](uint32_t low, uint64_t rebuilt) {
+    if constexpr (kDescBases) return from_low_word(low);
+    else return rebuilt;
+  };
+  auto k_rows = [&](int kk) {  // the group's 64 keys, K-major (Sᵀ's A)
+    return pick(base + wg_rows + k_major_step<kBwdKeys>(kk), k_major<kBwdKeys>(sK, wg * 64, kk));
+  };
+  auto v_rows = [&](int kk) {  // the group's 64 keys of V, K-major (dPᵀ's A)
+    return pick(base + kOffV + wg_rows + k_major_step<kBwdKeys>(kk), k_major<kBwdKeys>(sV, wg * 64, kk));
+  };
+  auto k_cols = [&](int kk) {  // K's half of D for this group, MN-major (dQ's B)
+    return pick(base + kMnKeys + wg_cols + mn_major_step<kBwdKeys>(kk), mn_major<kBwdKeys>(sK, kk, wg * (D / 2)));
+  };
+  auto q_rows = [&](int buf, int kk) {  // K-major (Sᵀ's B)
+    return pick(base + kOffQ + uint32_t(buf) * kStepQ + k_major_step<kBwdRows>(kk),
+                k_major<kBwdRows>(sQ0 + uint32_t(buf) * kTileQ, 0, kk));
+  };
+  auto do_rows = [&](int buf, int kk) {  // K-major (dPᵀ's B)
+    return pick(base + kOffdO + uint32_t(buf) * kStepQ + k_major_step<kBwdRows>(kk),
+                k_major<kBwdRows>(sdO0 + uint32_t(buf) * kTileQ, 0, kk));
+  };
+  auto q_cols = [&](int buf, int kk) {  // MN-major (dK's B)
+    return pick(base + kMnRows + kOffQ + uint32_t(buf) * kStepQ + mn_major_step<kBwdRows>(kk),
+                mn_major<kBwdRows>(sQ0 + uint32_t(buf) * kTileQ, kk, 0));
+  };
+  auto do_cols = [&](int buf, int kk) {  // MN-major (dV's B)
+    return pick(base + kMnRows + kOffdO + uint32_t(buf) * kStepQ + mn_major_step<kBwdRows>(kk),
+                mn_major<kBwdRows>(sdO0 + uint32_t(buf) * kTileQ, kk, 0));
+  };
+  auto ds_rows = [&](int sb, int kk) {  // the group's 64 key rows of dSᵀ, K-major (dK's A)
+    return pick(base + kOffdS + uint32_t(sb) * kStepS + wg_rows + k_major_step<kBwdKeys>(kk),
+                k_major<kBwdKeys>(sdS0 + uint32_t(sb) * kTileS, wg * 64, kk));
+  };
+  auto ds_cols = [&](int sb, int kk) {  // dSᵀ read MN-major (dQ's A)
+    return pick(base + kMnKeys + kOffdS + uint32_t(sb) * kStepS + mn_major_step<kBwdKeys>(kk),
+                mn_major<kBwdKeys>(sdS0 + uint32_t(sb) * kTileS, kk, 0));
+  };
   // Sᵀ = K_group Q_bufᵀ and dPᵀ = V_group dO_bufᵀ, one commit group
   auto issue_scores = [&](int buf) {
-    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ;
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      MmaS::template ss<0, 0>(st, k_major<kBwdKeys>(sK, wg * 64, kk), k_major<kBwdRows>(sQ, 0, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) MmaS::template ss<0, 0>(st, k_rows(kk), q_rows(buf, kk), kk > 0);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      MmaS::template ss<0, 0>(dpt, k_major<kBwdKeys>(sV, wg * 64, kk), k_major<kBwdRows>(sdO, 0, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) MmaS::template ss<0, 0>(dpt, v_rows(kk), do_rows(buf, kk), kk > 0);
     wgmma::commit();
   };
   // waits for tile i's rows (buffer i mod 3, that buffer's (i / 3)-th use), then issues its scores
@@ -600,8 +658,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto tile = [&](int i, auto next_tag) {
     constexpr bool kNext = decltype(next_tag)::value;
     const int buf = i % kBwdBuffers, m0 = queries.at<kBwdRows>(i);
-    const uint32_t sQ = sQ0 + uint32_t(buf) * kTileQ, sdO = sdO0 + uint32_t(buf) * kTileQ,
-                   sdS = sdS0 + uint32_t(i % 2) * kTileS;
+    const int sb = i % 2;  // dSᵀ's buffer
     wgmma::wait<0>();  // Sᵀ, dPᵀ of tile m
     wgmma::fence_regs(st);
     wgmma::fence_regs(dpt);
@@ -610,7 +667,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dSᵀ = Pᵀ ⊙ (dPᵀ ⊙ Z - D_query) to shared memory (row = key, col = query) for dK and dQ
     const float2* stats_m = reinterpret_cast<const float2*>(smem_generic + (sStat + uint32_t(buf) * kStatBytes - sK));
     uint32_t pa[kBwdRows / 16][4];
-    unsigned char* const sdS_m = smem_generic + (sdS0 + uint32_t(i % 2) * kTileS - sK);
+    unsigned char* const sdS_m = smem_generic + (sdS0 + uint32_t(sb) * kTileS - sK);
     // One instance per case, so that the common one (no mask, no dropout) carries no per-element tests.
     auto elementwise = [&]<bool kMask, bool kDrop>() {
       const uint32_t bits = kDrop ? dropout_bits(p.drop, bh, p.Tq, p.Tk, key_lo, m0 + 2 * t4, true) : 0u;
@@ -673,7 +730,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dV_g += (Pᵀ ⊙ Z) dO_m, Pᵀ from registers (k = the tile's 64 queries)
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBwdRows / 16; ++kk) MmaKV::template rs<1>(dv, pa[kk], mn_major<kBwdRows>(sdO, kk, 0), 1);
+    for (int kk = 0; kk < kBwdRows / 16; ++kk)
+      MmaKV::template rs<1>(dv, pa[kk], do_cols(buf, kk), 1);
     wgmma::commit();
     wgmma::fence_proxy_async();
     __syncthreads();  // dSᵀ of both groups in shared memory; both groups are done with tile m - 1
@@ -684,13 +742,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBwdRows / 16; ++kk)
-      MmaKV::template ss<0, 1>(dk, k_major<kBwdKeys>(sdS, wg * 64, kk), mn_major<kBwdRows>(sQ, kk, 0), 1);
+      MmaKV::template ss<0, 1>(dk, ds_rows(sb, kk), q_cols(buf, kk), 1);
 
     // dQ_m (64 queries x D/2, this group's half) = dS K: A = dSᵀ read MN-major, B = K read MN-major
     float dq[D / 4];
 #pragma unroll
     for (int kk = 0; kk < kBwdKeys / 16; ++kk)
-      MmaQ::template ss<1, 1>(dq, mn_major<kBwdKeys>(sdS, kk, 0), mn_major<kBwdKeys>(sK, kk, wg * (D / 2)), kk > 0);
+      MmaQ::template ss<1, 1>(dq, ds_cols(sb, kk), k_cols(kk), kk > 0);
     wgmma::commit();
     if constexpr (kNext && kScoresUnderDq) {  // the next tile's scores run while dQ is handed off
       scores_of(i + 1);
