@@ -13,19 +13,25 @@
 // (shape, layouts, strides, alignment, dtype, tf32, epilogue) keeps its descriptors and chosen algorithm
 // in a plan cache and later calls go straight to cublasLtMatmul.
 //
+// With set_matmul_benchmark(true) (cuda/runtime.h) a new plan of at least 2^30 FLOPs asks the heuristic for up
+// to 8 algorithms and keeps the one that runs fastest on the call's operands (choose_fastest_algorithm).
+//
 // The linear layer (cuda/linear.cpp) runs through the same plans with a cuBLASLt epilogue (try_gemm,
 // cuda/gemm_lt.h).
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include <kiln/core/kernels/elementwise.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
 #include <kiln/cuda/gemm_lt.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/nvtx.h>
 #include <kiln/cuda/runtime.h>
 
@@ -35,6 +41,17 @@ namespace kiln::cuda {
 static std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> flag{false};
   return flag;
+}
+static std::atomic<bool>& benchmark_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("KILN_MATMUL_BENCHMARK");
+    return v != nullptr && v[0] == '1';
+  }()};
+  return flag;
+}
+static std::atomic<size_t>& benchmarked_count() {
+  static std::atomic<size_t> n{0};
+  return n;
 }
 static std::atomic<int>& sm_carveout_count() {
   static std::atomic<int> n{0};
@@ -88,14 +105,22 @@ struct PlanKey {
   auto operator<=>(const PlanKey&) const = default;
 };
 
-// Descriptors plus the algorithm the heuristic chose; lives as long as the process.
+struct Candidate {
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+// Descriptors plus the algorithm the heuristic chose (or the fastest of its candidates, when benchmarked);
+// lives as long as the process.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
   bool found = false;  // false: cuBLASLt has no kernel for this layout (and epilogue)
+  std::vector<Candidate> candidates;  // to time at the plan's first call; emptied once chosen
 };
+constexpr int kBenchmarkCandidates = 8;
+constexpr double kBenchmarkMinFlops = double(1 << 30);
 }  // namespace
 
 static std::mutex& plan_mutex() {
@@ -120,7 +145,9 @@ static cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int
   return l;
 }
 
-static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t workspace_bytes, const EpilogueSpec& ep) {
+// n_candidates > 1: the heuristic's first n_candidates answers are kept in plan.candidates for timing.
+static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t workspace_bytes, const EpilogueSpec& ep,
+                       int n_candidates) {
   TypeInfo ti = type_info(in_dt, key.tf32);
   const cudaDataType_t c_type = type_info(out_dt, false).data;
   Plan p;
@@ -163,11 +190,12 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kBenchmarkCandidates]{};
   int returned = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.lc, p.lc, pref, 1,
-                                                     &result, &returned);
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.lc, p.lc, pref,
+                                                     std::clamp(n_candidates, 1, kBenchmarkCandidates), results, &returned);
   cublasLtMatmulPreferenceDestroy(pref);
+  const cublasLtMatmulHeuristicResult_t& result = results[0];
   // No algorithm: the caller falls back (one product per batch, or the unfused epilogue). An epilogue
   // cuBLASLt cannot combine with these types or layouts may also answer INVALID_VALUE.
   bool unsupported = st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0) ||
@@ -177,7 +205,56 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
   p.algo = result.algo;
   p.workspace = result.workspaceSize;
   p.found = true;
+  if (returned > 1)
+    for (int i = 0; i < returned; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back({results[i].algo, results[i].workspaceSize});
   return p;
+}
+
+// Times each candidate of a new plan on the call's own operands (launch(candidate) enqueues the product)
+// and keeps the fastest in plan.algo: one warm-up launch, then 3 launches between two events, one
+// synchronization per candidate. The products write `out`: a call that accumulates into it has it saved
+// first and restored after. A candidate that fails to launch is skipped.
+template <class Launch>
+static void choose_fastest_algorithm(Plan& plan, const Tensor& out, bool accumulate, Launch launch) {
+  cudaStream_t stream = current_stream();
+  const size_t bytes = size_t(out.numel()) * element_size(out.dtype());
+  Tensor saved;
+  if (accumulate) {
+    saved = empty(out.sizes(), {.dtype = out.dtype(), .device = out.device()});
+    KILN_CUDA_CHECK(cudaMemcpyAsync(saved.raw_data(), out.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  KILN_CUDA_CHECK(cudaEventCreate(&start));
+  KILN_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 0.f;
+  bool chosen = false;
+  for (const Candidate& c : plan.candidates) {
+    if (launch(c) != CUBLAS_STATUS_SUCCESS) continue;
+    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+    bool ok = true;
+    for (int r = 0; r < 3 && ok; ++r) ok = launch(c) == CUBLAS_STATUS_SUCCESS;
+    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ok && (!chosen || ms < best_ms)) {
+      best_ms = ms, chosen = true;
+      plan.algo = c.algo, plan.workspace = c.workspace;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (accumulate)
+    KILN_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), saved.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  plan.candidates.clear();
+  if (chosen) benchmarked_count().fetch_add(1);
+}
+
+static bool stream_capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &status));
+  return status != cudaStreamCaptureStatusNone || is_capturing();
 }
 
 // out (B, M, N) = a · b (+ out when accumulate) with the epilogue ep, launched on the current stream.
@@ -207,8 +284,13 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   // cublasLtMatmul only enqueues (microseconds) and reads the descriptor before returning.
   std::unique_lock<std::mutex> lock(plan_mutex());
   auto it = plans().find(key);
-  if (it == plans().end()) it = plans().emplace(key, build_plan(key, in_dt, dt, ws_bytes, ep)).first;
-  const Plan& plan = it->second;
+  if (it == plans().end()) {
+    const bool benchmark = benchmark_flag().load(std::memory_order_relaxed) &&
+                           2.0 * double(B) * double(M) * double(N) * double(K) >= kBenchmarkMinFlops &&
+                           !stream_capturing();
+    it = plans().emplace(key, build_plan(key, in_dt, dt, ws_bytes, ep, benchmark ? kBenchmarkCandidates : 1)).first;
+  }
+  Plan& plan = it->second;
   if (!plan.found) return false;
   if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT) {
     if (ep.bias)
@@ -217,9 +299,14 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
     if (ep.aux)
       KILN_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
-  } else {
-    lock.unlock();  // plain plans are never modified after creation
   }
+  if (!plan.candidates.empty())  // a new plan to benchmark (made outside a capture, under the lock)
+    choose_fastest_algorithm(plan, out, accumulate && beta_f != 0.f, [&](const Candidate& c) {
+      return cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb, beta,
+                            out.raw_data(), plan.lc, out.raw_data(), plan.lc, &c.algo, ws, c.workspace,
+                            current_stream());
+    });
+  if (ep.kind == CUBLASLT_EPILOGUE_DEFAULT) lock.unlock();  // plain plans are not modified after their first call
   KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb,
                                    beta, out.raw_data(), plan.lc, out.raw_data(), plan.lc, &plan.algo, ws,
                                    plan.workspace, current_stream()));
@@ -254,6 +341,9 @@ void set_sm_carveout(int sms) {
   sm_carveout_count().store(sms);
 }
 int sm_carveout() { return sm_carveout_count().load(); }
+void set_matmul_benchmark(bool on) { benchmark_flag().store(on); }
+bool matmul_benchmark() { return benchmark_flag().load(); }
+size_t matmul_plans_benchmarked() { return benchmarked_count().load(); }
 
 void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
   NvtxRange range("bmm");

@@ -89,5 +89,16 @@ bool cudnn_benchmark();
 // Number of cached convolution algorithm choices (one per direction and shape seen): for tests and
 // diagnostics.
 size_t conv_algorithm_cache_size();
+// The same for cuBLASLt matmuls: when on, each new matmul plan (shape, layouts, dtype, epilogue) of at least
+// 2^30 FLOPs, made outside a CUDA graph capture, times up to 8 of the heuristic's algorithms once, on the
+// call's own operands, and keeps the fastest; when off (default), the heuristic's first choice. A plan made
+// during a capture keeps the heuristic's choice (a capture cannot synchronize). The KILN_MATMUL_BENCHMARK
+// environment variable (0 or 1) sets the default. Timing runs the product a few times into the call's
+// output (saved and restored first when the call accumulates into it), so it costs one synchronization
+// per new plan. Algorithms differ in summation order, so two processes may round a product differently.
+void set_matmul_benchmark(bool on);
+bool matmul_benchmark();
+// Plans whose algorithm was chosen by timing: for tests and diagnostics.
+size_t matmul_plans_benchmarked();
 
 }  // namespace kiln::cuda

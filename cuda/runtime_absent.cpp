@@ -36,6 +36,9 @@ void set_sm_carveout(int) {}
 int sm_carveout() { return 0; }
 void set_cudnn_benchmark(bool) {}
 bool cudnn_benchmark() { return false; }
+void set_matmul_benchmark(bool) {}
+bool matmul_benchmark() { return false; }
+size_t matmul_plans_benchmarked() { return 0; }
 size_t conv_algorithm_cache_size() { return 0; }
 
 

@@ -174,6 +174,9 @@ int run(const Args& args) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
                "--device cpu runs a (slow) CPU smoke test");
     cuda::set_device(dev.index);
+    // time cuBLASLt's candidate algorithms once for each new large matmul (KILN_MATMUL_BENCHMARK=0: the
+    // heuristic's first choice; docs/cuda.md)
+    if (std::getenv("KILN_MATMUL_BENCHMARK") == nullptr) cuda::set_matmul_benchmark(true);
   }
   auto sync = [&] {
     if (dev.is_cuda()) cuda::synchronize();

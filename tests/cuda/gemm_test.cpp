@@ -6,12 +6,15 @@
 
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/nn/functional.h>
 
 #include "compare_util.h"
 
 using namespace kiln;
 using namespace kiln::testing;
+namespace F = kiln::nn::functional;
 
 namespace {
 
@@ -189,6 +192,69 @@ TEST(CudaGemm, SmCarveoutKeepsTheProductAndRestores) {
   cuda::set_sm_carveout(0);
   EXPECT_EQ(cuda::sm_carveout(), 0);
   EXPECT_THROW(cuda::set_sm_carveout(-1), Error);
+}
+
+// set_matmul_benchmark: a new plan of >= 2^30 FLOPs times the heuristic's candidates on the call's own
+// operands. The product stays right, an accumulating call's old output is restored before the real launch
+// (else the timing launches would have added into it), the fused GELU epilogue and its aux output stay right,
+// and a plan first made inside a graph capture keeps the heuristic's choice without synchronizing.
+TEST(CudaGemm, MatmulBenchmarkKeepsTheProductAndAccumulation) {
+  KILN_REQUIRE_GPU();
+  manual_seed(9);
+  struct Scope {
+    bool prev = cuda::matmul_benchmark();
+    ~Scope() { cuda::set_matmul_benchmark(prev); }
+  } scope;
+  cuda::set_matmul_benchmark(true);
+  EXPECT_TRUE(cuda::matmul_benchmark());
+  // shapes no other test uses, so that each call makes a new plan; 2·M·N·K >= 2^30
+  for (DType t : {DType::bf16, DType::f32}) {
+    const int64_t M = t == DType::bf16 ? 1040 : 1048, K = 520, N = 1032;
+    Tensor a = rnd({M, K}, t), b = rnd({K, N}, t);
+    const size_t before = cuda::matmul_plans_benchmarked();
+    EXPECT_LT(rel_err(matmul(a.to(gpu()), b.to(gpu())), ref_matmul(a, b)), tol_for(t)) << dtype_name(t);
+    EXPECT_EQ(cuda::matmul_plans_benchmarked(), before + 1) << dtype_name(t);
+    // accumulating: out = old + a·b, once (a new plan: another N)
+    Tensor b2 = rnd({1, K, N + 8}, t), a2 = a.unsqueeze(0);
+    const Tensor old = rnd({1, M, N + 8}, t);
+    Tensor got = old.to(gpu()).clone();
+    kernels::bmm_add(a2.to(gpu()), b2.to(gpu()), got, 1.0, 1.0);
+    EXPECT_LT(rel_err(got, add(old.to(DType::f64), ref_matmul(a2, b2))), tol_for(t)) << dtype_name(t) << " bmm_add";
+    EXPECT_EQ(cuda::matmul_plans_benchmarked(), before + 2) << dtype_name(t);
+    // the same shape again: the plan is reused, not timed again
+    Tensor again = old.to(gpu()).clone();
+    kernels::bmm_add(a2.to(gpu()), b2.to(gpu()), again, 1.0, 1.0);
+    EXPECT_EQ(rel_err(again, got), 0.0) << dtype_name(t);
+    EXPECT_EQ(cuda::matmul_plans_benchmarked(), before + 2) << dtype_name(t);
+  }
+  // linear + GELU (the GELU_AUX_BIAS epilogue, whose aux output backward reads), forward and backward
+  {
+    Tensor x = rnd({2056, 768}, DType::bf16), w = rnd({3072, 768}, DType::bf16), bias = rnd({3072}, DType::bf16);
+    Tensor xg = x.to(gpu()).requires_grad_(true), wg = w.to(gpu()).requires_grad_(true);
+    Tensor xr = x.to(gpu()).requires_grad_(true), wr = w.to(gpu()).requires_grad_(true);
+    Tensor fused = F::linear_gelu(xg, wg, bias.to(gpu()));
+    cuda::set_matmul_benchmark(false);
+    Tensor plain = F::gelu(F::linear(xr, wr, bias.to(gpu())), true);
+    EXPECT_LT(rel_err(fused, plain), 1e-2);
+    cuda::set_matmul_benchmark(true);
+    Tensor dy = rnd({2056, 3072}, DType::bf16).to(gpu());
+    fused.backward(dy);
+    cuda::set_matmul_benchmark(false);
+    plain.backward(dy);
+    EXPECT_LT(rel_err(xg.grad(), xr.grad()), 1e-2);
+    EXPECT_LT(rel_err(wg.grad(), wr.grad()), 1e-2);
+    cuda::set_matmul_benchmark(true);
+  }
+  // inside a capture: no timing (it would synchronize), the heuristic's algorithm, the right product
+  {
+    Tensor a = rnd({1064, 520}, DType::bf16).to(gpu()), b = rnd({520, 1032}, DType::bf16).to(gpu());
+    const size_t before = cuda::matmul_plans_benchmarked();
+    Tensor out;
+    cuda::Graph graph = cuda::capture([&] { out = matmul(a, b); }, /*warmup=*/0);
+    graph.replay();
+    EXPECT_LT(rel_err(out, ref_matmul(a, b)), tol_for(DType::bf16));
+    EXPECT_EQ(cuda::matmul_plans_benchmarked(), before);
+  }
 }
 
 TEST(CudaGemm, GradientsMatchTheCpu) {
