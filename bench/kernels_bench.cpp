@@ -19,6 +19,7 @@
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/cuda/linear_bias.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/nn/functional.h>
 
@@ -146,6 +147,23 @@ int main() {
     // forward reads x, delta and writes h, y; backward reads dy, h, gh and writes dx, ddelta (+ dw, db)
     const double row = double(M) * C;
     report("add_layer_norm_fwd_bwd_bf16_16384x768", ms, row * (12 + 16), row * 20);
+  });
+  // A linear layer's bias gradient (db = Σ_rows dy, f32 for an f32 master bias) at GPT-2's widths, and the MLP's
+  // GELU backward with it (dz = dy ⊙ gelu'(z) written, db summed in the same pass); floor: read dy (and z,
+  // write dz) once
+  for (int64_t N : {768, 2304}) {
+    const std::string name = "bias_gradient_bf16_16384x" + std::to_string(N);
+    run(name, [&] {
+      Tensor dy = gpu_randn({16384, N}, DType::bf16), db = empty({N}, {.dtype = DType::f32, .device = kGpu});
+      double ms = median_ms([&] { cuda::bias_gradient(dy, db); });
+      report(name, ms, 2.0 * 16384 * N, 1.0 * 16384 * N);
+    });
+  }
+  run("gelu_bias_gradient_bf16_16384x3072", [] {
+    Tensor dy = gpu_randn({16384, 3072}, DType::bf16), z = gpu_randn({16384, 3072}, DType::bf16);
+    Tensor dz = empty_like(dy), db = empty({3072}, {.dtype = DType::f32, .device = kGpu});
+    double ms = median_ms([&] { cuda::gelu_tanh_backward_with_bias(dy, z, dz, db); });
+    report("gelu_bias_gradient_bf16_16384x3072", ms, 3 * 2.0 * 16384 * 3072, 12.0 * 16384 * 3072);
   });
   run("adamw_step_124M_f32", [] {
     // GPT-2 small's parameter shapes

@@ -88,6 +88,23 @@ def add_ln():
 report("add_layer_norm_fwd_bwd_bf16_16384x768", median_ms(add_ln))
 del x, delta, w, b, gh, gy
 
+# a linear layer's bias gradient under autocast (f32 master bias: the bf16 gradient summed in f32), and the
+# MLP's GELU backward with it (autograd: the GELU's backward kernel, then the sum)
+for N in (768, 2304):
+    dy = torch.randn(16384, N, device=dev, dtype=torch.bfloat16)
+    report(f"bias_gradient_bf16_16384x{N}", median_ms(lambda: dy.sum(0, dtype=torch.float32)))
+dy = torch.randn(16384, 3072, device=dev, dtype=torch.bfloat16)
+z = torch.randn(16384, 3072, device=dev, dtype=torch.bfloat16)
+
+
+def gelu_bias_grad():
+    dz = torch.ops.aten.gelu_backward(dy, z, approximate="tanh")
+    return dz, dz.sum(0, dtype=torch.float32)
+
+
+report("gelu_bias_gradient_bf16_16384x3072", median_ms(gelu_bias_grad))
+del dy, z
+
 shapes = [(50304, 768), (1024, 768)]
 for _ in range(12):
     shapes += [(768,), (768,), (2304, 768), (2304,), (768, 768), (768,), (768,), (768,), (3072, 768), (3072,), (768, 3072), (768,)]
