@@ -2,7 +2,8 @@
 //   BENCH <name> <milliseconds> <bytes moved> <flops>
 // with the median of timed iterations (CUDA events on Kiln's stream, after warm-up). bytes/flops are the
 // floor's numerators: the minimum traffic or arithmetic the op needs. scripts/run_benchmarks.sh joins
-// these lines with bench/torch_bench.py's and prints the table.
+// these lines with bench/torch_bench.py's and prints the table. `kiln_bench NAME` runs only the rows whose
+// name contains NAME.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,7 +37,10 @@ const Device kGpu = Device::cuda(0);
 
 Tensor gpu_randn(const Shape& s, DType t) { return randn(s, {.dtype = t, .device = kGpu}); }
 
+std::string g_only;  // argv[1]: run only the rows whose name contains it
+
 void run(const std::string& name, const std::function<void()>& body) {
+  if (!g_only.empty() && name.find(g_only) == std::string::npos) return;
   try {
     body();
   } catch (const std::exception& e) {
@@ -46,7 +50,8 @@ void run(const std::string& name, const std::function<void()>& body) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) g_only = argv[1];
   if (!cuda::is_available()) {
     std::printf("no CUDA device\n");
     return 1;
