@@ -20,10 +20,12 @@
 // cuda/gemm_lt.h).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <kiln/core/kernels/elementwise.h>
@@ -44,8 +46,8 @@ static std::atomic<bool>& tf32_flag() {
 }
 static std::atomic<bool>& benchmark_flag() {
   static std::atomic<bool> flag{[] {
-    const char* v = std::getenv("KILN_MATMUL_BENCHMARK");
-    return v != nullptr && v[0] == '1';
+    const char* v = std::getenv("KILN_MATMUL_BENCHMARK");  // "1": on; unset, "0" or anything else: off
+    return v != nullptr && v[0] == '1' && v[1] == '\0';
   }()};
   return flag;
 }
@@ -212,42 +214,56 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
 }
 
 // Times each candidate of a new plan on the call's own operands (launch(candidate) enqueues the product)
-// and keeps the fastest in plan.algo: one warm-up launch, then 3 launches between two events, one
-// synchronization per candidate. The products write `out`: a call that accumulates into it has it saved
-// first and restored after. A candidate that fails to launch is skipped.
+// and keeps the fastest in plan.algo: one warm-up launch, then `reps` launches between two events (enough
+// that the GPU, not the host's launch rate, sets the time), one synchronization per candidate. The
+// heuristic's first choice stays unless another is at least 1% faster (the spread of repeated timings). The
+// products write `out` (and an epilogue's aux or bias-gradient output, which the real call then writes
+// again): a call that accumulates into `out` has it saved first and restored after, also when a step
+// throws. The candidates are taken off the plan first, so that a failure (no memory for the saved copy, a
+// CUDA error) leaves a plan that is never timed again. A candidate that fails to launch is skipped.
 template <class Launch>
-static void choose_fastest_algorithm(Plan& plan, const Tensor& out, bool accumulate, Launch launch) {
+static void choose_fastest_algorithm(Plan& plan, const Tensor& out, bool accumulate, int reps, Launch launch) {
+  const std::vector<Candidate> candidates = std::exchange(plan.candidates, {});
   cudaStream_t stream = current_stream();
   const size_t bytes = size_t(out.numel()) * element_size(out.dtype());
   Tensor saved;
   if (accumulate) {
-    saved = empty(out.sizes(), {.dtype = out.dtype(), .device = out.device()});
+    try {
+      saved = empty(out.sizes(), {.dtype = out.dtype(), .device = out.device()});
+    } catch (const Error&) {
+      return;  // no memory to spare for the copy: the heuristic's choice
+    }
     KILN_CUDA_CHECK(cudaMemcpyAsync(saved.raw_data(), out.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream));
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
+  struct Scope {  // the events, and out's old values put back, however the timing ends
+    cudaEvent_t start = nullptr, stop = nullptr;
+    std::function<void()> restore;
+    ~Scope() {
+      if (restore) restore();
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } scope;
+  if (accumulate)
+    scope.restore = [&] { cudaMemcpyAsync(out.raw_data(), saved.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream); };
+  KILN_CUDA_CHECK(cudaEventCreate(&scope.start));
+  KILN_CUDA_CHECK(cudaEventCreate(&scope.stop));
   float best_ms = 0.f;
   bool chosen = false;
-  for (const Candidate& c : plan.candidates) {
+  for (const Candidate& c : candidates) {
     if (launch(c) != CUBLAS_STATUS_SUCCESS) continue;
-    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+    KILN_CUDA_CHECK(cudaEventRecord(scope.start, stream));
     bool ok = true;
-    for (int r = 0; r < 3 && ok; ++r) ok = launch(c) == CUBLAS_STATUS_SUCCESS;
-    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
-    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+    for (int r = 0; r < reps && ok; ++r) ok = launch(c) == CUBLAS_STATUS_SUCCESS;
+    KILN_CUDA_CHECK(cudaEventRecord(scope.stop, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(scope.stop));
     float ms = 0.f;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (ok && (!chosen || ms < best_ms)) {
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, scope.start, scope.stop));
+    if (ok && (!chosen || ms < 0.99f * best_ms)) {
       best_ms = ms, chosen = true;
       plan.algo = c.algo, plan.workspace = c.workspace;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (accumulate)
-    KILN_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), saved.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  plan.candidates.clear();
   if (chosen) benchmarked_count().fetch_add(1);
 }
 
@@ -300,12 +316,16 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
       KILN_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
   }
-  if (!plan.candidates.empty())  // a new plan to benchmark (made outside a capture, under the lock)
-    choose_fastest_algorithm(plan, out, accumulate && beta_f != 0.f, [&](const Candidate& c) {
+  // A new plan to benchmark (made outside a capture), under the lock: other threads' matmuls wait for its
+  // few synchronizations. Products under 2^34 FLOPs (a few microseconds) are launched 10 times a timing.
+  if (!plan.candidates.empty()) {
+    const int reps = 2.0 * double(B) * double(M) * double(N) * double(K) >= 16.0 * kBenchmarkMinFlops ? 3 : 10;
+    choose_fastest_algorithm(plan, out, accumulate && beta_value != 0.0, reps, [&](const Candidate& c) {
       return cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb, beta,
                             out.raw_data(), plan.lc, out.raw_data(), plan.lc, &c.algo, ws, c.workspace,
                             current_stream());
     });
+  }
   if (ep.kind == CUBLASLT_EPILOGUE_DEFAULT) lock.unlock();  // plain plans are not modified after their first call
   KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb,
                                    beta, out.raw_data(), plan.lc, out.raw_data(), plan.lc, &plan.algo, ws,

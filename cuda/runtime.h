@@ -91,11 +91,14 @@ bool cudnn_benchmark();
 size_t conv_algorithm_cache_size();
 // The same for cuBLASLt matmuls: when on, each new matmul plan (shape, layouts, dtype, epilogue) of at least
 // 2^30 FLOPs, made outside a CUDA graph capture, times up to 8 of the heuristic's algorithms once, on the
-// call's own operands, and keeps the fastest; when off (default), the heuristic's first choice. A plan made
-// during a capture keeps the heuristic's choice (a capture cannot synchronize). The KILN_MATMUL_BENCHMARK
-// environment variable (0 or 1) sets the default. Timing runs the product a few times into the call's
-// output (saved and restored first when the call accumulates into it), so it costs one synchronization
-// per new plan. Algorithms differ in summation order, so two processes may round a product differently.
+// call's own operands, and keeps the fastest (the heuristic's first unless another is 1% faster); when off
+// (default), the heuristic's first choice. A plan keeps its choice for the process: one made while this was
+// off, or during a capture (which cannot synchronize), is never timed later; FP8 plans (scaled_gemm) are not
+// timed. KILN_MATMUL_BENCHMARK=1 in the environment turns it on by default, anything else leaves it off.
+// Timing runs the product a few times into the call's own outputs (out, and an epilogue's aux or bias
+// gradient, all written again by the real call; an out the call accumulates into is saved and restored),
+// with one synchronization per candidate, under the lock every thread's matmul planning takes.
+// Algorithms differ in summation order, so two processes may round a product differently.
 void set_matmul_benchmark(bool on);
 bool matmul_benchmark();
 // Plans whose algorithm was chosen by timing: for tests and diagnostics.

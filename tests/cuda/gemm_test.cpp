@@ -227,23 +227,26 @@ TEST(CudaGemm, MatmulBenchmarkKeepsTheProductAndAccumulation) {
     EXPECT_EQ(rel_err(again, got), 0.0) << dtype_name(t);
     EXPECT_EQ(cuda::matmul_plans_benchmarked(), before + 2) << dtype_name(t);
   }
-  // linear + GELU (the GELU_AUX_BIAS epilogue, whose aux output backward reads), forward and backward
-  {
-    Tensor x = rnd({2056, 768}, DType::bf16), w = rnd({3072, 768}, DType::bf16), bias = rnd({3072}, DType::bf16);
-    Tensor xg = x.to(gpu()).requires_grad_(true), wg = w.to(gpu()).requires_grad_(true);
-    Tensor xr = x.to(gpu()).requires_grad_(true), wr = w.to(gpu()).requires_grad_(true);
-    Tensor fused = F::linear_gelu(xg, wg, bias.to(gpu()));
-    cuda::set_matmul_benchmark(false);
-    Tensor plain = F::gelu(F::linear(xr, wr, bias.to(gpu())), true);
-    EXPECT_LT(rel_err(fused, plain), 1e-2);
-    cuda::set_matmul_benchmark(true);
-    Tensor dy = rnd({2056, 3072}, DType::bf16).to(gpu());
-    fused.backward(dy);
-    cuda::set_matmul_benchmark(false);
-    plain.backward(dy);
-    EXPECT_LT(rel_err(xg.grad(), xr.grad()), 1e-2);
-    EXPECT_LT(rel_err(wg.grad(), wr.grad()), 1e-2);
-    cuda::set_matmul_benchmark(true);
+  // linear + GELU (the GELU_AUX_BIAS epilogue, whose aux output backward reads) and f32 linear with a bias
+  // gradient (BGRADB on the dw product: an output of its own), forward and backward against the CPU's f64,
+  // each product a new plan that is timed
+  for (bool gelu : {true, false}) {
+    const DType t = gelu ? DType::bf16 : DType::f32;
+    const int64_t M = gelu ? 2056 : 2064, N = gelu ? 3072 : 1536, K = 768;
+    Tensor x = rnd({M, K}, t), w = rnd({N, K}, t), bias = rnd({N}, t), dy = rnd({M, N}, t);
+    auto run = [&](const Device& d, DType as) {
+      Tensor xv = x.to(as).to(d).requires_grad_(true), wv = w.to(as).to(d).requires_grad_(true),
+             bv = bias.to(as).to(d).requires_grad_(true);
+      Tensor y = gelu ? F::linear_gelu(xv, wv, bv) : F::linear(xv, wv, bv);
+      y.backward(dy.to(as).to(d));
+      return std::vector<Tensor>{y.detach(), xv.grad(), wv.grad(), bv.grad()};
+    };
+    const size_t before = cuda::matmul_plans_benchmarked();
+    const std::vector<Tensor> got = run(gpu(), t), want = run(Device::cpu(), DType::f64);
+    EXPECT_EQ(cuda::matmul_plans_benchmarked(), before + 3) << "forward, dx, dw (gelu " << gelu << ")";
+    const char* names[] = {"y", "dx", "dw", "db"};
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_LT(rel_err(got[i], want[i]), gelu ? 2e-2 : 1e-5) << names[i] << " (gelu " << gelu << ")";
   }
   // inside a capture: no timing (it would synchronize), the heuristic's algorithm, the right product
   {
