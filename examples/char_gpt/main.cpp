@@ -284,9 +284,6 @@ int run(const Args& args) {
     KILN_CHECK(dev.index < cuda::device_count(), "char_gpt: --device ", args.device, ": only ", cuda::device_count(),
                " CUDA device(s)");
     cuda::set_device(dev.index);
-    // time cuBLASLt's candidate algorithms once for each new large matmul (KILN_MATMUL_BENCHMARK=0: the
-    // heuristic's first choice; docs/cuda.md)
-    if (std::getenv("KILN_MATMUL_BENCHMARK") == nullptr) cuda::set_matmul_benchmark(true);
   }
   const bool amp_on = args.amp == "bf16" || (args.amp == "auto" && dev.is_cuda());
   auto sync = [&] {
