@@ -299,10 +299,10 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
   // cublasLtMatmul only enqueues (microseconds) and reads the descriptor before returning.
   std::unique_lock<std::mutex> lock(plan_mutex());
+  const double flops = 2.0 * double(B) * double(M) * double(N) * double(K);
   auto it = plans().find(key);
   if (it == plans().end()) {
-    const bool benchmark = benchmark_flag().load(std::memory_order_relaxed) &&
-                           2.0 * double(B) * double(M) * double(N) * double(K) >= kBenchmarkMinFlops &&
+    const bool benchmark = benchmark_flag().load(std::memory_order_relaxed) && flops >= kBenchmarkMinFlops &&
                            !stream_capturing();
     it = plans().emplace(key, build_plan(key, in_dt, dt, ws_bytes, ep, benchmark ? kBenchmarkCandidates : 1)).first;
   }
@@ -319,7 +319,7 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   // A new plan to benchmark (made outside a capture), under the lock: other threads' matmuls wait for its
   // few synchronizations. Products under 2^34 FLOPs (a few microseconds) are launched 10 times a timing.
   if (!plan.candidates.empty()) {
-    const int reps = 2.0 * double(B) * double(M) * double(N) * double(K) >= 16.0 * kBenchmarkMinFlops ? 3 : 10;
+    const int reps = flops >= 16.0 * kBenchmarkMinFlops ? 3 : 10;
     choose_fastest_algorithm(plan, out, accumulate && beta_value != 0.0, reps, [&](const Candidate& c) {
       return cublasLtMatmul(cublaslt_handle(), plan.desc, alpha, b.raw_data(), plan.la, a.raw_data(), plan.lb, beta,
                             out.raw_data(), plan.lc, out.raw_data(), plan.lc, &c.algo, ws, c.workspace,
