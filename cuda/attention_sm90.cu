@@ -161,7 +161,7 @@ CUtensorMap head_map(const HeadView& v, int B, int H, int T, int D, bool is_bf16
 
 // ------------------------------------------------------------------------------------------ forward
 
-constexpr int kFwdRows = 128, kFwdKeys = 128;
+constexpr int kFwdKeys = 128;
 constexpr int kBarrierBytes = 8 * 32;  // the mbarriers (of either kernel)
 // Which bias the kernel instance adds to the scores: none; one per key (it does not vary with the query:
 // a key padding mask, sq = 0), which the producer stages in shared memory per K tile and the backward keeps
@@ -170,11 +170,17 @@ enum class BiasKind { none, keys, full };
 // K/V ring depth: as deep as shared memory allows (D = 128: 32 KB Q + 3 x 64 KB), since a tile takes
 // about as long to arrive from L2 as the tensor cores take to consume it.
 constexpr int fwd_stages(int D) { return D <= 64 ? 4 : 3; }
-// 2 consumer warpgroups and a producer warpgroup (of which one thread works). Each of an SM's four
-// quarters holds 16K registers and one warp of every group: the producer gives its registers back
-// (setmaxnreg: 24 a thread) so that the consumers can hold 240.
-constexpr int kFwdConsumers = 256, kFwdThreads = kFwdConsumers + 128;
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// `groups` consumer warpgroups (64 query rows each) and a producer warpgroup (of which one thread works).
+// Each of an SM's four quarters holds 16K registers and one warp of every group: the producer gives its
+// registers back (setmaxnreg: 24 a thread) so that 2 consumers can hold 240 or 3 hold 160
+// (24 + 2·240 = 24 + 3·160 = 504 of 512 a quarter's lane). Three groups (a 192-row tile, FlashAttention-3's
+// choice at D = 64) are used at D = 64 without a bias or block list: a K/V tile then serves 1.5x the
+// queries, and a third group's softmax fills the tensor cores' gaps; at D = 128 the accumulators alone
+// need more than 160 registers.
+constexpr int fwd_rows(int groups) { return 64 * groups; }
+constexpr int fwd_threads(int groups) { return 128 * groups + 128; }
+constexpr int kProducerRegs = 24;
+constexpr int consumer_regs(int groups) { return groups == 3 ? 160 : 240; }
 
 struct FwdMaps {
   CUtensorMap q, k, v;
@@ -182,11 +188,10 @@ struct FwdMaps {
 
 // One online-softmax step of a group's 64 x 128 score tile (log2 units, row maxima of raw scores: the
 // path needs scale > 0): masks keys >= Tk and keys the band hides; updates the running max and sum;
-// returns the factor the running output must be scaled by; writes P (dropout applied; the sum keeps the
-// undropped values) as the register A operand of O += P V (k16 step kk: keys 16kk..16kk+15).
-template <class T, BiasKind kBias>
-__device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t (&pa)[kFwdKeys / 16][4],
-                                             float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
+// returns the factor the running output must be scaled by; leaves P in s (dropout applied; the sum keeps
+// the undropped values), for pack_probabilities.
+template <class T, BiasKind kBias, int kChains>
+__device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
                                              int64_t bh, int n0, int row_lo, int row_first, int t4,
                                              const float* key_bias2) {
   const int row_hi = row_lo + 8;
@@ -233,16 +238,20 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
         if (c < lo[e / 2] || c >= hi[e / 2]) s[4 * j + e] = -INFINITY;
       }
   }
-  // Row maxima and sums over four partial chains a row (a thread holds 32 scores of each of its rows):
+  // Row maxima and sums over kChains partial chains a row (a thread holds 32 scores of each of its rows):
   // one chain of 32 dependent instructions left the warps waiting on each result (ncu: "wait" stalls).
-  constexpr int kChains = 4;
+  static_assert(kChains == 2 || kChains == 4);
   float mxc[2][kChains];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) mxc[0][c] = mxc[1][c] = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kFwdKeys / 2; ++i) mxc[(i / 2) % 2][(i / 4) % kChains] = fmaxf(mxc[(i / 2) % 2][(i / 4) % kChains], s[i]);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mxc[r][0], mxc[r][1]), fmaxf(mxc[r][2], mxc[r][3]));
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = mxc[r][0];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) mx[r] = fmaxf(mx[r], mxc[r][c]);
+  }
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -260,7 +269,11 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
     sum[(i / 2) % 2][(i / 4) % kChains] += s[i];
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + ((sum[r][0] + sum[r][1]) + (sum[r][2] + sum[r][3]));
+  for (int r = 0; r < 2; ++r) {
+    float total = sum[r][0] + sum[r][1];
+    if constexpr (kChains == 4) total += sum[r][2] + sum[r][3];
+    l[r] = l[r] * corr[r] + total;
+  }
   if (p.drop.on) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -269,19 +282,29 @@ __device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], uint32_t 
       for (int k = 0; k < 32; ++k) s[32 * half + k] *= (bits >> k) & 1u ? p.drop.scale : 0.f;
     }
   }
+}
+
+// P as the register A operand of O += P V (k16 step kk: keys 16kk..16kk+15).
+template <class T>
+__device__ __forceinline__ void pack_probabilities(const float (&s)[kFwdKeys / 2], uint32_t (&pa)[kFwdKeys / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kFwdKeys / 16; ++kk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
-template <class T, int D, BiasKind kBias>
-__global__ void __launch_bounds__(kFwdThreads, 1)
+template <class T, int D, BiasKind kBias, int kGroups>
+__global__ void __launch_bounds__(fwd_threads(kGroups), 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdMaps maps) {
   using MmaS = wgmma::Mma<kFwdKeys, T>;
   using MmaO = wgmma::Mma<D, T>;
   extern __shared__ unsigned char smem_raw[];
-  constexpr int kFwdStages = fwd_stages(D);
+  constexpr int kFwdStages = fwd_stages(D), kFwdRows = fwd_rows(kGroups), kFwdConsumers = 128 * kGroups;
+  // With 160 registers (three groups) the softmax runs two partial chains a row instead of four (a third
+  // group hides the latency), and a tile's P is packed to bf16/f16 only once the previous O += P V has
+  // read its operand, so that the two never live side by side (32 registers).
+  constexpr int kChains = kGroups == 3 ? 2 : 4;
+  constexpr bool kPackLate = kGroups == 3;
   constexpr uint32_t kTileQ = kFwdRows * D * 2, kTileK = kFwdKeys * D * 2;
   const uint32_t sQ = aligned_smem_base(smem_raw), sK0 = sQ + kTileQ, sV0 = sK0 + kFwdStages * kTileK,
                  bars = sV0 + kFwdStages * kTileK, sBias0 = bars + kBarrierBytes;
@@ -304,14 +327,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   // the key tiles the tile's queries see (the band's range, or the layout's live blocks): tile n at keys.at(n)
   const TileWalk keys = key_walk<kFwdKeys>(p.band, p.blocks, m0, kFwdRows, p.Tq, p.Tk);
   const int n_tiles = keys.count;
+  // Groups whose rows all lie past Tq (in the last tile) leave at once, and the stages wait for the others.
+  const int live_groups = min(kGroups, (p.Tq - m0 + 63) / 64);
 
   if (tid == 0) {
     tma::barrier_init(q_full, 1);
     for (int s = 0; s < kFwdStages; ++s) {
       tma::barrier_init(k_full(s), kBias == BiasKind::keys ? 2 : 1);  // K's bytes (and the key biases)
       tma::barrier_init(v_full(s), 1);
-      tma::barrier_init(k_empty(s), kFwdConsumers);
-      tma::barrier_init(v_empty(s), kFwdConsumers);
+      tma::barrier_init(k_empty(s), 128 * live_groups);
+      tma::barrier_init(v_empty(s), 128 * live_groups);
     }
     tma::fence_barrier_init();
   }
@@ -356,8 +381,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     return;
   }
 
-  wgmma::set_max_registers_inc<kConsumerRegs>();
+  wgmma::set_max_registers_inc<consumer_regs(kGroups)>();
   const int wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  if (wg >= live_groups) return;
   const int row_first = m0 + wg * 64;  // the group's first query row
   const int row_lo = row_first + wi * 16 + g, row_hi = row_lo + 8;
   float o[D / 2];
@@ -390,19 +416,41 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     wgmma::commit();
   };
 
+  // The group's own key tiles, [n_begin, n_end) of the CTA's walk. With three groups (a band, no block
+  // list) a group skips the tiles its 64 rows do not see, which under a causal mask or a window are up to
+  // one or two of a 192-row tile's: it releases them unread (after the epilogue, below).
+  int n_begin = 0, n_end = n_tiles;
+  if constexpr (kGroups == 3) {
+    const TileWalk own = key_walk<kFwdKeys>(p.band, p.blocks, row_first, 64, p.Tq, p.Tk);
+    // (inside the CTA's walk, since the band's ends grow with the row; a group that sees no key reads none)
+    n_begin = own.count > 0 ? min(max(own.first - keys.first, 0), n_tiles) : 0;
+    n_end = own.count > 0 ? min(n_begin + own.count, n_tiles) : 0;
+  }
+  auto release_unread = [&](int n) {  // (waiting for the loads keeps the empty barriers' phases in step)
+    const int stage = n % kFwdStages;
+    const uint32_t phase = uint32_t(n / kFwdStages) & 1u;
+    tma::wait(k_full(stage), phase);
+    tma::arrive(k_empty(stage));
+    tma::wait(v_full(stage), phase);
+    tma::arrive(v_empty(stage));
+  };
+  for (int n = 0; n < n_begin; ++n) release_unread(n);
+
   tma::wait(q_full, 0);
-  if (n_tiles > 0) {  // (no key seen: O = 0, lse = +inf)
-    tma::wait(k_full(0), 0);
-    issue_scores(0);
+  if (n_end > n_begin) {  // (no key seen: O = 0, lse = +inf)
+    tma::wait(k_full(n_begin % kFwdStages), uint32_t(n_begin / kFwdStages) & 1u);
+    issue_scores(n_begin % kFwdStages);
     wgmma::wait<0>();
     wgmma::fence_regs(s);
-    tma::arrive(k_empty(0));
-    softmax_step<T, kBias>(s, pa, m, l, corr, p, bh, keys.at<kFwdKeys>(0), row_lo, row_first, t4,
-                           key_bias_stage(0));
+    tma::arrive(k_empty(n_begin % kFwdStages));
+    softmax_step<T, kBias, kChains>(s, m, l, corr, p, bh, keys.at<kFwdKeys>(n_begin), row_lo, row_first, t4,
+                                    key_bias_stage(n_begin % kFwdStages));
+    if constexpr (!kPackLate) pack_probabilities<T>(s, pa);
     // Every tile but the last: the next tile's scores run on the tensor cores while this tile's O += P V
     // is issued behind them and the next softmax runs on the ALUs. (No branch inside: ptxas keeps the
     // wgmmas asynchronous only where it can see which group each register waits for.)
-    for (int n = 0; n + 1 < n_tiles; ++n) {
+    for (int n = n_begin; n + 1 < n_end; ++n) {
+      if constexpr (kPackLate) pack_probabilities<T>(s, pa);  // tile n's P; O += P V of tile n - 1 is done
       tma::wait(k_full((n + 1) % kFwdStages), uint32_t((n + 1) / kFwdStages) & 1u);
       issue_scores((n + 1) % kFwdStages);
       issue_values(n);
@@ -410,8 +458,9 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
       wgmma::wait<1>();  // the scores are in; O += P V may still run
       wgmma::fence_regs(s);
       tma::arrive(k_empty((n + 1) % kFwdStages));
-      softmax_step<T, kBias>(s, pn, m, l, corr, p, bh, keys.at<kFwdKeys>(n + 1), row_lo, row_first, t4,
-                             key_bias_stage((n + 1) % kFwdStages));
+      softmax_step<T, kBias, kChains>(s, m, l, corr, p, bh, keys.at<kFwdKeys>(n + 1), row_lo, row_first, t4,
+                                      key_bias_stage((n + 1) % kFwdStages));
+      if constexpr (!kPackLate) pack_probabilities<T>(s, pn);
       wgmma::wait<0>();
       wgmma::fence_regs(o);
       fence_operands(pa);
@@ -423,16 +472,19 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
         o[4 * j + 2] *= corr[1];
         o[4 * j + 3] *= corr[1];
       }
+      if constexpr (!kPackLate) {
 #pragma unroll
-      for (int kk = 0; kk < kFwdKeys / 16; ++kk)
+        for (int kk = 0; kk < kFwdKeys / 16; ++kk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+          for (int e = 0; e < 4; ++e) pa[kk][e] = pn[kk][e];
+      }
       // the copies and the rescale stay ahead of the next tile's wgmmas (a register written while a wgmma
       // is in flight makes ptxas serialize them)
       fence_operands(pa);
       wgmma::fence_regs(o);
     }
-    issue_values(n_tiles - 1);
+    if constexpr (kPackLate) pack_probabilities<T>(s, pa);
+    issue_values(n_end - 1);
     wgmma::wait<0>();
     wgmma::fence_regs(o);
   }
@@ -460,6 +512,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     if (row_lo < p.Tq) p.lse[bh * p.Tq + row_lo] = l[0] > 0.f ? (m[0] + log2f(l[0])) * kLn2 : INFINITY;
     if (row_hi < p.Tq) p.lse[bh * p.Tq + row_hi] = l[1] > 0.f ? (m[1] + log2f(l[1])) * kLn2 : INFINITY;
   }
+  for (int n = n_end; n < n_tiles; ++n) release_unread(n);
 }
 
 // ----------------------------------------------------------------------------------------- backward
@@ -795,8 +848,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
 // ------------------------------------------------------------------------------------------ launchers
 
-constexpr int fwd_smem(int D) {  // with the key-bias stages (4 bytes a key)
-  return int(kAtomBytes) + (kFwdRows + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes +
+constexpr int fwd_smem(int D, int groups) {  // with the key-bias stages (4 bytes a key)
+  return int(kAtomBytes) + (fwd_rows(groups) + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes +
          fwd_stages(D) * kFwdKeys * 4;
 }
 constexpr int bwd_smem(int D) {
@@ -804,16 +857,24 @@ constexpr int bwd_smem(int D) {
          2 * kBwdRows * (D / 2) * 4 + kBwdBuffers * int(kStatBytes) + kBarrierBytes;
 }
 
+template <class T, int D, BiasKind kBias, int kGroups>
+void fwd_groups(const FwdParams& p, int B) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int rows = fwd_rows(kGroups), smem = fwd_smem(D, kGroups);
+  const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, rows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
+                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
+  auto kernel = flash_fwd_sm90_kernel<T, D, kBias, kGroups>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  dim3 grid(unsigned((p.Tq + rows - 1) / rows), unsigned(p.H), unsigned(B));
+  kernel<<<grid, fwd_threads(kGroups), smem, current_stream()>>>(p, maps);
+  KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
+}
+// A block list's blocks are multiples of 128 rows, which a 192-row tile would straddle.
 template <class T, int D, BiasKind kBias>
 void fwd(const FwdParams& p, int B) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kFwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
-                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
-  auto kernel = flash_fwd_sm90_kernel<T, D, kBias>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, fwd_smem(D)));
-  dim3 grid(unsigned((p.Tq + kFwdRows - 1) / kFwdRows), unsigned(p.H), unsigned(B));
-  kernel<<<grid, kFwdThreads, fwd_smem(D), current_stream()>>>(p, maps);
-  KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
+  if constexpr (D == 64 && kBias == BiasKind::none)
+    if (!p.blocks.block) return fwd_groups<T, D, kBias, 3>(p, B);
+  fwd_groups<T, D, kBias, 2>(p, B);
 }
 
 template <class T, int D, BiasKind kBias>

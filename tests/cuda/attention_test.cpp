@@ -169,6 +169,18 @@ TEST(FlashAttention, LongSequencesAndUnequalLengths) {
   }
 }
 
+// At D = 64 without a bias or block list the forward takes 192-query tiles of three warpgroups, and a
+// group whose 64 rows lie past Tq leaves the last tile at once: lengths around the tile and group edges.
+TEST(FlashAttention, ThreeGroupForwardTileEdges) {
+  KILN_REQUIRE_GPU();
+  manual_seed(3);
+  for (int64_t T : {128, 191, 192, 193, 255, 320, 383, 385})
+    for (bool causal : {false, true}) check_case({DType::bf16, 1, 2, T, T, 64, causal, 0.0, false},
+                                                 out_tol(DType::bf16), grad_tol(DType::bf16));
+  check_case({DType::f16, 1, 2, 193, 385, 64, false, 0.0, false}, out_tol(DType::f16), grad_tol(DType::f16));
+  check_case({DType::f16, 1, 2, 385, 193, 64, true, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
+}
+
 // Sets an environment variable for one scope.
 class ScopedEnv {
  public:
@@ -346,6 +358,7 @@ TEST(FlashAttention, SlidingWindowOnEveryKernelMatchesTheCpu) {
         for (int64_t W : {1, 17, 128, 300, 1000}) check({333, 333, D, DType::bf16}, {causal, W}, 0.0);
     check({200, 333, 64, DType::bf16}, {true, 50}, 0.0);
     check({333, 200, 128, DType::f16}, {false, 70}, 0.0);
+    check({600, 200, 64, DType::bf16}, {false, 50}, 0.0);  // rows from 249 on, whole warpgroups, see no key
     check({1000, 1000, 64, DType::bf16}, {true, 256}, 0.1);
     check({300, 300, 128, DType::bf16}, {false, 100}, 0.1);
   }
