@@ -65,14 +65,20 @@ __device__ __forceinline__ void widen8(const uint4& u, float (&f)[8]) {
   }
 }
 
-// D_i = Σ_d dO_id O_id, kLanes = D/8 threads per row (one 16-byte word each), f32.
+// The backward's first pass over the rows of (B, H, Tq_pad), kLanes = D/8 threads a row (one 16-byte word
+// each): D_i = Σ_d dO_id O_id in f32 for i < Tq, and in the same pass the f32 dQ accumulator's row zeroed
+// (the same D/8 words' worth of lanes) and, for the Hopper kernel, its statistics (-lse_i·log2e, D_i)
+// packed, zeros for the padding rows i >= Tq (Tq_pad = Tq otherwise). Either output may be null.
 template <class T, int kLanes>
-__global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, float* dsum, int H, int Tq, int64_t rows) {
+__global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, const float* lse, float* dsum,
+                                            float2* stats, float* dq_acc, int H, int Tq, int Tq_pad,
+                                            int64_t padded_rows) {
   const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
   const int part = int(threadIdx.x) % kLanes;
+  const int64_t bh = r / Tq_pad, i = r % Tq_pad, row = bh * Tq + i;
+  const bool live = r < padded_rows && i < Tq;
   float acc = 0.f;
-  if (r < rows) {
-    const int64_t bh = r / Tq, i = r % Tq;
+  if (live) {
     const T* a = static_cast<const T*>(dout.ptr) + (bh / H) * dout.sb + (bh % H) * dout.sh + i * dout.st + part * 8;
     const T* o = static_cast<const T*>(out.ptr) + (bh / H) * out.sb + (bh % H) * out.sh + i * out.st + part * 8;
     float fa[8], fo[8];
@@ -80,10 +86,17 @@ __global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, float* 
     widen8<T>(__ldg(reinterpret_cast<const uint4*>(o)), fo);
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc = fmaf(fa[k], fo[k], acc);
+    if (dq_acc != nullptr) {
+      float4* zero = reinterpret_cast<float4*>(dq_acc + row * (kLanes * 8) + part * 8);
+      zero[0] = zero[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (r < rows && part == 0) dsum[r] = acc;
+  if (r < padded_rows && part == 0) {
+    if (live && dsum != nullptr) dsum[row] = acc;
+    if (stats != nullptr) stats[r] = live ? make_float2(-lse[row] * kLog2e, acc) : make_float2(0.f, 0.f);
+  }
 }
 
 // dq (strided, T) = scale · dq_acc (f32 contiguous (B, H, Tq, D)), 8 elements per step.
@@ -198,13 +211,26 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
   // dO in the tensor-core path must have aligned rows too (a gradient may arrive as any view)
   const Tensor dout = tc && !rows_aligned(dout_in) ? dout_in.contiguous() : dout_in;
   const int64_t rows = int64_t(B) * H * Tq;
-  Tensor dsum = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
-  if (rows > 0 && tc && rows_aligned(out)) {  // bf16/f16, D = 64 or 128, aligned rows: whole words
+  const bool sm90 = tc && use_sm90() && tma_describable({&q, &k, &v, &dout});
+  const bool words = rows > 0 && tc && rows_aligned(out);  // bf16/f16, D = 64 or 128, aligned rows
+  Tensor acc, stats;  // the tensor-core kernels' f32 dQ accumulator; the Hopper kernel's statistics
+  if (tc) acc = empty({B, H, Tq, D}, {.dtype = DType::f32, .device = q.device()});
+  Tensor dsum;  // D_i on its own, where the Hopper kernel's statistics do not hold it
+  if (!(words && sm90)) dsum = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
+  if (words) {
+    // one pass: D_i, the accumulator zeroed, and for the Hopper kernel its packed statistics
     const bool bf16 = q.dtype() == DType::bf16;
-    const unsigned grid = unsigned((rows * (D / 8) + 255) / 256);
-    float* ds = static_cast<float*>(dsum.raw_data());
+    const int Tq_pad = sm90 ? (Tq + kSm90BwdRows - 1) / kSm90BwdRows * kSm90BwdRows : Tq;
+    const int64_t padded_rows = int64_t(B) * H * Tq_pad;
+    if (sm90) stats = empty({padded_rows * 2}, {.dtype = DType::f32, .device = q.device()});
+    float* ds = sm90 ? nullptr : static_cast<float*>(dsum.raw_data());
+    float2* st = sm90 ? reinterpret_cast<float2*>(stats.raw_data()) : nullptr;
+    const float* ls = static_cast<const float*>(lse.raw_data());
+    float* zero = static_cast<float*>(acc.raw_data());
+    const unsigned grid = unsigned((padded_rows * (D / 8) + 255) / 256);
     auto launch = [&](auto* kernel) {
-      kernel<<<grid, 256, 0, current_stream()>>>(head_view(dout), head_view(out), ds, H, Tq, rows);
+      kernel<<<grid, 256, 0, current_stream()>>>(head_view(dout), head_view(out), ls, ds, st, zero, H, Tq, Tq_pad,
+                                                 padded_rows);
     };
     if (D == 64)
       bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 8>) : launch(attention_dsum_words_kernel<__half, 8>);
@@ -213,15 +239,16 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     KILN_LAUNCH_CHECK("attention_dsum_words_kernel", "attention_backward");
   } else if (rows > 0) {
     attention_dsum_generic(dout, out, dsum);
+    if (tc) KILN_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, size_t(acc.numel()) * sizeof(float), current_stream()));
   }
   if (tc) {
-    Tensor acc = empty({B, H, Tq, D}, {.dtype = DType::f32, .device = q.device()});
-    KILN_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, size_t(acc.numel()) * sizeof(float), current_stream()));
     BwdParams p{head_view(q), head_view(k), head_view(v), head_view(dout), head_view(dk), head_view(dv),
-                static_cast<const float*>(lse.raw_data()), static_cast<const float*>(dsum.raw_data()),
+                static_cast<const float*>(lse.raw_data()),
+                dsum.defined() ? static_cast<const float*>(dsum.raw_data()) : nullptr,
                 static_cast<float*>(acc.raw_data()), H, Tq, Tk, float(scale), float(scale * 1.4426950408889634),
-                key_band(mask), block_list(mask), drop, bias_view(bias)};
-    if (use_sm90() && tma_describable({&q, &k, &v, &dout})) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
+                key_band(mask), block_list(mask), drop, bias_view(bias),
+                stats.defined() ? reinterpret_cast<const float2*>(stats.raw_data()) : nullptr};
+    if (sm90) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
     if (rows > 0 && rows_aligned(dq)) {
       const int64_t n_words = rows * D / 8;

@@ -161,6 +161,9 @@ struct FwdParams {
 };
 
 // The backward kernels' arguments.
+// The Hopper backward's query tile: its per-row statistics are padded to a multiple of it per head.
+constexpr int kSm90BwdRows = 64;
+
 struct BwdParams {
   HeadView q, k, v, dout, dk, dv;
   const float* lse;  // (B, H, Tq)
@@ -172,6 +175,9 @@ struct BwdParams {
   BlockList blocks;
   DropoutArgs drop;
   BiasView bias;  // f32
+  // The Hopper kernel's statistics (-lse_i·log2e, D_i), Tq rounded up to kSm90BwdRows per head (zeros
+  // past Tq), where attention_backward's D_i pass wrote them; null: the launcher packs them from lse, dsum.
+  const float2* stats = nullptr;
 };
 
 // The Hopper (sm_90a: wgmma) kernels, built when the CUDA architectures include 90 (KILN_WITH_SM90A).

@@ -10,8 +10,9 @@
 // +32 bytes, 8-row groups 1024 bytes apart), read along the rows it is MN-major (P V: k16 steps of 16
 // rows = 2048 bytes, column blocks rows·128 bytes apart).
 //
-//   forward: a CTA of 2 consumer warpgroups and 1 producer warpgroup owns 128 query rows (64 per
-//     consumer) and walks the keys in 128-key tiles. One producer thread's TMA loads fill a K/V ring of
+//   forward: a CTA of 2 consumer warpgroups (3 at D = 64 without a per-score bias or a block list, each
+//     then walking only the key tiles its rows see) and 1 producer warpgroup owns 128 (192) query rows
+//     (64 per consumer) and walks the keys in 128-key tiles. One producer thread's TMA loads fill a K/V ring of
 //     3 (D = 128) or 4 (D = 64) stages with full/empty mbarriers (K freed once its scores are in, V after
 //     P V), so the consumers never wait on each other; the producer hands its registers to them
 //     (setmaxnreg). Per consumer, the scores of the next tile (S = Q Kᵀ, m64 x n128) run on the tensor
@@ -25,7 +26,7 @@
 //     the f32 dQ scratch with a TMA reduction from shared memory. At D = 64 the next tile's Sᵀ and dPᵀ
 //     already run while that happens.
 // Measured on an H100 (bench/attention_bench.cpp, docs/performance.md): at D = 128, N = 4096 about
-// 530 TFLOP/s forward and 470 forward+backward.
+// 530 TFLOP/s forward and 470 forward+backward; at D = 64, N = 1024 about 380 forward.
 #include <cstdint>
 #include <type_traits>
 
@@ -174,7 +175,7 @@ constexpr int fwd_stages(int D) { return D <= 64 ? 4 : 3; }
 // Each of an SM's four quarters holds 16K registers and one warp of every group: the producer gives its
 // registers back (setmaxnreg: 24 a thread) so that 2 consumers can hold 240 or 3 hold 160
 // (24 + 2·240 = 24 + 3·160 = 504 of 512 a quarter's lane). Three groups (a 192-row tile, FlashAttention-3's
-// choice at D = 64) are used at D = 64 without a bias or block list: a K/V tile then serves 1.5x the
+// choice at D = 64) are used at D = 64 without a per-score bias or a block list: a K/V tile then serves 1.5x the
 // queries, and a third group's softmax fills the tensor cores' gaps; at D = 128 the accumulators alone
 // need more than 160 registers.
 constexpr int fwd_rows(int groups) { return 64 * groups; }
@@ -517,7 +518,7 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
 
 // ----------------------------------------------------------------------------------------- backward
 
-constexpr int kBwdKeys = 128, kBwdRows = 64, kBwdThreads = 256;
+constexpr int kBwdKeys = 128, kBwdRows = kSm90BwdRows, kBwdThreads = 256;
 constexpr int kBwdBuffers = 3;  // Q, dO and the row statistics of three query tiles
 constexpr uint32_t kStatBytes = kBwdRows * 8;  // (-lse·log2e, D_i) per query row
 
@@ -869,10 +870,12 @@ void fwd_groups(const FwdParams& p, int B) {
   kernel<<<grid, fwd_threads(kGroups), smem, current_stream()>>>(p, maps);
   KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
 }
-// A block list's blocks are multiples of 128 rows, which a 192-row tile would straddle.
+// Three groups at D = 64 with no bias or a per-key one; a per-score bias keeps two (its global reads
+// need the registers), and so does a block list (its blocks are multiples of 128 rows, which a 192-row
+// tile would straddle).
 template <class T, int D, BiasKind kBias>
 void fwd(const FwdParams& p, int B) {
-  if constexpr (D == 64 && kBias == BiasKind::none)
+  if constexpr (D == 64 && kBias != BiasKind::full)
     if (!p.blocks.block) return fwd_groups<T, D, kBias, 3>(p, B);
   fwd_groups<T, D, kBias, 2>(p, B);
 }
@@ -886,12 +889,17 @@ void bwd(const BwdParams& p, int B) {
                      head_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows),
                      make_map(dq_acc, B, p.H, p.Tq, D, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, kBwdRows)};
   const int Tq_pad = (p.Tq + kBwdRows - 1) / kBwdRows * kBwdRows;
-  const int64_t n_stats = int64_t(B) * p.H * Tq_pad;
-  Tensor stats = empty({n_stats * 2}, {.dtype = DType::f32, .device = Device::cuda(current_device())});
-  float2* stats_ptr = reinterpret_cast<float2*>(stats.raw_data());
-  pack_bwd_stats_kernel<<<blocks_for(n_stats), 256, 0, current_stream()>>>(p.lse, p.dsum, stats_ptr, p.Tq, Tq_pad,
-                                                                           n_stats);
-  KILN_LAUNCH_CHECK("pack_bwd_stats_kernel", "attention_backward");
+  const float2* stats_ptr = p.stats;
+  Tensor stats;
+  if (stats_ptr == nullptr) {  // (the D_i pass did not write them: a view it does not read by words)
+    const int64_t n_stats = int64_t(B) * p.H * Tq_pad;
+    stats = empty({n_stats * 2}, {.dtype = DType::f32, .device = Device::cuda(current_device())});
+    float2* packed = reinterpret_cast<float2*>(stats.raw_data());
+    pack_bwd_stats_kernel<<<blocks_for(n_stats), 256, 0, current_stream()>>>(p.lse, p.dsum, packed, p.Tq, Tq_pad,
+                                                                             n_stats);
+    KILN_LAUNCH_CHECK("pack_bwd_stats_kernel", "attention_backward");
+    stats_ptr = packed;
+  }
   auto kernel = flash_bwd_sm90_kernel<T, D, kBias>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
   dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));

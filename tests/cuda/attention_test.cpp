@@ -169,8 +169,9 @@ TEST(FlashAttention, LongSequencesAndUnequalLengths) {
   }
 }
 
-// At D = 64 without a bias or block list the forward takes 192-query tiles of three warpgroups, and a
-// group whose 64 rows lie past Tq leaves the last tile at once: lengths around the tile and group edges.
+// At D = 64 without a per-score bias or a block list the forward takes 192-query tiles of three
+// warpgroups, and a group whose 64 rows lie past Tq leaves the last tile at once: lengths around the tile
+// and group edges, with and without a key padding mask.
 TEST(FlashAttention, ThreeGroupForwardTileEdges) {
   KILN_REQUIRE_GPU();
   manual_seed(3);
@@ -179,6 +180,12 @@ TEST(FlashAttention, ThreeGroupForwardTileEdges) {
                                                  out_tol(DType::bf16), grad_tol(DType::bf16));
   check_case({DType::f16, 1, 2, 193, 385, 64, false, 0.0, false}, out_tol(DType::f16), grad_tol(DType::f16));
   check_case({DType::f16, 1, 2, 385, 193, 64, true, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
+  for (int64_t T : {193, 385})
+    for (bool causal : {false, true}) {
+      Case c{DType::bf16, 2, 2, T, T, 64, causal, 0.0, false};
+      c.mask = Case::key_padding;
+      check_case(c, out_tol(DType::bf16), grad_tol(DType::bf16));
+    }
 }
 
 // Sets an environment variable for one scope.
