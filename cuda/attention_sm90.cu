@@ -185,6 +185,8 @@ constexpr int consumer_regs(int groups) { return groups == 3 ? 160 : 240; }
 
 struct FwdMaps {
   CUtensorMap q, k, v;
+  CUtensorMap o;  // (64 x 64) boxes, when o_tma
+  bool o_tma;     // O's view is TMA-describable (16-byte aligned, positive strides): stored through shared memory
 };
 
 // One online-softmax step of a group's 64 x 128 score tile (log2 units, row maxima of raw scores: the
@@ -490,7 +492,6 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
     wgmma::fence_regs(o);
   }
 
-  T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -498,15 +499,40 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
   }
+  if (maps.o_tma) {
+    // O through shared memory, into the group's own rows of the Q tile (its last scores are in, and no other
+    // group reads them), then one TMA store a 64-column block: whole 128-byte rows instead of every thread's
+    // 4-byte pieces, and rows past Tq left unwritten by the store itself.
+    unsigned char* q_generic = smem_raw + (sQ - smem_addr(smem_raw));
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    const int col = 8 * j + 2 * t4;
-    if (row_lo < p.Tq)
-      *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) =
-          pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
-    if (row_hi < p.Tq)
-      *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) =
-          pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the warp's 16
+        const int r = wg * 64 + wi * 16 + g + 8 * half;
+        *reinterpret_cast<uint32_t*>(q_generic + sw128<kFwdRows>(r, j) + 4 * t4) =
+            pack2<T>(o[4 * j + 2 * half] * inv[half], o[4 * j + 2 * half + 1] * inv[half]);
+      }
+    wgmma::fence_proxy_async();  // the generic stores before the async proxy's reads
+    named_barrier_sync(1 + wg, 128);
+    if (tid % 128 == 0) {
+#pragma unroll
+      for (int cb = 0; cb < D / 64; ++cb)
+        tma::store_4d(&maps.o, sQ + uint32_t(cb * kFwdRows + wg * 64) * kRowBytes, cb * 64, row_first, h, b);
+      tma::bulk_commit();
+      tma::bulk_wait_read();  // the shared memory stays the CTA's until the store has read it
+    }
+  } else {
+    T* oh = const_cast<T*>(static_cast<const T*>(p.o.ptr)) + b * p.o.sb + h * p.o.sh;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = 8 * j + 2 * t4;
+      if (row_lo < p.Tq)
+        *reinterpret_cast<uint32_t*>(oh + int64_t(row_lo) * p.o.st + col) =
+            pack2<T>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
+      if (row_hi < p.Tq)
+        *reinterpret_cast<uint32_t*>(oh + int64_t(row_hi) * p.o.st + col) =
+            pack2<T>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
+    }
   }
   if (t4 == 0) {
     // a row whose keys are all masked: lse = +inf, so that backward's P is 0
@@ -862,8 +888,12 @@ template <class T, int D, BiasKind kBias, int kGroups>
 void fwd_groups(const FwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int rows = fwd_rows(kGroups), smem = fwd_smem(D, kGroups);
+  // O by TMA where its view allows (16-byte aligned base and strides; the row stride is already)
+  const bool o_tma = reinterpret_cast<uintptr_t>(p.o.ptr) % 16 == 0 && p.o.sh > 0 && p.o.sb > 0 && p.o.sh % 8 == 0 &&
+                     p.o.sb % 8 == 0;
   const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, rows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
-                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys)};
+                     head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys),
+                     o_tma ? head_map(p.o, B, p.H, p.Tq, D, kBf16, 64) : CUtensorMap{}, o_tma};
   auto kernel = flash_fwd_sm90_kernel<T, D, kBias, kGroups>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   dim3 grid(unsigned((p.Tq + rows - 1) / rows), unsigned(p.H), unsigned(B));
