@@ -17,7 +17,7 @@
 //     P V), so the consumers never wait on each other; the producer hands its registers to them
 //     (setmaxnreg). Per consumer, the scores of the next tile (S = Q Kᵀ, m64 x n128) run on the tensor
 //     cores while the softmax of the current tile runs on the ALUs, then O += P V takes P from registers
-//     (FA3's intra-warpgroup pipelining).
+//     (FA3's intra-warpgroup pipelining). O leaves through the group's rows of the Q tile and a TMA store.
 //   backward: a CTA of 2 warpgroups owns 128 keys (64 per group) and walks 64-query tiles; Q, dO and the
 //     packed (-lse·log2e, D_i) rows arrive by TMA two tiles ahead. Per group Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //     (m64 x n64), Pᵀ in registers and dSᵀ to shared memory, dV += (Pᵀ ⊙ Z) dO from registers and
