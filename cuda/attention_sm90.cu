@@ -889,8 +889,8 @@ void fwd_groups(const FwdParams& p, int B) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr int rows = fwd_rows(kGroups), smem = fwd_smem(D, kGroups);
   // O by TMA where its view allows (16-byte aligned base and strides; the row stride is already)
-  const bool o_tma = reinterpret_cast<uintptr_t>(p.o.ptr) % 16 == 0 && p.o.sh > 0 && p.o.sb > 0 && p.o.sh % 8 == 0 &&
-                     p.o.sb % 8 == 0;
+  const bool o_tma = reinterpret_cast<uintptr_t>(p.o.ptr) % 16 == 0 && p.o.st > 0 && p.o.sh > 0 && p.o.sb > 0 &&
+                     p.o.sh % 8 == 0 && p.o.sb % 8 == 0;
   const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, rows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
                      head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys),
                      o_tma ? head_map(p.o, B, p.H, p.Tq, D, kBf16, 64) : CUtensorMap{}, o_tma};
