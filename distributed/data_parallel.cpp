@@ -10,6 +10,7 @@
 #include <kiln/cuda/runtime.h>
 #include <kiln/cuda/stream.h>
 #include <kiln/optim/flat_parameters.h>
+#include <kiln/optim/optimizer.h>
 
 namespace kiln::distributed {
 
@@ -72,6 +73,10 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& [param, handle] : hooks_) param.remove_hook(handle);
+  try {
+    wait_for_gradients();  // no collective left behind
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the group reports a dead rank itself
+  }
 }
 
 void DistributedDataParallel::check_same_model_on_every_rank(const nn::NamedTensors& params) const {
@@ -209,6 +214,14 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
   for (size_t k = 0; k < n; ++k) {
     const Tensor& p = bucket->params[k];
     const size_t handle = p.register_post_accumulate_grad_hook([this, b, k](const Tensor&) {
+      if (!in_backward_ && !deferred_.empty()) {  // (inside no_sync too: backward would add into the buffer)
+        wait_for_gradients();
+        KILN_FAIL("DistributedDataParallel: overlap_optimizer_step is on and a backward pass began while the last "
+                  "one's final all-reduce had not been waited for, so the step between them may have used this "
+                  "rank's own gradients for that bucket (", buckets_.back()->names.front(),
+                  ", ...): step the optimizer through ddp.step(optimizer), or call ddp.wait_for_gradients() "
+                  "before anything reads the gradients");
+      }
       if (!sync_) return;
       Bucket& bk = *buckets_[b];
       if (!in_backward_) {  // the first gradient of this backward pass
@@ -258,18 +271,16 @@ void DistributedDataParallel::finish_backward() {
   }
   if (timeline_) backward_end_ = record_timing_event(group_->device());
   if (next_launch_ > 0 && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
-  // wait for every launched all-reduce, then make the buckets ready for the next pass
-  for (auto& b : buckets_) {
-    if (b->work) {
-      b->work->wait();
-      if (b->comm.defined()) {  // the average back into the gradients, after the collective
-        NoGradGuard no_grad;
-        b->grad.copy_(b->comm);
-      }
-    }
-    b->work.reset();
-    b->ready.assign(b->params.size(), false);
-    b->pending = b->params.size();
+  // wait for every launched all-reduce (overlap_optimizer_step: but the last bucket's, which step() waits
+  // for), then make the buckets ready for the next pass
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = *buckets_[i];
+    if (b.work && options_.overlap_optimizer_step && i + 1 == buckets_.size())
+      deferred_.push_back(i);
+    else
+      finish_bucket(b);
+    b.ready.assign(b.params.size(), false);
+    b.pending = b.params.size();
   }
   next_launch_ = 0;
   if (!unused.empty() && !options_.find_unused_parameters) {
@@ -280,6 +291,42 @@ void DistributedDataParallel::finish_backward() {
               names, "), so their buckets were not all-reduced and the ranks' gradients now differ; construct it "
               "with find_unused_parameters = true if some parameters sit out some steps");
   }
+}
+
+void DistributedDataParallel::finish_bucket(Bucket& b) {
+  if (b.work) {
+    b.work->wait();
+    if (b.comm.defined()) {  // the average back into the gradients, after the collective
+      NoGradGuard no_grad;
+      b.grad.copy_(b.comm);
+    }
+  }
+  b.work.reset();
+}
+
+void DistributedDataParallel::wait_for_gradients() {
+  for (size_t i : deferred_) finish_bucket(*buckets_[i]);
+  deferred_.clear();
+}
+
+void DistributedDataParallel::step(optim::Optimizer& optimizer) {
+  if (deferred_.empty() || !optimizer.updates_parameters_independently()) {
+    wait_for_gradients();
+    optimizer.step();
+    return;
+  }
+  const std::vector<size_t> last = deferred_;
+  auto in_last = [&](const Tensor& p) {
+    for (size_t i : last)
+      for (const Tensor& q : buckets_[i]->params)
+        if (q.is_same(p)) return true;
+    return false;
+  };
+  // On the compute stream: the updates of the averaged buckets' parameters are queued before the wait for
+  // the last all-reduce, so they run while it does; then that bucket's.
+  optimizer.step_only([&](const Tensor& p) { return !in_last(p); });
+  wait_for_gradients();
+  optimizer.step_only(in_last);
 }
 
 void DistributedDataParallel::record_timeline(bool on) {

@@ -10,7 +10,7 @@
 //     opt.zero_grad();
 //     ddp(x, y) or model.loss(x, y) ... .backward();   // buckets all-reduce as their gradients become ready
 //     opt.step();                                      // every rank steps with the same averaged gradient
-//   }
+//   }                                                  // (ddp.step(opt) with overlap_optimizer_step)
 //
 // How: the parameters that require grad are grouped into buckets in reverse registration order (the order
 // backward tends to produce their gradients): the first bucket holds about first_bucket_cap_mb, the
@@ -38,6 +38,7 @@
 
 namespace kiln::optim {
 class FlatParameters;
+class Optimizer;
 }
 
 namespace kiln::distributed {
@@ -74,6 +75,14 @@ struct DistributedDataParallelOptions {
   // module's parameters): the buckets are then ranges of it, in reverse order of its layout, with no
   // buffers of their own.
   const optim::FlatParameters* flat = nullptr;
+  // Backward ends without waiting for the last bucket's all-reduce (the gradients that backward produces
+  // last, GPT's tied embedding among them); step(optimizer) then updates every other parameter while it
+  // runs, waits for it, and updates that bucket's parameters (Optimizer::step_only; an optimizer that cannot
+  // step a part of its parameters steps them all after the wait). Step through step(optimizer) then, and
+  // call wait_for_gradients() first where something reads every gradient between backward and the step (a
+  // global-norm clip, GradScaler's unscale and inf check): until then the last bucket's gradients are this
+  // rank's own. A backward that begins with that all-reduce still unconsumed is an error.
+  bool overlap_optimizer_step = false;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -108,6 +117,13 @@ class DistributedDataParallel : public nn::Module {
   void record_timeline(bool on);
   DataParallelTimeline last_timeline() const;
 
+  // optimizer.step() once the gradients are averaged; with overlap_optimizer_step, the parameters of every
+  // bucket but the last while the last one's all-reduce still runs, then the last one's (see the option).
+  void step(optim::Optimizer& optimizer);
+  // Waits for an all-reduce that overlap_optimizer_step left running at the end of backward (nothing
+  // otherwise): every gradient is averaged from here on, on every rank.
+  void wait_for_gradients();
+
   // The buckets' parameter names, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
 
@@ -123,13 +139,14 @@ class DistributedDataParallel : public nn::Module {
   void mark_ready(size_t bucket);
   void launch_ready_buckets();
   void finish_backward();
-
+  void finish_bucket(Bucket& b);  // after its all-reduce: the average back from the comm copy
   nn::Module& module_;
   std::shared_ptr<ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::pair<Tensor, size_t>> hooks_;  // (parameter, handle) to remove at destruction
   size_t next_launch_ = 0;                        // the next bucket to all-reduce, in index order
+  std::vector<size_t> deferred_;                  // buckets whose all-reduce backward left running (overlap)
   bool in_backward_ = false;                      // finish_backward is queued
   bool sync_ = true;
   bool timeline_ = false;

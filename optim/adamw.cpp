@@ -77,7 +77,7 @@ void AdamW::step() {
     for (auto& p : g.params) {
       int64_t i = index++;
       Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      if (!grad.defined() || !selected(p)) continue;
       KILN_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), type(), ": gradient ", grad.str(),
                  " does not match parameter ", p.str());
       ParamState& st = state(i);

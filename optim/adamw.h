@@ -28,6 +28,7 @@ class AdamW : public Optimizer {
   void add_param_group(std::vector<Tensor> params, const AdamWOptions& options);
   using Optimizer::add_param_group;
   void step() override;
+  bool updates_parameters_independently() const override { return true; }
 
  protected:
   // Adam's constructor: decoupled = false adds weight_decay · p to the gradient instead (L2).

@@ -42,6 +42,18 @@ Optimizer::Optimizer(std::string type, Options defaults) : type_(std::move(type)
   KILN_CHECK(defaults_.count("lr"), type_, ": defaults need an 'lr'");
 }
 
+void Optimizer::step_only(const std::function<bool(const Tensor&)>& include) {
+  KILN_CHECK(updates_parameters_independently(), type_, "::step_only: this optimizer's update of a parameter reads "
+             "others (or it does not say otherwise), so it steps all of them at once: call step()");
+  KILN_CHECK(include_ == nullptr, type_, "::step_only: called from inside step_only");
+  struct Reset {
+    const std::function<bool(const Tensor&)>*& slot;
+    ~Reset() { slot = nullptr; }
+  } reset{include_};
+  include_ = &include;
+  step();
+}
+
 void Optimizer::add_param_group(ParamGroup group) {
   KILN_CHECK(!group.params.empty(), type_, ": got an empty parameter list");
   for (const auto& p : group.params) {

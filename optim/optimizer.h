@@ -7,6 +7,7 @@
 // optimizer's defaults), and state is keyed by the parameter's index in the concatenation of all groups'
 // parameter lists, so a state_dict can be loaded into a fresh optimizer built over a fresh model.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -68,6 +69,14 @@ class Optimizer : public Stateful {
   void zero_grad(bool set_to_none = true);
   // One update of every parameter that has a gradient. Runs without recording autograd history.
   virtual void step() = 0;
+  // step() for the parameters `include` selects only, the others left as if they had no gradient (their
+  // state and step counts untouched): steps over disjoint parts of the parameters, one after another, equal
+  // one step() where the update of one parameter does not read another's (SGD, Adam, AdamW). Data
+  // parallelism uses it to update the parameters whose gradients are averaged while the last all-reduce
+  // still runs (DistributedDataParallel::step). An optimizer whose update couples parameters refuses.
+  void step_only(const std::function<bool(const Tensor&)>& include);
+  // Whether step_only is allowed: each parameter's update depends on its own gradient and state alone.
+  virtual bool updates_parameters_independently() const { return false; }
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -113,8 +122,11 @@ class Optimizer : public Stateful {
   // The same for the optimizer's global state; the default accepts none.
   virtual std::string check_global_state(const std::string& name, const Tensor& t) const;
   void apply_state(const State& state) override;
+  // Inside step_only: whether step() updates this parameter (true outside step_only).
+  bool selected(const Tensor& param) const { return !include_ || (*include_)(param); }
 
  private:
+  const std::function<bool(const Tensor&)>* include_ = nullptr;  // step_only's selection, while it runs
   std::string type_;
   Options defaults_;
   std::vector<ParamGroup> groups_;

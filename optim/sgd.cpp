@@ -52,7 +52,7 @@ void SGD::step() {
   for (const auto& g : param_groups()) check_group(g);  // options may have been edited since construction
   for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
     const Tensor grad = p.grad();
-    if (!grad.defined()) return;
+    if (!grad.defined() || !selected(p)) return;
     const double lr = g.get("lr"), momentum = g.get("momentum"), dampening = g.get("dampening");
     const double wd = g.get("weight_decay");
     const bool nesterov = g.get("nesterov") != 0.0;

@@ -29,6 +29,7 @@ class SGD : public Optimizer {
   void add_param_group(std::vector<Tensor> params, const SGDOptions& options);
   using Optimizer::add_param_group;
   void step() override;
+  bool updates_parameters_independently() const override { return true; }
 
  protected:
   std::vector<std::string> state_tensor_names() const override { return {"momentum_buffer"}; }

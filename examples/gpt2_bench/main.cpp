@@ -78,6 +78,7 @@ struct Args {
   int cuda_graph = -1;     // the step captured once as a CUDA graph and replayed: 1 on, 0 off, -1 where it can
   bool fp8 = false;        // the blocks' Linear layers in FP8 (nn::Fp8Autocast, delayed scaling)
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
+  bool overlap_step = false;  // DDP: AdamW of the other buckets under the last bucket's all-reduce
   bool autocast_cache = true;  // parameters' bf16 casts kept (amp::cast_parameter; AdamW writes them)
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
@@ -93,7 +94,8 @@ void usage(std::ostream& os) {
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
         "                  [--shampoo-newton-tf32] [--shampoo-warm [--shampoo-warm-tolerance T]]\n"
         "                  [--shampoo-beta2 B]] [--fp8]\n"
-        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--trace FILE] [--[no-]cuda-graph]\n"
+        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step] [--trace FILE]\n"
+        "                  [--[no-]cuda-graph]\n"
         "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
@@ -102,6 +104,9 @@ void usage(std::ostream& os) {
         "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
+        "  --overlap-step: DDP leaves the last bucket's all-reduce running at the end of backward and AdamW\n"
+        "                  updates the other parameters beside it (DistributedDataParallelOptions::\n"
+        "                  overlap_optimizer_step)\n"
         "  --no-autocast-cache: cast the weights to bf16 at every use (default: the casts are kept and AdamW\n"
         "                writes them with each update: amp::cast_parameter)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
@@ -145,6 +150,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--no-cuda-graph") a.cuda_graph = 0;
     else if (flag == "--fp8") a.fp8 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
+    else if (flag == "--overlap-step") a.overlap_step = true;
     else if (flag == "--no-autocast-cache") a.autocast_cache = false;
     else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
@@ -157,6 +163,7 @@ Args parse_args(int argc, char** argv) {
   }
   KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
   KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
+  KILN_CHECK(!a.overlap_step || !a.zero, "gpt2_bench: --overlap-step is DDP's (ZeRO-1 reduce-scatters instead)");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
              "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
   return a;
@@ -205,6 +212,7 @@ int run(const Args& args) {
       distributed::DistributedDataParallelOptions o;
       if (args.comm_bf16) o.comm_dtype = DType::bf16;
       o.sm_carveout = args.sm_carveout;
+      o.overlap_optimizer_step = args.overlap_step;
       o.bucket_cap_mb = args.bucket_mb;
       o.first_bucket_cap_mb = args.first_bucket_mb;
       ddp = std::make_unique<distributed::DistributedDataParallel>(model, group, o);
@@ -235,6 +243,10 @@ int run(const Args& args) {
     if (zero) zero->zero_grad();
     else opt->zero_grad();
   };
+  auto optimizer_step = [&] {  // through DDP, which may update some parameters while an all-reduce runs
+    if (ddp) ddp->step(*opt);
+    else opt->step();
+  };
 
   // A few batches of random tokens made up front and cycled (the input pipeline is not what is measured).
   Generator gen(args.seed + 1 + uint64_t(rank));  // each rank its own data
@@ -258,7 +270,7 @@ int run(const Args& args) {
       loss.backward();
     });
     timer.time("optimizer", [&] {
-      opt->step();
+      optimizer_step();
       if (args.fp8) nn::fp8_step(model);
     });
   };
@@ -282,7 +294,7 @@ int run(const Args& args) {
           }
           zero_grad();
           loss.backward();
-          opt->step();
+          optimizer_step();
           if (args.fp8) nn::fp8_step(model);  // the histories' positions live on the device: a replay moves them
         },
         /*warmup=*/0));

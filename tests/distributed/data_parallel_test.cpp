@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include <kiln/core/ops.h>
@@ -184,6 +185,73 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
   Tensor g = other.spare.weight.grad().contiguous().clone(), g0 = g.clone();
   pg->broadcast(g0, 0);
   EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());
+}
+
+// overlap_optimizer_step: backward leaves the last bucket's all-reduce (fc1.weight here, one parameter a
+// bucket) running, and ddp.step(opt) updates the other parameters, waits, then updates fc1.weight. The
+// weights equal the plain step's exactly, with AdamW over small buckets and with SGD over one bucket.
+TEST(DistributedDataParallel, OverlappedOptimizerStepEqualsThePlainStep) {
+  const auto& pg = world();
+  manual_seed(31 + uint64_t(pg->rank()));
+  const Data d = share(whole_batch(6 * pg->size()), pg->rank(), pg->size());
+  for (bool small_buckets : {true, false}) {
+    SCOPED_TRACE(small_buckets ? "one parameter a bucket, AdamW" : "one bucket, SGD");
+    Net a, b;
+    b.load_state_dict(a.state_dict());
+    DistributedDataParallelOptions plain_options, overlap_options;
+    if (small_buckets) plain_options.bucket_cap_mb = plain_options.first_bucket_cap_mb = 1e-5;
+    overlap_options = plain_options;
+    overlap_options.overlap_optimizer_step = true;
+    DistributedDataParallel plain(a, pg, plain_options), overlapped(b, pg, overlap_options);
+    std::unique_ptr<optim::Optimizer> oa, ob;
+    if (small_buckets) {
+      oa = std::make_unique<optim::AdamW>(a.parameters(), optim::AdamWOptions{.lr = 0.03, .weight_decay = 0.1});
+      ob = std::make_unique<optim::AdamW>(b.parameters(), optim::AdamWOptions{.lr = 0.03, .weight_decay = 0.1});
+    } else {
+      oa = std::make_unique<optim::SGD>(a.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      ob = std::make_unique<optim::SGD>(b.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    }
+    for (int step = 0; step < 4; ++step) {
+      oa->zero_grad();
+      F::mse_loss(plain(d.x), d.y).backward();
+      oa->step();
+      ob->zero_grad();
+      F::mse_loss(overlapped(d.x), d.y).backward();
+      overlapped.step(*ob);
+    }
+    expect_same_parameters(a, b, 0.0);
+    if (small_buckets) {  // AdamW's per-parameter step counts: each parameter stepped once a step
+      for (int64_t i = 0; i < ob->num_params(); ++i) EXPECT_EQ(ob->state(i).step, 4) << "parameter " << i;
+    }
+  }
+}
+
+// With overlap_optimizer_step, a step that bypasses ddp.step (here opt.step() straight after backward) is
+// found at the next backward: an error that says how to step, after which training can go on.
+TEST(DistributedDataParallel, OverlappedStepBypassedIsAnErrorAtTheNextBackward) {
+  const auto& pg = world();
+  Net model;
+  DistributedDataParallel ddp(model, pg, {.overlap_optimizer_step = true});
+  optim::SGD opt(model.parameters(), {.lr = 0.01});
+  const Data d = share(whole_batch(2 * pg->size()), pg->rank(), pg->size());
+  opt.zero_grad();
+  F::mse_loss(ddp(d.x), d.y).backward();
+  opt.step();  // wrong: the last bucket's all-reduce has not been waited for
+  opt.zero_grad();
+  try {
+    F::mse_loss(ddp(d.x), d.y).backward();
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ddp.step(optimizer)"), std::string::npos) << e.what();
+  }
+  // the error waited for the collective: the next pass is a normal one
+  opt.zero_grad();
+  F::mse_loss(ddp(d.x), d.y).backward();
+  ddp.wait_for_gradients();  // what a clip between backward and the step needs
+  Tensor g = model.fc1.weight.grad().contiguous().clone(), g0 = g.clone();
+  pg->broadcast(g0, 0);
+  EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());  // averaged: the same on every rank
+  ddp.step(opt);
 }
 
 // comm_dtype bf16: the buckets travel as bf16 copies; every rank ends with the same gradients, within

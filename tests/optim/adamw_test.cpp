@@ -162,5 +162,37 @@ TEST(Autocast, AdamWLeavesEveryKeptCopyOfFlatParametersCurrent) {
   EXPECT_TRUE(copies[0].is_same(amp::kept_copy(w1)) && copies[1].is_same(amp::kept_copy(w2)));
 }
 
+// step_only over two disjoint parts, one after the other, is one step(): the same weights, moments and
+// per-parameter step counts (what DistributedDataParallel's overlapped step relies on); a parameter outside
+// the selection keeps its state untouched.
+TEST(AdamW, StepOnlyOverTwoPartsEqualsOneStep) {
+  manual_seed(12);
+  Tensor a1 = randn({3, 4}).requires_grad_(true), b1 = randn({4}).requires_grad_(true);
+  Tensor a2 = a1.detach().clone().requires_grad_(true), b2 = b1.detach().clone().requires_grad_(true);
+  const Tensor x = randn({5, 4});
+  AdamW whole({a1, b1}, {.lr = 0.05, .weight_decay = 0.1}), parts({a2, b2}, {.lr = 0.05, .weight_decay = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    whole.zero_grad();
+    sum(mul(add(nn::functional::linear(x, a1), b1.narrow(0, 0, 3)), 2.0)).backward();
+    whole.step();
+    parts.zero_grad();
+    sum(mul(add(nn::functional::linear(x, a2), b2.narrow(0, 0, 3)), 2.0)).backward();
+    parts.step_only([&](const Tensor& p) { return p.is_same(b2); });
+    if (step == 0) {
+      EXPECT_EQ(parts.state(0).step, 0);  // a2 not stepped yet: no moments, no count
+      EXPECT_FALSE(parts.state(0).tensors.count("exp_avg"));
+      EXPECT_EQ(parts.state(1).step, 1);
+    }
+    parts.step_only([&](const Tensor& p) { return !p.is_same(b2); });
+  }
+  EXPECT_EQ(a1.to_vector<float>(), a2.to_vector<float>());
+  EXPECT_EQ(b1.to_vector<float>(), b2.to_vector<float>());
+  for (int64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(parts.state(i).step, 3);
+    EXPECT_EQ(whole.state(i).tensors.at("exp_avg_sq").to_vector<float>(),
+              parts.state(i).tensors.at("exp_avg_sq").to_vector<float>());
+  }
+}
+
 }  // namespace
 }  // namespace kiln::optim

@@ -366,5 +366,21 @@ TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
   EXPECT_KILN_ERROR(opt.step(), "Shampoo", "factor", "parameter 0", "[3, 3]", "non-finite");
 }
 
+// Shampoo computes the roots of all its blocks at once on a shared schedule and does not offer a partial
+// step: step_only refuses with an error that says to call step(), and nothing changes.
+TEST(Shampoo, StepOnlyIsRefused) {
+  Tensor w = randn({3, 3}).requires_grad_(true);
+  Shampoo opt({w}, {.lr = 0.1});
+  sum(mul(w, w)).backward();
+  const std::vector<float> before = w.to_vector<float>();
+  try {
+    opt.step_only([](const Tensor&) { return true; });
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("call step()"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(w.to_vector<float>(), before);
+}
+
 }  // namespace
 }  // namespace kiln::optim
