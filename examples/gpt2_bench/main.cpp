@@ -52,6 +52,7 @@
 #include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/step_in_backward.h>
 #include <kiln/optim/shampoo.h>
 
 #include "../common/cli.h"
@@ -79,6 +80,7 @@ struct Args {
   bool fp8 = false;        // the blocks' Linear layers in FP8 (nn::Fp8Autocast, delayed scaling)
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
   bool overlap_step = false;  // DDP: AdamW of the other buckets under the last bucket's all-reduce
+  bool step_in_backward = false;  // one GPU: AdamW inside backward, layer by layer (optim::StepInBackward)
   bool autocast_cache = true;  // parameters' bf16 casts kept (amp::cast_parameter; AdamW writes them)
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
@@ -94,8 +96,8 @@ void usage(std::ostream& os) {
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
         "                  [--shampoo-newton-tf32] [--shampoo-warm [--shampoo-warm-tolerance T]]\n"
         "                  [--shampoo-beta2 B]] [--fp8]\n"
-        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step] [--trace FILE]\n"
-        "                  [--[no-]cuda-graph]\n"
+        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step]\n"
+        "                  [--step-in-backward] [--trace FILE] [--[no-]cuda-graph]\n"
         "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
@@ -107,6 +109,8 @@ void usage(std::ostream& os) {
         "  --overlap-step: DDP leaves the last bucket's all-reduce running at the end of backward and AdamW\n"
         "                  updates the other parameters beside it (DistributedDataParallelOptions::\n"
         "                  overlap_optimizer_step)\n"
+        "  --step-in-backward: one GPU: AdamW updates each batch of parameters inside backward as soon as\n"
+        "                  their gradients are final, on a side stream beside the matmuls (optim::StepInBackward)\n"
         "  --no-autocast-cache: cast the weights to bf16 at every use (default: the casts are kept and AdamW\n"
         "                writes them with each update: amp::cast_parameter)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
@@ -151,6 +155,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--fp8") a.fp8 = true;
     else if (flag == "--sm-carveout") a.sm_carveout = int(r.i64());
     else if (flag == "--overlap-step") a.overlap_step = true;
+    else if (flag == "--step-in-backward") a.step_in_backward = true;
     else if (flag == "--no-autocast-cache") a.autocast_cache = false;
     else if (flag == "--bucket-mb") a.bucket_mb = r.f64();
     else if (flag == "--first-bucket-mb") a.first_bucket_mb = r.f64();
@@ -164,6 +169,8 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
   KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
   KILN_CHECK(!a.overlap_step || !a.zero, "gpt2_bench: --overlap-step is DDP's (ZeRO-1 reduce-scatters instead)");
+  KILN_CHECK(!a.step_in_backward || (!a.zero && a.shampoo == 0 && !a.overlap_step),
+             "gpt2_bench: --step-in-backward needs AdamW on one GPU (not --zero, --shampoo or --overlap-step)");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
              "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
   return a;
@@ -243,7 +250,13 @@ int run(const Args& args) {
     if (zero) zero->zero_grad();
     else opt->zero_grad();
   };
+  // --step-in-backward: AdamW runs from backward's hooks (one process only: DDP's averages complete later)
+  KILN_CHECK(!args.step_in_backward || !group, "gpt2_bench: --step-in-backward runs on one GPU, not with ",
+             group ? group->size() : 1, " ranks (use --overlap-step with DDP)");
+  std::unique_ptr<optim::StepInBackward> in_backward;
+  if (args.step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
   auto optimizer_step = [&] {  // through DDP, which may update some parameters while an all-reduce runs
+    if (in_backward) return;  // done inside backward
     if (ddp) ddp->step(*opt);
     else opt->step();
   };
