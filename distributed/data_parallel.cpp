@@ -214,20 +214,29 @@ void DistributedDataParallel::add_bucket(std::unique_ptr<Bucket> bucket) {
   for (size_t k = 0; k < n; ++k) {
     const Tensor& p = bucket->params[k];
     const size_t handle = p.register_post_accumulate_grad_hook([this, b, k](const Tensor&) {
-      if (!in_backward_ && !deferred_.empty()) {  // (inside no_sync too: backward would add into the buffer)
+      if (pass_.expired() && !deferred_.empty()) {  // (inside no_sync too: backward would add into the buffer)
+        // Stepped since without ddp.step (their versions moved): that step read this rank's own gradients
+        // for them. Not stepped (the gradients were dropped): nothing was harmed, and the wait is enough.
+        const bool stepped = deferred_parameter_versions() != deferred_versions_;
         wait_for_gradients();
-        KILN_FAIL("DistributedDataParallel: overlap_optimizer_step is on and a backward pass began while the last "
-                  "one's final all-reduce had not been waited for, so the step between them may have used this "
-                  "rank's own gradients for that bucket (", buckets_.back()->names.front(),
-                  ", ...): step the optimizer through ddp.step(optimizer), or call ddp.wait_for_gradients() "
-                  "before anything reads the gradients");
+        if (stepped)
+          KILN_FAIL("DistributedDataParallel: overlap_optimizer_step is on and a backward pass began while the last "
+                    "one's final all-reduce had not been waited for, so the step between them may have used this "
+                    "rank's own gradients for that bucket (", buckets_.back()->names.front(),
+                    ", ...): step the optimizer through ddp.step(optimizer), or call ddp.wait_for_gradients() "
+                    "before anything reads the gradients");
       }
       if (!sync_) return;
       Bucket& bk = *buckets_[b];
-      if (!in_backward_) {  // the first gradient of this backward pass
-        in_backward_ = true;
+      if (pass_.expired()) {  // the first gradient of this backward pass
+        pass_finished_ = false;
+        std::shared_ptr<int> token(new int(0), [this](int* p) {
+          delete p;
+          if (!pass_finished_) abandon_pass();
+        });
+        pass_ = token;
         if (timeline_) first_ready_ = record_timing_event(group_->device());
-        autograd::queue_callback([this] { finish_backward(); });
+        autograd::queue_callback([this, token] { finish_backward(); });
       }
       if (bk.ready[k]) return;
       bk.ready[k] = true;
@@ -257,7 +266,7 @@ void DistributedDataParallel::launch_ready_buckets() {
 }
 
 void DistributedDataParallel::finish_backward() {
-  in_backward_ = false;
+  pass_finished_ = true;
   std::vector<std::string> unused;
   for (size_t i = next_launch_; i < buckets_.size(); ++i)
     for (size_t k = 0; k < buckets_[i]->params.size(); ++k)
@@ -283,6 +292,7 @@ void DistributedDataParallel::finish_backward() {
     b.pending = b.params.size();
   }
   next_launch_ = 0;
+  deferred_versions_ = deferred_parameter_versions();
   if (!unused.empty() && !options_.find_unused_parameters) {
     std::string names;
     for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];
@@ -304,6 +314,29 @@ void DistributedDataParallel::finish_bucket(Bucket& b) {
   b.work.reset();
 }
 
+std::vector<uint64_t> DistributedDataParallel::deferred_parameter_versions() const {
+  std::vector<uint64_t> versions;
+  for (size_t i : deferred_)
+    for (const Tensor& p : buckets_[i]->params) versions.push_back(p.version());
+  return versions;
+}
+
+void DistributedDataParallel::abandon_pass() noexcept {
+  try {
+    const bool launched = next_launch_ > 0;
+    for (auto& b : buckets_) {
+      if (b->work) b->work->wait();  // every rank issued the same collectives: wait rather than leave them
+      b->work.reset();
+      b->ready.assign(b->params.size(), false);
+      b->pending = b->params.size();
+    }
+    deferred_.clear();
+    next_launch_ = 0;
+    if (launched && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): called from a release, which must not throw; the
+  }                // group's watchdog reports a collective that cannot complete
+}
+
 void DistributedDataParallel::wait_for_gradients() {
   for (size_t i : deferred_) finish_bucket(*buckets_[i]);
   deferred_.clear();
@@ -323,8 +356,17 @@ void DistributedDataParallel::step(optim::Optimizer& optimizer) {
     return false;
   };
   // On the compute stream: the updates of the averaged buckets' parameters are queued before the wait for
-  // the last all-reduce, so they run while it does; then that bucket's.
-  optimizer.step_only([&](const Tensor& p) { return !in_last(p); });
+  // the last all-reduce, so they run while it does; then that bucket's. (A throw waits for it as well, so
+  // that the next backward does not take it for a bypassed step.)
+  try {
+    optimizer.step_only([&](const Tensor& p) { return !in_last(p); });
+  } catch (...) {
+    try {
+      wait_for_gradients();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the step's own error is the one to report
+    }
+    throw;
+  }
   wait_for_gradients();
   optimizer.step_only(in_last);
 }

@@ -19,7 +19,8 @@
 // counts it ready; a bucket whose parameters are all ready is all-reduced (avg) at once, asynchronously,
 // while backward goes on; buckets are launched in index order, so every rank issues the same collectives
 // in the same order. At the end of backward (autograd::queue_callback) DDP waits for the last ones.
-// Every rank ends backward with identical gradients, so GradScaler's inf check and the global-norm clip
+// Every rank ends backward with identical gradients (with overlap_optimizer_step: once step() or
+// wait_for_gradients() has waited for the last bucket), so GradScaler's inf check and the global-norm clip
 // agree across ranks without more communication.
 //
 // A parameter that gets no gradient in a backward pass is an error naming it (its bucket would never be
@@ -140,6 +141,8 @@ class DistributedDataParallel : public nn::Module {
   void launch_ready_buckets();
   void finish_backward();
   void finish_bucket(Bucket& b);  // after its all-reduce: the average back from the comm copy
+  void abandon_pass() noexcept;   // a backward that failed: its collectives waited for, the buckets reset
+  std::vector<uint64_t> deferred_parameter_versions() const;
   nn::Module& module_;
   std::shared_ptr<ProcessGroup> group_;
   DistributedDataParallelOptions options_;
@@ -147,7 +150,12 @@ class DistributedDataParallel : public nn::Module {
   std::vector<std::pair<Tensor, size_t>> hooks_;  // (parameter, handle) to remove at destruction
   size_t next_launch_ = 0;                        // the next bucket to all-reduce, in index order
   std::vector<size_t> deferred_;                  // buckets whose all-reduce backward left running (overlap)
-  bool in_backward_ = false;                      // finish_backward is queued
+  // Alive while this pass's finish_backward is queued: the autograd engine drops the callback when backward
+  // fails, and the token's release then abandons the pass (its all-reduces waited for, the buckets reset),
+  // so that the next backward starts afresh.
+  std::weak_ptr<int> pass_;
+  bool pass_finished_ = false;
+  std::vector<uint64_t> deferred_versions_;  // the deferred buckets' parameters' versions when deferred
   bool sync_ = true;
   bool timeline_ = false;
   int carveout_before_ = 0;  // cuda::sm_carveout() when this backward's carve-out began

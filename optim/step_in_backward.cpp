@@ -33,11 +33,23 @@ StepInBackward::~StepInBackward() {
 }
 
 void StepInBackward::ready(const Tensor& param) {
-  if (!in_backward_) {  // the first gradient of this pass
-    in_backward_ = true;
+  if (pass_.expired()) {  // the first gradient of this pass
+    pending_.clear();
+    stepped_.clear();
+    pending_bytes_ = 0;
     batches_ = 0;
-    autograd::queue_callback([this] { finish(); });
+    std::shared_ptr<int> token(new int(0), [this](int* p) {
+      delete p;
+      join();
+    });
+    pass_ = token;
+    autograd::queue_callback([this, token] { finish(); });
   }
+  for (const std::vector<Tensor>* seen : {&pending_, &stepped_})
+    for (const Tensor& q : *seen)
+      KILN_CHECK(!q.is_same(param), "StepInBackward: the gradient of ", param.str(), " completed twice in one "
+                 "backward pass (a parameter used in two checkpointed segments?), so it would be stepped on a "
+                 "part of its gradient: step after backward instead");
   pending_.push_back(param);
   const Tensor grad = param.grad();
   pending_bytes_ += double(grad.numel()) * double(element_size(grad.dtype()));
@@ -60,15 +72,25 @@ void StepInBackward::flush() {
     optimizer_.step_only(gathered);
   }
   ++batches_;
+  stepped_.insert(stepped_.end(), pending_.begin(), pending_.end());
   pending_.clear();
   pending_bytes_ = 0;
 }
 
 void StepInBackward::finish() {
-  in_backward_ = false;
   flush();
   last_batches_ = batches_;
-  if (side_) cuda::Stream::current(device_).wait(*side_);  // what follows backward sees the new weights
+  KILN_CHECK(size_t(optimizer_.num_params()) == hooks_.size(), "StepInBackward: the optimizer has ",
+             optimizer_.num_params(), " parameters but ", hooks_.size(), " were hooked when this StepInBackward "
+             "was made; the ones added since are never stepped: make it after the last add_param_group");
+}
+
+void StepInBackward::join() noexcept {
+  if (!side_) return;
+  try {
+    cuda::Stream::current(device_).wait(*side_);  // what follows backward sees the new weights
+  } catch (...) {  // NOLINT(bugprone-empty-catch): called from a release, which must not throw; a
+  }                // failing stream wait means the device is lost, which the next call reports
 }
 
 }  // namespace kiln::optim

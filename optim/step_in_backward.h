@@ -17,10 +17,15 @@
 // between backward and the step (a global-norm clip, GradScaler's unscale and inf check, gradient
 // accumulation over micro-batches), nor DistributedDataParallel (its averages complete after these hooks;
 // its overlap_optimizer_step overlaps the step there). A parameter that gets no gradient in a pass is not
-// stepped, as one whose gradient is None. On a GPU the updates run on a side stream that waits for the
-// compute stream at each batch, and the compute stream waits for the side stream at the end of backward,
-// so what follows backward sees the new weights; inside a CUDA graph capture the side stream joins the
-// capture the same way.
+// stepped, as one whose gradient is None (step() would update one whose gradient is a zero tensor: a
+// pinned one, or after zero_grad(false)). A parameter whose gradient completes twice in one pass (used in
+// two checkpointed segments, each recomputed in a nested pass) is an error, as is a parameter added to the
+// optimizer after this object was made. A backward that fails part way leaves the batches already queued
+// applied and the rest not. On a GPU the updates run on a side stream that waits for the compute stream at
+// each batch, and the compute stream waits for the side stream at the end of backward (or where it
+// fails), so what follows sees the new weights. Inside a CUDA graph capture the side stream joins the
+// capture the same way, which holds only where the step allocates nothing on it (AdamW over contiguous
+// parameters and gradients of their own dtype; the allocator refuses otherwise): not yet run on a GPU.
 #include <cstddef>
 #include <memory>
 #include <utility>
@@ -52,14 +57,17 @@ class StepInBackward {
  private:
   void ready(const Tensor& param);
   void flush();   // steps the gathered parameters
-  void finish();  // end of backward: the last batch, then the compute stream waits for the updates
+  void finish();  // end of backward: the last batch
+  void join() noexcept;  // the compute stream waits for the updates queued so far
 
   Optimizer& optimizer_;
   StepInBackwardOptions options_;
   std::vector<std::pair<Tensor, size_t>> hooks_;  // (parameter, handle) to remove at destruction
-  std::vector<Tensor> pending_;
+  std::vector<Tensor> pending_, stepped_;  // this pass's: gathered, and already queued
   double pending_bytes_ = 0;
-  bool in_backward_ = false;
+  // Alive while this pass's end-of-backward callback is queued: the engine drops the callback when backward
+  // fails, and the token's release then joins the streams and lets the next pass start afresh.
+  std::weak_ptr<int> pass_;
   size_t batches_ = 0, last_batches_ = 0;
   int device_ = -1;                      // the parameters' CUDA device, or -1 on the CPU
   std::unique_ptr<cuda::Stream> side_;  // CUDA: where the updates run

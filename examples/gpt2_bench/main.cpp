@@ -253,6 +253,8 @@ int run(const Args& args) {
   // --step-in-backward: AdamW runs from backward's hooks (one process only: DDP's averages complete later)
   KILN_CHECK(!args.step_in_backward || !group, "gpt2_bench: --step-in-backward runs on one GPU, not with ",
              group ? group->size() : 1, " ranks (use --overlap-step with DDP)");
+  KILN_CHECK(!args.overlap_step || group, "gpt2_bench: --overlap-step is DDP's, which needs several ranks (one GPU: "
+             "--step-in-backward)");
   std::unique_ptr<optim::StepInBackward> in_backward;
   if (args.step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
   auto optimizer_step = [&] {  // through DDP, which may update some parameters while an all-reduce runs
@@ -382,10 +384,11 @@ int run(const Args& args) {
                 (long long)(shampoo_stats->root_updates() - roots_before),
                 (long long)(shampoo_stats->eigen_refreshes() - refreshes_before));
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
-  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s\n", tps, mfu, peak_gib,
-              1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s\n", tps, mfu,
+              peak_gib, 1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
               args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "",
-              use_graph ? " cuda_graph=1" : "", args.fp8 ? " fp8=1" : "");
+              use_graph ? " cuda_graph=1" : "", args.fp8 ? " fp8=1" : "", args.overlap_step ? " overlap_step=1" : "",
+              args.step_in_backward ? " step_in_backward=1" : "");
   return 0;
 }
 

@@ -252,6 +252,35 @@ TEST(DistributedDataParallel, OverlappedStepBypassedIsAnErrorAtTheNextBackward) 
   pg->broadcast(g0, 0);
   EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>());  // averaged: the same on every rank
   ddp.step(opt);
+  // gradients dropped without a step (nothing read them): the next backward just waits, no error
+  opt.zero_grad();
+  F::mse_loss(ddp(d.x), d.y).backward();
+  opt.zero_grad();
+  F::mse_loss(ddp(d.x), d.y).backward();
+  ddp.step(opt);
+}
+
+// A backward that fails part way (here a hook on an activation throws after some buckets were launched)
+// leaves DDP ready for the next one: its collectives waited for, its buckets reset, the next gradients
+// averaged as usual.
+TEST(DistributedDataParallel, AFailedBackwardLeavesTheNextOneWorking) {
+  const auto& pg = world();
+  manual_seed(41 + uint64_t(pg->rank()));
+  Net model;
+  DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 1e-5, .first_bucket_cap_mb = 1e-5});
+  const Data d = share(whole_batch(4 * pg->size()), pg->rank(), pg->size());
+  model.zero_grad();
+  Tensor h = model.fc1(d.x);
+  h.register_hook([](const Tensor&) -> Tensor { throw Error("a hook fails"); });
+  Tensor y = model.spare(model.fc2(tanh(h)));
+  EXPECT_THROW(F::mse_loss(y, d.y).backward(), Error);  // spare's and fc2's buckets were launched
+  model.zero_grad();
+  F::mse_loss(ddp(d.x), d.y).backward();
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor g = p.grad().contiguous().clone(), g0 = g.clone();
+    pg->broadcast(g0, 0);
+    EXPECT_EQ(g.to_vector<float>(), g0.to_vector<float>()) << name;
+  }
 }
 
 // comm_dtype bf16: the buckets travel as bf16 copies; every rank ends with the same gradients, within

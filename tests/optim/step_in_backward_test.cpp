@@ -83,6 +83,43 @@ TEST(StepInBackward, SgdWithMomentumToo) {
   EXPECT_EQ(a.w2.to_vector<float>(), b.w2.to_vector<float>());
 }
 
+// A backward that fails part way leaves the next pass working: it steps every parameter again.
+TEST(StepInBackward, AFailedBackwardLeavesTheNextOneWorking) {
+  manual_seed(6);
+  const Tensor x = randn({6, 5});
+  const Params p = make_params();
+  AdamW opt({p.w1, p.w2}, {.lr = 0.05});
+  StepInBackward in_backward(opt, {.bucket_mb = 0.0});
+  opt.zero_grad();
+  Tensor h = F::linear(x, p.w1);
+  h.register_hook([](const Tensor&) -> Tensor { throw Error("a hook fails"); });
+  EXPECT_THROW(sum(F::linear(tanh(h), p.w2)).backward(), Error);  // w2 was stepped, w1 not
+  EXPECT_EQ(opt.state(1).step, 1);
+  EXPECT_EQ(opt.state(0).step, 0);
+  opt.zero_grad();
+  loss_of(p, x).backward();
+  EXPECT_EQ(in_backward.last_batches(), 2u);
+  EXPECT_EQ(opt.state(0).step, 1);
+  EXPECT_EQ(opt.state(1).step, 2);
+}
+
+// Parameters added to the optimizer after the StepInBackward was made have no hook: an error at the end of
+// the next backward rather than parameters that silently never move.
+TEST(StepInBackward, ParametersAddedAfterwardsAreAnError) {
+  manual_seed(7);
+  const Params p = make_params();
+  AdamW opt({p.w1}, {.lr = 0.05});
+  StepInBackward in_backward(opt);
+  opt.add_param_group({p.w2}, AdamWOptions{.lr = 0.05});
+  opt.zero_grad();
+  try {
+    loss_of(p, randn({6, 5})).backward();
+    FAIL() << "expected a kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("after the last add_param_group"), std::string::npos) << e.what();
+  }
+}
+
 TEST(StepInBackward, AnOptimizerThatCannotStepAPartIsRefused) {
   Tensor w = randn({3, 3}).requires_grad_(true);
   Shampoo opt({w}, {.lr = 0.1});
