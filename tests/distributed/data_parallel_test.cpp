@@ -189,17 +189,21 @@ TEST(DistributedDataParallel, UnusedParameterIsAnErrorNamingItUnlessDetected) {
 
 // overlap_optimizer_step: backward leaves the last bucket's all-reduce (fc1.weight here, one parameter a
 // bucket) running, and ddp.step(opt) updates the other parameters, waits, then updates fc1.weight. The
-// weights equal the plain step's exactly, with AdamW over small buckets and with SGD over one bucket.
+// weights equal the plain step's exactly, with AdamW over small buckets (gradients all-reduced as they are,
+// and as bf16 copies cast back) and with SGD over one bucket.
 TEST(DistributedDataParallel, OverlappedOptimizerStepEqualsThePlainStep) {
   const auto& pg = world();
   manual_seed(31 + uint64_t(pg->rank()));
   const Data d = share(whole_batch(6 * pg->size()), pg->rank(), pg->size());
-  for (bool small_buckets : {true, false}) {
-    SCOPED_TRACE(small_buckets ? "one parameter a bucket, AdamW" : "one bucket, SGD");
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool small_buckets = variant != 1;  // variant 2: small buckets with bf16 on the wire
+    SCOPED_TRACE(variant == 0 ? "one parameter a bucket, AdamW" : variant == 1 ? "one bucket, SGD"
+                                                                             : "one parameter a bucket, bf16 wire");
     Net a, b;
     b.load_state_dict(a.state_dict());
     DistributedDataParallelOptions plain_options, overlap_options;
     if (small_buckets) plain_options.bucket_cap_mb = plain_options.first_bucket_cap_mb = 1e-5;
+    if (variant == 2) plain_options.comm_dtype = DType::bf16;  // the last bucket's copy cast back in ddp.step
     overlap_options = plain_options;
     overlap_options.overlap_optimizer_step = true;
     DistributedDataParallel plain(a, pg, plain_options), overlapped(b, pg, overlap_options);
