@@ -197,9 +197,9 @@ struct FwdMaps {
 // returns the factor the running output must be scaled by; leaves P in s (dropout applied; the sum keeps
 // the undropped values), for pack_probabilities.
 template <class T, BiasKind kBias, int kChains>
-__device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], float (&m)[2], float (&l)[2], float (&corr)[2], const FwdParams& p,
-                                             int64_t bh, int n0, int row_lo, int row_first, int t4,
-                                             const float* key_bias2) {
+__device__ __forceinline__ void softmax_step(float (&s)[kFwdKeys / 2], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             const FwdParams& p, int64_t bh, int n0, int row_lo, int row_first,
+                                             int t4, const float* key_bias2) {
   const int row_hi = row_lo + 8;
   // With a bias the scores are first taken to log2 units, s·scale·log2e + bias·log2e, and `sl` is 1.
   // BiasKind::keys reads the tile's 128 key biases (already in log2 units) from shared memory, where the
@@ -327,9 +327,10 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
   auto k_empty = [&](int s) { return bars + 8u * uint32_t(1 + 2 * kFwdStages + s); };
   auto v_empty = [&](int s) { return bars + 8u * uint32_t(1 + 3 * kFwdStages + s); };
   const int tid = int(threadIdx.x);
-  const int h = int(maps.tiles_slowest ? blockIdx.x : blockIdx.y), b = int(maps.tiles_slowest ? blockIdx.y : blockIdx.z);
+  const bool lpt = maps.tiles_slowest;
+  const int h = int(lpt ? blockIdx.x : blockIdx.y), b = int(lpt ? blockIdx.y : blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
-  const int tile = int(maps.tiles_slowest ? blockIdx.z : blockIdx.x), tiles = int(maps.tiles_slowest ? gridDim.z : gridDim.x);
+  const int tile = int(lpt ? blockIdx.z : blockIdx.x), tiles = int(lpt ? gridDim.z : gridDim.x);
   const int m0 = (p.band.causal ? tiles - 1 - tile : tile) * kFwdRows;  // causal: longest first
   // the key tiles the tile's queries see (the band's range, or the layout's live blocks): tile n at keys.at(n)
   const TileWalk keys = key_walk<kFwdKeys>(p.band, p.blocks, m0, kFwdRows, p.Tq, p.Tk);
@@ -595,9 +596,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
   const int tid = int(threadIdx.x), wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
             t4 = lane % 4;
-  const int h = int(maps.tiles_slowest ? blockIdx.x : blockIdx.y), b = int(maps.tiles_slowest ? blockIdx.y : blockIdx.z);
+  const bool lpt = maps.tiles_slowest;
+  const int h = int(lpt ? blockIdx.x : blockIdx.y), b = int(lpt ? blockIdx.y : blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
-  const int n0 = int(maps.tiles_slowest ? blockIdx.z : blockIdx.x) * kBwdKeys;  // causal: the first is the longest
+  const int n0 = int(lpt ? blockIdx.z : blockIdx.x) * kBwdKeys;  // causal: the first is the longest
 
   // the query tiles that see keys of this tile (the band's range, or the layout's live blocks): the i-th
   // starts at row queries.at(i). Kept in shared memory (published by the barrier-init sync below): the
@@ -915,7 +917,8 @@ void fwd_groups(const FwdParams& p, int B) {
   auto kernel = flash_fwd_sm90_kernel<T, D, kBias, kGroups>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const unsigned tiles = unsigned((p.Tq + rows - 1) / rows);
-  const dim3 grid = maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
+  const dim3 grid =
+      maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
   kernel<<<grid, fwd_threads(kGroups), smem, current_stream()>>>(p, maps);
   KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
 }
@@ -953,7 +956,8 @@ void bwd(const BwdParams& p, int B) {
   auto kernel = flash_bwd_sm90_kernel<T, D, kBias>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
   const unsigned tiles = unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys);
-  const dim3 grid = maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
+  const dim3 grid =
+      maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
   kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps, stats_ptr, Tq_pad);
   KILN_LAUNCH_CHECK("flash_bwd_sm90_kernel", "attention_backward");
 }
