@@ -262,7 +262,54 @@ void DistributedDataParallel::launch_ready_buckets() {
     }
     b.work = group_->all_reduce_async(b.comm.defined() ? b.comm : b.grad, ReduceOp::avg);
     if (timeline_) b.done_event = b.work->completion_event();
+    if (in_backward_) step_bucket(b);
   }
+}
+
+void DistributedDataParallel::step_bucket(Bucket& b) {
+  auto in_bucket = [&b](const Tensor& p) {
+    for (const Tensor& q : b.params)
+      if (q.is_same(p)) return true;
+    return false;
+  };
+  if (side_) {
+    // the side stream waits for backward so far and for the all-reduce, then updates
+    side_->wait(cuda::Stream::current(group_->device().index));
+    cuda::StreamGuard guard(*side_);
+    finish_bucket(b);  // (NCCL's wait: the current stream, the side one here, waits for the collective)
+    in_backward_->step_only(in_bucket);
+  } else {
+    finish_bucket(b);
+    in_backward_->step_only(in_bucket);
+  }
+}
+
+void DistributedDataParallel::set_step_in_backward(optim::Optimizer* optimizer) {
+  if (optimizer == nullptr) {
+    in_backward_ = nullptr;
+    return;
+  }
+  KILN_CHECK(!options_.overlap_optimizer_step, "DistributedDataParallel::set_step_in_backward: not with "
+             "overlap_optimizer_step (the step already runs inside backward, bucket by bucket)");
+  KILN_CHECK(optimizer->updates_parameters_independently(), "DistributedDataParallel::set_step_in_backward: ",
+             optimizer->type(), " updates its parameters together (or does not say otherwise), so it cannot step "
+             "bucket by bucket: call step() after backward");
+  size_t params = 0;
+  for (const auto& b : buckets_) {
+    params += b->params.size();
+    for (const Tensor& p : b->params) {
+      bool found = false;
+      for (int64_t i = 0; i < optimizer->num_params() && !found; ++i) found = optimizer->param(i).is_same(p);
+      KILN_CHECK(found, "DistributedDataParallel::set_step_in_backward: parameter ", p.str(), " (",
+                 b->names[size_t(&p - b->params.data())], ") is not the optimizer's: it would never be stepped");
+    }
+  }
+  KILN_CHECK(size_t(optimizer->num_params()) == params, "DistributedDataParallel::set_step_in_backward: the "
+             "optimizer holds ", optimizer->num_params(), " parameters, the model ", params, " that train: the "
+             "others would never be stepped inside backward");
+  if (group_->device().is_cuda() && !side_)
+    side_ = std::make_unique<cuda::Stream>(cuda::Stream::create(group_->device().index));
+  in_backward_ = optimizer;
 }
 
 void DistributedDataParallel::finish_backward() {
@@ -279,6 +326,7 @@ void DistributedDataParallel::finish_backward() {
     launch_ready_buckets();
   }
   if (timeline_) backward_end_ = record_timing_event(group_->device());
+  if (in_backward_ && side_) cuda::Stream::current(group_->device().index).wait(*side_);  // the new weights
   if (next_launch_ > 0 && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
   // wait for every launched all-reduce (overlap_optimizer_step: but the last bucket's, which step() waits
   // for), then make the buckets ready for the next pass
@@ -332,6 +380,7 @@ void DistributedDataParallel::abandon_pass() noexcept {
     }
     deferred_.clear();
     next_launch_ = 0;
+    if (in_backward_ && side_) cuda::Stream::current(group_->device().index).wait(*side_);
     if (launched && options_.sm_carveout > 0 && group_->device().is_cuda()) cuda::set_sm_carveout(carveout_before_);
   } catch (...) {  // NOLINT(bugprone-empty-catch): called from a release, which must not throw; the
   }                // group's watchdog reports a collective that cannot complete
@@ -343,6 +392,8 @@ void DistributedDataParallel::wait_for_gradients() {
 }
 
 void DistributedDataParallel::step(optim::Optimizer& optimizer) {
+  KILN_CHECK(&optimizer != in_backward_, "DistributedDataParallel::step: ", optimizer.type(), " already stepped "
+             "inside backward (set_step_in_backward): a second step would update the parameters twice");
   if (deferred_.empty() || !optimizer.updates_parameters_independently()) {
     wait_for_gradients();
     optimizer.step();

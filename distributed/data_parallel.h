@@ -41,6 +41,9 @@ namespace kiln::optim {
 class FlatParameters;
 class Optimizer;
 }
+namespace kiln::cuda {
+class Stream;
+}
 
 namespace kiln::distributed {
 
@@ -124,6 +127,14 @@ class DistributedDataParallel : public nn::Module {
   // Waits for an all-reduce that overlap_optimizer_step left running at the end of backward (nothing
   // otherwise): every gradient is averaged from here on, on every rank.
   void wait_for_gradients();
+  // The optimizer's step inside backward, bucket by bucket: as each bucket's all-reduce is launched, a side
+  // stream (CUDA; on the host, at once) waits for it and steps that bucket's parameters
+  // (Optimizer::step_only), beside the rest of backward; the compute stream waits for the side stream at
+  // the end of backward. The training loop then calls no step(). optimizer must hold exactly this model's
+  // parameters and update them independently (SGD, Adam, AdamW); nothing may read every gradient between
+  // backward and the step (a global-norm clip, GradScaler), as with optim::StepInBackward on one GPU. Not
+  // with overlap_optimizer_step. nullptr turns it off.
+  void set_step_in_backward(optim::Optimizer* optimizer);
 
   // The buckets' parameter names, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
@@ -141,6 +152,7 @@ class DistributedDataParallel : public nn::Module {
   void launch_ready_buckets();
   void finish_backward();
   void finish_bucket(Bucket& b);  // after its all-reduce: the average back from the comm copy
+  void step_bucket(Bucket& b);    // set_step_in_backward: after its all-reduce, its parameters' update
   void abandon_pass() noexcept;   // a backward that failed: its collectives waited for, the buckets reset
   std::vector<uint64_t> deferred_parameter_versions() const;
   nn::Module& module_;
@@ -156,6 +168,8 @@ class DistributedDataParallel : public nn::Module {
   std::weak_ptr<int> pass_;
   bool pass_finished_ = false;
   std::vector<uint64_t> deferred_versions_;  // the deferred buckets' parameters' versions when deferred
+  optim::Optimizer* in_backward_ = nullptr;  // set_step_in_backward's
+  std::unique_ptr<cuda::Stream> side_;       // where set_step_in_backward's updates run (CUDA)
   bool sync_ = true;
   bool timeline_ = false;
   int carveout_before_ = 0;  // cuda::sm_carveout() when this backward's carve-out began

@@ -15,8 +15,8 @@
 // What it needs: an optimizer whose update of a parameter reads nothing of the others'
 // (Optimizer::updates_parameters_independently: SGD, Adam, AdamW), and nothing that reads every gradient
 // between backward and the step (a global-norm clip, GradScaler's unscale and inf check, gradient
-// accumulation over micro-batches), nor DistributedDataParallel (its averages complete after these hooks;
-// its overlap_optimizer_step overlaps the step there). A parameter that gets no gradient in a pass is not
+// accumulation over micro-batches), nor DistributedDataParallel (its averages complete after these hooks:
+// DistributedDataParallel::set_step_in_backward does the same bucket by bucket after each all-reduce). A parameter that gets no gradient in a pass is not
 // stepped, as one whose gradient is None (step() would update one whose gradient is a zero tensor: a
 // pinned one, or after zero_grad(false)). A parameter whose gradient completes twice in one pass (used in
 // two checkpointed segments, each recomputed in a nested pass) is an error, as is a parameter added to the

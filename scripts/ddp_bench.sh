@@ -23,6 +23,8 @@ run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench
 run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
 # AdamW of the other buckets beside the last bucket's all-reduce (DistributedDataParallelOptions::overlap_optimizer_step)
 run kiln_n_overlap 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --overlap-step
+# AdamW inside backward, each bucket's after its all-reduce (DistributedDataParallel::set_step_in_backward)
+run kiln_n_inbwd 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --step-in-backward
 run torch_n_compile 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps"
 run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
 run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$steps"
@@ -46,16 +48,19 @@ mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
 python3 - "$n" "$(tps kiln_1)" "$(tps kiln_n)" "$(tps kiln_zero)" "$(tps torch_1 'RESULT eager')" \
   "$(tps torch_n_eager)" "$(tps torch_1 'RESULT compile')" "$(tps torch_n_compile)" \
   "$(mem kiln_1)" "$(mem kiln_n)" "$(mem kiln_zero)" "$(mem torch_n_eager)" "$(mem torch_n_compile)" \
-  "$(tps kiln_n_bf16)" "$(tps torch_n_compile_bf16)" "$(tps kiln_n_overlap)" "$(mem kiln_n_overlap)" <<'PY'
+  "$(tps kiln_n_bf16)" "$(tps torch_n_compile_bf16)" "$(tps kiln_n_overlap)" "$(mem kiln_n_overlap)" \
+  "$(tps kiln_n_inbwd)" "$(mem kiln_n_inbwd)" <<'PY'
 import sys
 n = int(sys.argv[1])
-k1, kn, kz, t1e, tne, t1c, tnc, m1, mn, mz, mte, mtc, kb, tcb, ko, mo = (float(x or 0) for x in sys.argv[2:])
+k1, kn, kz, t1e, tne, t1c, tnc, m1, mn, mz, mte, mtc, kb, tcb, ko, mo, ki, mi = (float(x or 0) for x in sys.argv[2:])
 def eff(one, many): return f"{100 * many / (n * one):.1f}%" if one and many else "-"
 print(f"{'tokens/s (GPT-2 124M, B16 T1024 bf16 a GPU)':46}{'1 GPU':>10}{f'{n} GPUs':>10}{'scaling':>9}{'peak GiB/GPU':>14}")
-for name, one, many, mem in [("kiln DDP", k1, kn, mn), ("kiln DDP --overlap-step", k1, ko, mo), ("kiln ZeRO-1", k1, kz, mz),
+for name, one, many, mem in [("kiln DDP", k1, kn, mn), ("kiln DDP --overlap-step", k1, ko, mo),
+                             ("kiln DDP --step-in-backward", k1, ki, mi), ("kiln ZeRO-1", k1, kz, mz),
                              ("torch DDP eager", t1e, tne, mte), ("torch DDP compiled", t1c, tnc, mtc)]:
     print(f"{name:46}{one:10.0f}{many:10.0f}{eff(one, many):>9}{mem:14.2f}")
-if tnc: print(f"kiln DDP {n} GPUs / torch compiled DDP {n} GPUs: {kn / tnc:.3f}x" + (f", with --overlap-step {ko / tnc:.3f}x" if ko else ""))
+if tnc: print(f"kiln DDP {n} GPUs / torch compiled DDP {n} GPUs: {kn / tnc:.3f}x" + (f", with --overlap-step {ko / tnc:.3f}x" if ko else "")
+              + (f", with --step-in-backward {ki / tnc:.3f}x" if ki else ""))
 if kb or tcb:
     print(f"{'with bf16 gradients on the wire':46}{'':10}{'':10}{'':9}")
     print(f"{'  kiln DDP --comm-bf16':46}{k1:10.0f}{kb:10.0f}{eff(k1, kb):>9}")

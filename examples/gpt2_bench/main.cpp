@@ -80,7 +80,7 @@ struct Args {
   bool fp8 = false;        // the blocks' Linear layers in FP8 (nn::Fp8Autocast, delayed scaling)
   int sm_carveout = 0;     // DDP leaves this many SMs to NCCL during backward
   bool overlap_step = false;  // DDP: AdamW of the other buckets under the last bucket's all-reduce
-  bool step_in_backward = false;  // one GPU: AdamW inside backward, layer by layer (optim::StepInBackward)
+  bool step_in_backward = false;  // AdamW inside backward as gradients complete (one GPU or DDP)
   bool autocast_cache = true;  // parameters' bf16 casts kept (amp::cast_parameter; AdamW writes them)
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
@@ -109,8 +109,9 @@ void usage(std::ostream& os) {
         "  --overlap-step: DDP leaves the last bucket's all-reduce running at the end of backward and AdamW\n"
         "                  updates the other parameters beside it (DistributedDataParallelOptions::\n"
         "                  overlap_optimizer_step)\n"
-        "  --step-in-backward: one GPU: AdamW updates each batch of parameters inside backward as soon as\n"
-        "                  their gradients are final, on a side stream beside the matmuls (optim::StepInBackward)\n"
+        "  --step-in-backward: AdamW updates each batch of parameters inside backward as soon as their\n"
+        "                  gradients are final (with DDP: averaged), on a side stream beside the matmuls\n"
+        "                  (optim::StepInBackward; DistributedDataParallel::set_step_in_backward)\n"
         "  --no-autocast-cache: cast the weights to bf16 at every use (default: the casts are kept and AdamW\n"
         "                writes them with each update: amp::cast_parameter)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
@@ -170,7 +171,7 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
   KILN_CHECK(!a.overlap_step || !a.zero, "gpt2_bench: --overlap-step is DDP's (ZeRO-1 reduce-scatters instead)");
   KILN_CHECK(!a.step_in_backward || (!a.zero && a.shampoo == 0 && !a.overlap_step),
-             "gpt2_bench: --step-in-backward needs AdamW on one GPU (not --zero, --shampoo or --overlap-step)");
+             "gpt2_bench: --step-in-backward needs AdamW (not --zero, --shampoo or --overlap-step)");
   KILN_CHECK(a.batch_size >= 1 && a.seq_len >= 1 && a.warmup >= 0 && a.steps >= 1,
              "gpt2_bench: --batch-size, --seq-len and --steps must be at least 1, --warmup at least 0");
   return a;
@@ -250,15 +251,15 @@ int run(const Args& args) {
     if (zero) zero->zero_grad();
     else opt->zero_grad();
   };
-  // --step-in-backward: AdamW runs from backward's hooks (one process only: DDP's averages complete later)
-  KILN_CHECK(!args.step_in_backward || !group, "gpt2_bench: --step-in-backward runs on one GPU, not with ",
-             group ? group->size() : 1, " ranks (use --overlap-step with DDP)");
+  // --step-in-backward: AdamW runs inside backward, bucket by bucket after each all-reduce under DDP
+  // (DistributedDataParallel::set_step_in_backward), batch by batch on one GPU (optim::StepInBackward)
   KILN_CHECK(!args.overlap_step || group, "gpt2_bench: --overlap-step is DDP's, which needs several ranks (one GPU: "
              "--step-in-backward)");
   std::unique_ptr<optim::StepInBackward> in_backward;
-  if (args.step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
+  if (args.step_in_backward && ddp) ddp->set_step_in_backward(opt.get());
+  else if (args.step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
   auto optimizer_step = [&] {  // through DDP, which may update some parameters while an all-reduce runs
-    if (in_backward) return;  // done inside backward
+    if (args.step_in_backward) return;  // done inside backward
     if (ddp) ddp->step(*opt);
     else opt->step();
   };

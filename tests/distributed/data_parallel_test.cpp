@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <kiln/core/ops.h>
@@ -228,6 +229,47 @@ TEST(DistributedDataParallel, OverlappedOptimizerStepEqualsThePlainStep) {
       for (int64_t i = 0; i < ob->num_params(); ++i) EXPECT_EQ(ob->state(i).step, 4) << "parameter " << i;
     }
   }
+}
+
+// set_step_in_backward: each bucket's parameters are stepped inside backward once its all-reduce is done
+// (on the host, at once). The weights equal backward + step() exactly: AdamW over small buckets (as they
+// are, and with bf16 on the wire), SGD over one bucket; a second step through ddp.step is refused, and an
+// optimizer that is not the model's is refused at once.
+TEST(DistributedDataParallel, StepInBackwardEqualsThePlainStep) {
+  const auto& pg = world();
+  manual_seed(51 + uint64_t(pg->rank()));
+  const Data d = share(whole_batch(6 * pg->size()), pg->rank(), pg->size());
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    Net a, b;
+    b.load_state_dict(a.state_dict());
+    DistributedDataParallelOptions o;
+    if (variant != 1) o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-5;
+    if (variant == 2) o.comm_dtype = DType::bf16;
+    DistributedDataParallel plain(a, pg, o), in_backward(b, pg, o);
+    std::unique_ptr<optim::Optimizer> oa, ob;
+    if (variant != 1) {
+      oa = std::make_unique<optim::AdamW>(a.parameters(), optim::AdamWOptions{.lr = 0.03, .weight_decay = 0.1});
+      ob = std::make_unique<optim::AdamW>(b.parameters(), optim::AdamWOptions{.lr = 0.03, .weight_decay = 0.1});
+    } else {
+      oa = std::make_unique<optim::SGD>(a.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      ob = std::make_unique<optim::SGD>(b.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    }
+    in_backward.set_step_in_backward(ob.get());
+    for (int step = 0; step < 4; ++step) {
+      oa->zero_grad();
+      F::mse_loss(plain(d.x), d.y).backward();
+      oa->step();
+      ob->zero_grad();
+      F::mse_loss(in_backward(d.x), d.y).backward();  // the step happens here
+    }
+    expect_same_parameters(a, b, 0.0);
+    EXPECT_THROW(in_backward.step(*ob), Error);
+  }
+  Net c;
+  DistributedDataParallel ddp(c, pg);
+  optim::AdamW partial({c.fc1.weight}, {.lr = 0.01});
+  EXPECT_THROW(ddp.set_step_in_backward(&partial), Error);
 }
 
 // With overlap_optimizer_step, a step that bypasses ddp.step (here opt.step() straight after backward) is
