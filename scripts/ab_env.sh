@@ -29,20 +29,4 @@ for round in 1 2; do
     echo "gpt2 $v $round: $(grep RESULT "$out/gpt2_${v}_$round.txt")"
   done
 done
-python3 - "$out" <<'PY'
-import sys, glob
-out = sys.argv[1]
-def load(v):
-    rows = {}
-    for f in sorted(glob.glob(f"{out}/attn_{v}_*.txt")):
-        for line in open(f):
-            p = line.split()
-            if p[:1] == ["BENCH"]:
-                rows.setdefault(p[1], []).append(float(p[2]))
-    return {k: min(x) for k, x in rows.items()}
-a, b = load("A"), load("B")
-print(f"{'row':44s} {'A ms':>9s} {'B ms':>9s} {'B/A':>7s}")
-for k in a:
-    if k in b:
-        print(f"{k:44s} {a[k]:9.4f} {b[k]:9.4f} {b[k] / a[k]:7.3f}")
-PY
+python3 bench/ab_rows.py "$out" attn_A attn_B A B

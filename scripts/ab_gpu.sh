@@ -38,27 +38,7 @@ if [ "$stage" = bench ]; then
   if [ "${ATTN:-0}" = 1 ]; then
     for v in old new; do build-$v/bench/kiln_attention_bench > "$out/kern_${v}_attn.txt" 2>&1; done
   fi
-  python3 - "$out" <<'PY'
-import sys, glob
-out = sys.argv[1]
-def load(v):
-    rows = {}
-    for f in sorted(glob.glob(f"{out}/kern_{v}_*.txt")):
-        for line in open(f):
-            p = line.split()
-            if p[:1] == ["BENCH"]:
-                rows.setdefault(p[1], []).append(float(p[2]))
-    return {k: min(v) for k, v in rows.items()}  # best of the rounds
-old, new = load("old"), load("new")
-print(f"{'kernel':44s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s}")
-worst = 0
-for k in old:
-    if k in new:
-        r = new[k] / old[k]
-        worst = max(worst, r)
-        print(f"{k:44s} {old[k]:9.4f} {new[k]:9.4f} {r:8.3f}")
-print(f"rows {len(set(old) & set(new))}, slowest new/old {worst:.3f}; only old: {sorted(set(old)-set(new))}; only new: {sorted(set(new)-set(old))}")
-PY
+  python3 bench/ab_rows.py "$out" kern_old kern_new old new
 fi
 if [ "$stage" = char ]; then
   for v in old new; do
