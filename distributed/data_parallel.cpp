@@ -1,6 +1,7 @@
 #include <kiln/distributed/data_parallel.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include <kiln/autograd/grad_mode.h>
@@ -267,21 +268,13 @@ void DistributedDataParallel::launch_ready_buckets() {
 }
 
 void DistributedDataParallel::step_bucket(Bucket& b) {
-  auto in_bucket = [&b](const Tensor& p) {
-    for (const Tensor& q : b.params)
-      if (q.is_same(p)) return true;
-    return false;
-  };
-  if (side_) {
-    // the side stream waits for backward so far and for the all-reduce, then updates
+  std::optional<cuda::StreamGuard> on_side;
+  if (side_) {  // the side stream waits for backward so far and for the all-reduce, then updates
     side_->wait(cuda::Stream::current(group_->device().index));
-    cuda::StreamGuard guard(*side_);
-    finish_bucket(b);  // (NCCL's wait: the current stream, the side one here, waits for the collective)
-    in_backward_->step_only(in_bucket);
-  } else {
-    finish_bucket(b);
-    in_backward_->step_only(in_bucket);
+    on_side.emplace(*side_);
   }
+  finish_bucket(b);  // (NCCL's wait: the current stream, the side one here, waits for the collective)
+  in_backward_->step_only(b.params);
 }
 
 void DistributedDataParallel::set_step_in_backward(optim::Optimizer* optimizer) {
@@ -399,12 +392,10 @@ void DistributedDataParallel::step(optim::Optimizer& optimizer) {
     optimizer.step();
     return;
   }
-  const std::vector<size_t> last = deferred_;
-  auto in_last = [&](const Tensor& p) {
-    for (size_t i : last)
-      for (const Tensor& q : buckets_[i]->params)
-        if (q.is_same(p)) return true;
-    return false;
+  std::vector<Tensor> last;  // the deferred buckets' parameters
+  for (size_t i : deferred_) last.insert(last.end(), buckets_[i]->params.begin(), buckets_[i]->params.end());
+  auto in_last = [&last](const Tensor& p) {
+    return std::any_of(last.begin(), last.end(), [&p](const Tensor& q) { return q.is_same(p); });
   };
   // On the compute stream: the updates of the averaged buckets' parameters are queued before the wait for
   // the last all-reduce, so they run while it does; then that bucket's. (A throw waits for it as well, so
@@ -419,7 +410,7 @@ void DistributedDataParallel::step(optim::Optimizer& optimizer) {
     throw;
   }
   wait_for_gradients();
-  optimizer.step_only(in_last);
+  optimizer.step_only(last);
 }
 
 void DistributedDataParallel::record_timeline(bool on) {

@@ -54,6 +54,12 @@ void Optimizer::step_only(const std::function<bool(const Tensor&)>& include) {
   step();
 }
 
+void Optimizer::step_only(const std::vector<Tensor>& params) {
+  step_only([&params](const Tensor& p) {
+    return std::any_of(params.begin(), params.end(), [&p](const Tensor& q) { return q.is_same(p); });
+  });
+}
+
 void Optimizer::add_param_group(ParamGroup group) {
   KILN_CHECK(!group.params.empty(), type_, ": got an empty parameter list");
   for (const auto& p : group.params) {

@@ -75,6 +75,8 @@ class Optimizer : public Stateful {
   // parallelism uses it to update the parameters whose gradients are averaged while the last all-reduce
   // still runs (DistributedDataParallel::step). An optimizer whose update couples parameters refuses.
   void step_only(const std::function<bool(const Tensor&)>& include);
+  // step_only for exactly these parameters (the same tensors, Tensor::is_same).
+  void step_only(const std::vector<Tensor>& params);
   // Whether step_only is allowed: each parameter's update depends on its own gradient and state alone.
   virtual bool updates_parameters_independently() const { return false; }
 

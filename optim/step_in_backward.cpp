@@ -1,5 +1,7 @@
 #include <kiln/optim/step_in_backward.h>
 
+#include <optional>
+
 #include <kiln/autograd/node.h>
 #include <kiln/core/dtype.h>
 #include <kiln/core/error.h>
@@ -58,19 +60,12 @@ void StepInBackward::ready(const Tensor& param) {
 
 void StepInBackward::flush() {
   if (pending_.empty()) return;
-  auto gathered = [this](const Tensor& p) {
-    for (const Tensor& q : pending_)
-      if (q.is_same(p)) return true;
-    return false;
-  };
-  if (side_) {
-    // the side stream waits for backward so far (these gradients are final), then updates
+  std::optional<cuda::StreamGuard> on_side;
+  if (side_) {  // the side stream waits for backward so far (these gradients are final), then updates
     side_->wait(cuda::Stream::current(device_));
-    cuda::StreamGuard guard(*side_);
-    optimizer_.step_only(gathered);
-  } else {
-    optimizer_.step_only(gathered);
+    on_side.emplace(*side_);
   }
+  optimizer_.step_only(pending_);
   ++batches_;
   stepped_.insert(stepped_.end(), pending_.begin(), pending_.end());
   pending_.clear();
