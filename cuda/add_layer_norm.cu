@@ -164,12 +164,15 @@ __global__ void __launch_bounds__(kBlock, 1)
     const bool valid = row < M;
     const int64_t base = (valid ? row : 0) * C;
     uint4 gr[kChunks];
-    float hv[kChunks][8];
+    float hv[kChunks][8], res[kChunks][8];
+    // g_h's loads go out with dy's and h's, before the row's reduction: one memory round trip a row, not two
+    // (the registers allow one block of 8 warps a multiprocessor either way)
 #pragma unroll
     for (int k = 0; k < kChunks; ++k)
       if (valid && have(k)) {
         gr[k] = load16(dy + base + (lane + k * G) * 8);
         load_f32x8(h + base + (lane + k * G) * 8, hv[k]);
+        if (gh) load_f32x8(gh + base + (lane + k * G) * 8, res[k]);
       }
     const float mu = valid ? mean[row] : 0.0f, rs = valid ? rstd[row] : 0.0f;
     float s_g = 0, s_gx = 0;  // Σ g, Σ g x̂
@@ -197,12 +200,11 @@ __global__ void __launch_bounds__(kBlock, 1)
     for (int k = 0; k < kChunks; ++k)
       if (valid && have(k)) {
         const int64_t at = base + (lane + k * G) * 8;
-        float g[8], wv[8], res[8];
+        float g[8], wv[8];
         widen16<T>(gr[k], g);
         param_x8(w, lane + k * G, 1.0f, wv);
-        if (gh) load_f32x8(gh + at, res);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = rs * (g[j] * wv[j] - s_g - hv[k][j] * s_gx) + (gh ? res[j] : 0.0f);
+        for (int j = 0; j < 8; ++j) g[j] = rs * (g[j] * wv[j] - s_g - hv[k][j] * s_gx) + (gh ? res[k][j] : 0.0f);
         store_f32x8(dh + at, g);
         if (ddelta) store16(ddelta + at, narrow16<T>(g));
       }

@@ -28,8 +28,6 @@
 // Measured on an H100 (bench/attention_bench.cpp, docs/performance.md): at D = 128, N = 4096 about
 // 530 TFLOP/s forward and 470 forward+backward; at D = 64, N = 1024 about 380 forward.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include <cuda.h>
@@ -189,7 +187,6 @@ struct FwdMaps {
   CUtensorMap q, k, v;
   CUtensorMap o;  // (64 x 64) boxes, when o_tma
   bool o_tma;     // O's view is TMA-describable (16-byte aligned, positive strides): stored through shared memory
-  bool tiles_slowest;  // grid (H, B, query tiles) instead of (query tiles, H, B): lpt_grid
 };
 
 // One online-softmax step of a group's 64 x 128 score tile (log2 units, row maxima of raw scores: the
@@ -327,11 +324,9 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
   auto k_empty = [&](int s) { return bars + 8u * uint32_t(1 + 2 * kFwdStages + s); };
   auto v_empty = [&](int s) { return bars + 8u * uint32_t(1 + 3 * kFwdStages + s); };
   const int tid = int(threadIdx.x);
-  const bool lpt = maps.tiles_slowest;
-  const int h = int(lpt ? blockIdx.x : blockIdx.y), b = int(lpt ? blockIdx.y : blockIdx.z);
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
-  const int tile = int(lpt ? blockIdx.z : blockIdx.x), tiles = int(lpt ? gridDim.z : gridDim.x);
-  const int m0 = (p.band.causal ? tiles - 1 - tile : tile) * kFwdRows;  // causal: longest first
+  const int m0 = (p.band.causal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x)) * kFwdRows;  // longest first
   // the key tiles the tile's queries see (the band's range, or the layout's live blocks): tile n at keys.at(n)
   const TileWalk keys = key_walk<kFwdKeys>(p.band, p.blocks, m0, kFwdRows, p.Tq, p.Tk);
   const int n_tiles = keys.count;
@@ -556,7 +551,6 @@ constexpr uint32_t kStatBytes = kBwdRows * 8;  // (-lse·log2e, D_i) per query r
 struct BwdMaps {
   CUtensorMap q, k, v, dout;
   CUtensorMap dq_acc;  // f32, (32-column x 64-row) boxes, 128-byte swizzle: the dQ reductions
-  bool tiles_slowest;  // grid (H, B, key tiles) instead of (key tiles, H, B): lpt_grid
 };
 
 // The backward's per-row statistics, packed for one bulk copy per tile: stats[bh][i] = (-lse_i·log2e, D_i)
@@ -596,10 +590,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   unsigned char* const smem_generic = smem_raw + (sK - smem_addr(smem_raw));
   const int tid = int(threadIdx.x), wg = warpgroup_index(), wi = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
             t4 = lane % 4;
-  const bool lpt = maps.tiles_slowest;
-  const int h = int(lpt ? blockIdx.x : blockIdx.y), b = int(lpt ? blockIdx.y : blockIdx.z);
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int64_t bh = int64_t(b) * p.H + h;
-  const int n0 = int(lpt ? blockIdx.z : blockIdx.x) * kBwdKeys;  // causal: the first is the longest
+  const int n0 = int(blockIdx.x) * kBwdKeys;
 
   // the query tiles that see keys of this tile (the band's range, or the layout's live blocks): the i-th
   // starts at row queries.at(i). Kept in shared memory (published by the barrier-init sync below): the
@@ -882,18 +875,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
 // ------------------------------------------------------------------------------------------ launchers
 
-// Longest-processing-time order: the tile index as the grid's slowest dimension, so that the hardware,
-// which issues CTAs in linear block order, starts every head's longest tile before any shorter one and the
-// grid ends on the shortest (under a causal mask a head's tiles are unequal: the forward's last query tile
-// and the backward's first key tile see the most). The default order, (tiles, H, B), issues each head's
-// tiles together, so that the last heads' longest tiles run on while most SMs have nothing left. Behind
-// KILN_FLASH_ATTENTION_LPT=1 until measured on a GPU (written in session 21 without device time left);
-// gridDim.z is at most 65535 tiles.
-bool lpt_grid(int tiles) {
-  const char* env = std::getenv("KILN_FLASH_ATTENTION_LPT");  // read at each launch, as the tests switch it
-  return env != nullptr && std::strcmp(env, "1") == 0 && tiles <= 65535;
-}
-
 constexpr int fwd_smem(int D, int groups) {  // with the key-bias stages (4 bytes a key)
   return int(kAtomBytes) + (fwd_rows(groups) + 2 * fwd_stages(D) * kFwdKeys) * D * 2 + kBarrierBytes +
          fwd_stages(D) * kFwdKeys * 4;
@@ -912,13 +893,10 @@ void fwd_groups(const FwdParams& p, int B) {
                      p.o.sh % 8 == 0 && p.o.sb % 8 == 0;
   const FwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, rows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kFwdKeys),
                      head_map(p.v, B, p.H, p.Tk, D, kBf16, kFwdKeys),
-                     o_tma ? head_map(p.o, B, p.H, p.Tq, D, kBf16, 64) : CUtensorMap{}, o_tma,
-                     lpt_grid((p.Tq + rows - 1) / rows)};
+                     o_tma ? head_map(p.o, B, p.H, p.Tq, D, kBf16, 64) : CUtensorMap{}, o_tma};
   auto kernel = flash_fwd_sm90_kernel<T, D, kBias, kGroups>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const unsigned tiles = unsigned((p.Tq + rows - 1) / rows);
-  const dim3 grid =
-      maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
+  dim3 grid(unsigned((p.Tq + rows - 1) / rows), unsigned(p.H), unsigned(B));
   kernel<<<grid, fwd_threads(kGroups), smem, current_stream()>>>(p, maps);
   KILN_LAUNCH_CHECK("flash_fwd_sm90_kernel", "attention_forward");
 }
@@ -939,8 +917,7 @@ void bwd(const BwdParams& p, int B) {
   const BwdMaps maps{head_map(p.q, B, p.H, p.Tq, D, kBf16, kBwdRows), head_map(p.k, B, p.H, p.Tk, D, kBf16, kBwdKeys),
                      head_map(p.v, B, p.H, p.Tk, D, kBf16, kBwdKeys),
                      head_map(p.dout, B, p.H, p.Tq, D, kBf16, kBwdRows),
-                     make_map(dq_acc, B, p.H, p.Tq, D, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, kBwdRows),
-                     lpt_grid((p.Tk + kBwdKeys - 1) / kBwdKeys)};
+                     make_map(dq_acc, B, p.H, p.Tq, D, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, kBwdRows)};
   const int Tq_pad = (p.Tq + kBwdRows - 1) / kBwdRows * kBwdRows;
   const float2* stats_ptr = p.stats;
   Tensor stats;
@@ -955,9 +932,7 @@ void bwd(const BwdParams& p, int B) {
   }
   auto kernel = flash_bwd_sm90_kernel<T, D, kBias>;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
-  const unsigned tiles = unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys);
-  const dim3 grid =
-      maps.tiles_slowest ? dim3(unsigned(p.H), unsigned(B), tiles) : dim3(tiles, unsigned(p.H), unsigned(B));
+  dim3 grid(unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys), unsigned(p.H), unsigned(B));
   kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps, stats_ptr, Tq_pad);
   KILN_LAUNCH_CHECK("flash_bwd_sm90_kernel", "attention_backward");
 }

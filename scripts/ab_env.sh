@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A/B of a run-time switch within one build, on one GPU in one call: the attention bench rows and GPT-2's
 # step, each run alternately without (A) and with (B) the switch, two rounds. The switch is an environment
-# setting (ENV_B, e.g. KILN_FLASH_ATTENTION_LPT=1) and/or extra gpt2_bench flags (FLAGS_B, e.g.
+# setting (ENV_B, e.g. KILN_FLASH_ATTENTION_SM90=0) and/or extra gpt2_bench flags (FLAGS_B, e.g.
 # --step-in-backward; FLAGS for both). Needs a build with benchmarks and examples in $1 (default build-gpu).
 # Prints best-of-rounds ms per attention row with B/A, and each gpt2_bench RESULT line.
-# Usage: ENV_B="KILN_FLASH_ATTENTION_LPT=1" FLAGS_B="" ROWS="d64_n1024 d128_n4096" bash scripts/ab_env.sh [build]
+# Usage: ENV_B="KILN_FLASH_ATTENTION_SM90=0" FLAGS_B="" ROWS="d64_n1024 d128_n4096" bash scripts/ab_env.sh [build]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}

@@ -5,7 +5,8 @@
 # peak memory per GPU, the scaling efficiencies, and the DDP timeline of one step (all-reduces against
 # backward; rank 0's Chrome trace of 3 steps in ddp_trace.json). Needs a build with examples in $1 (default
 # build-gpu). Raw outputs go to $OUT (or .).
-# Usage: bash scripts/ddp_bench.sh [build-dir] [N]   (STEPS=k timed steps, default 30)
+# Usage: bash scripts/ddp_bench.sh [build-dir] [N]   (STEPS=k timed steps, default 30; QUICK=1: only the
+# bar's rows, Kiln's DDP variants against PyTorch's compiled DDP, no ZeRO-1, eager, bf16 or tuning rows)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -16,32 +17,37 @@ steps=${STEPS:-30}
 field() { grep -o "$1=[0-9.]*" | tail -1 | cut -d= -f2; }
 # run NAME TIMEOUT COMMAND...: its output to $out/ddp_NAME.log
 run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$out/ddp_$name.log" 2>&1; }
-# the 1-GPU baseline without a CUDA graph, as the DDP steps run (the graph is one GPU's only)
-run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps" --no-cuda-graph --trace "$out/one_gpu_trace.json"
+# the 1-GPU baseline with its step as one CUDA graph, as the DDP steps run (their collectives captured too)
+run kiln_1 120 "$build/examples/gpt2_bench" --steps "$steps" --trace "$out/one_gpu_trace.json"
 run kiln_n 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --timeline \
   --trace "$out/ddp_trace.json"  # rank 0's kernels and NCCL's beside them (CUPTI), for where the time goes
-run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
+quick=${QUICK:-0}
+[ "$quick" = 1 ] || run kiln_zero 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --zero
 # AdamW of the other buckets beside the last bucket's all-reduce (DistributedDataParallelOptions::overlap_optimizer_step)
 run kiln_n_overlap 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --overlap-step
 # AdamW inside backward, each bucket's after its all-reduce (DistributedDataParallel::set_step_in_backward)
 run kiln_n_inbwd 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --step-in-backward
 run torch_n_compile 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps"
-run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
-run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$steps"
-# the gradients all-reduced as bf16 (half the bytes), in both
-run kiln_n_bf16 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --comm-bf16
-run torch_n_compile_bf16 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps" --comm-bf16
-# GEMMs planned for fewer SMs while the all-reduces run (--sm-carveout), f32 and bf16 on the wire
-carveouts=${CARVEOUTS:-8 16 32}
-for c in $carveouts; do
-  run "kiln_n_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --sm-carveout "$c"
-  run "kiln_n_bf16_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" \
-    --sm-carveout "$c" --comm-bf16
-done
-# NCCL's Simple protocol forced for the ~20 MiB buckets (the trace's kernel is named RING_LL; LL moves half
-# the bandwidth on more SMs)
-run kiln_n_simple 120 env NCCL_PROTO=Simple scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" \
-  --steps "$steps"
+if [ "$quick" = 1 ]; then
+  run torch_1 240 python3 bench/gpt2_torch.py --modes compile --steps "$steps"
+else
+  run torch_n_eager 120 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes eager --steps "$steps"
+  run torch_1 240 python3 bench/gpt2_torch.py --modes eager,compile --steps "$steps"
+  # the gradients all-reduced as bf16 (half the bytes), in both
+  run kiln_n_bf16 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --comm-bf16
+  run torch_n_compile_bf16 240 torchrun --nproc-per-node "$n" bench/gpt2_torch.py --modes compile --steps "$steps" --comm-bf16
+  # GEMMs planned for fewer SMs while the all-reduces run (--sm-carveout), f32 and bf16 on the wire
+  carveouts=${CARVEOUTS:-8 16 32}
+  for c in $carveouts; do
+    run "kiln_n_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" --sm-carveout "$c"
+    run "kiln_n_bf16_carve$c" 120 scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" --steps "$steps" \
+      --sm-carveout "$c" --comm-bf16
+  done
+  # NCCL's Simple protocol forced for the ~20 MiB buckets (the trace's kernel is named RING_LL; LL moves half
+  # the bandwidth on more SMs)
+  run kiln_n_simple 120 env NCCL_PROTO=Simple scripts/kilnrun --nproc-per-node "$n" "$build/examples/gpt2_bench" \
+    --steps "$steps"
+fi
 grep -h "^# torch" "$out"/ddp_torch_*.log | head -1
 tps() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field tokens_per_second; }
 mem() { grep "${2:-RESULT}" "$out/ddp_$1.log" | field peak_gib; }
@@ -71,7 +77,7 @@ PY
 k1=$(tps kiln_1)
 t=$(tps kiln_n_simple)
 [ -n "$t" ] && [ -n "$k1" ] && python3 -c "print(f'kiln DDP NCCL_PROTO=Simple: {$t:.0f} tokens/s, scaling {100*$t/($n*$k1):.1f}%')"
-for c in $carveouts; do
+for c in ${carveouts:-}; do
   for w in "" _bf16; do
     t=$(tps "kiln_n${w}_carve$c")
     [ -n "$t" ] && [ -n "$k1" ] && python3 -c "print(f'kiln DDP${w:+ --comm-bf16} --sm-carveout $c: {$t:.0f} tokens/s, scaling {100*$t/($n*$k1):.1f}%')"

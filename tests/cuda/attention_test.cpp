@@ -263,23 +263,6 @@ TEST(FlashAttention, MmaSyncKernelsMatchTheCpuReference) {
   check_case({DType::f16, 1, 2, 1000, 1000, 64, true, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
 }
 
-// KILN_FLASH_ATTENTION_LPT=1 orders the Hopper kernels' grids by tile first (longest-processing-time
-// order): the same values for causal, windowed, unequal-length and key-padded cases, forward and backward.
-TEST(FlashAttention, LongestFirstGridOrderMatchesTheCpu) {
-  KILN_REQUIRE_GPU();
-  ScopedEnv env("KILN_FLASH_ATTENTION_LPT", "1");
-  manual_seed(8);
-  for (int64_t D : {64, 128})
-    for (bool causal : {false, true}) {
-      check_case({DType::bf16, 2, 3, 1000, 1000, D, causal, 0.0, false}, out_tol(DType::bf16), grad_tol(DType::bf16));
-      check_case({DType::f16, 2, 2, 257, 100, D, causal, 0.2, false}, out_tol(DType::f16), grad_tol(DType::f16));
-      Case w{DType::bf16, 2, 2, 333, 333, D, causal, 0.0, false};
-      w.mask = Case::key_padding;
-      w.window = 100;
-      check_case(w, out_tol(DType::bf16), grad_tol(DType::bf16));
-    }
-}
-
 // K and V broadcast over the heads (stride 0, as a grouped-query model's expand makes them): TMA cannot
 // describe such a view, so the mma.sync kernels take it on a Hopper GPU.
 TEST(FlashAttention, BroadcastKeysAndValuesMatchTheCpuReference) {
