@@ -1,7 +1,10 @@
 // The pre-LayerNorm transformer's residual step under mixed precision, as one kernel each way:
-//   forward:  h = x + δ,  μ = Σh / C,  σ² = Σ(h - μ)² / C,  r = 1 / sqrt(σ² + eps),  y = (h - μ) r ⊙ w + b
+//   forward:  h = x + δ + β,  μ = Σh / C,  σ² = Σ(h - μ)² / C,  r = 1 / sqrt(σ² + eps),  y = (h - μ) r ⊙ w + b
 //   backward: x̂ = (h - μ) r,  g = dy ⊙ w,  dh = g_h + r (g - mean(g) - x̂ mean(g ⊙ x̂)),  dδ = dh,
-//             dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy
+//             dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy,  dβ = Σ_rows dh
+// β is the bias of the linear layer that produced δ, folded in here (optional; f32, C): the layer then
+// runs without its bias, and its bias gradient comes from this backward's pass over dh instead of a
+// column-sum kernel that reads dδ again (nn::GPT's out_proj and mlp.proj, docs/transformers.md).
 // The residual stream x, h, its gradients g_h, dh and the parameters are f32; δ, y, dy and dδ are in the
 // autocast dtype T (bf16 or f16). δ may be absent (h = x, not written) and so may g_h (zero). Math in f32.
 //
@@ -80,8 +83,8 @@ __device__ __forceinline__ void group_sum2(float& a, float& b, float (*buf)[kBlo
 
 template <class T, int G>
 __global__ void __launch_bounds__(kBlock)
-    add_layer_norm_kernel(const float* x, const T* delta, const float* w, const float* b, float eps, float* h, T* y,
-                          float* mean, float* rstd, int64_t M, int64_t C) {
+    add_layer_norm_kernel(const float* x, const T* delta, const float* beta, const float* w, const float* b, float eps,
+                          float* h, T* y, float* mean, float* rstd, int64_t M, int64_t C) {
   __shared__ float red[2][2][kBlock / 32];
   const int lane = int(threadIdx.x) % G;
   const int64_t row = int64_t(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
@@ -104,11 +107,12 @@ __global__ void __launch_bounds__(kBlock)
     if (mine(k)) {
       const uint32_t u[8] = {xr[k][0].x, xr[k][0].y, xr[k][0].z, xr[k][0].w,
                              xr[k][1].x, xr[k][1].y, xr[k][1].z, xr[k][1].w};
-      float d[8];
+      float d[8], bt[8];
       if (delta) widen16<T>(dr[k], d);
+      param_x8(beta, lane + k * G, 0.0f, bt);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[k][j] = __uint_as_float(u[j]) + (delta ? d[j] : 0.0f);
+        v[k][j] = __uint_as_float(u[j]) + ((delta ? d[j] : 0.0f) + bt[j]);
         s += v[k][j];
       }
     }
@@ -145,17 +149,17 @@ template <class T, int G>
 __global__ void __launch_bounds__(kBlock, 1)
     add_layer_norm_backward_kernel(const T* dy, const float* h, const float* w, const float* mean, const float* rstd,
                                    const float* gh, float* dh, T* ddelta, int64_t M, int64_t C, float* part_dw,
-                                   float* part_db) {
+                                   float* part_db, float* part_dbeta) {
   constexpr int kGroups = kBlock / G;
   __shared__ float red[2][2][kBlock / 32];
   const int lane = int(threadIdx.x) % G;
   const int64_t chunks = C / 8, group = int64_t(blockIdx.x) * kGroups + threadIdx.x / G;
   auto have = [&](int k) { return lane + k * G < chunks; };
-  float sum_w[kChunks][8], sum_b[kChunks][8];  // this thread's columns: Σ dy x̂, Σ dy
+  float sum_w[kChunks][8], sum_b[kChunks][8], sum_d[kChunks][8];  // this thread's columns: Σ dy x̂, Σ dy, Σ dh
 #pragma unroll
   for (int k = 0; k < kChunks; ++k)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sum_w[k][j] = sum_b[k][j] = 0.0f;
+    for (int j = 0; j < 8; ++j) sum_w[k][j] = sum_b[k][j] = sum_d[k][j] = 0.0f;
   const float inv_c = 1.0f / float(C);
   int buf = 0;
   // The loop bound is uniform over the block (the reduction of a 4-warp group has a barrier).
@@ -205,6 +209,9 @@ __global__ void __launch_bounds__(kBlock, 1)
         param_x8(w, lane + k * G, 1.0f, wv);
 #pragma unroll
         for (int j = 0; j < 8; ++j) g[j] = rs * (g[j] * wv[j] - s_g - hv[k][j] * s_gx) + (gh ? res[k][j] : 0.0f);
+        if (part_dbeta)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sum_d[k][j] += g[j];
         store_f32x8(dh + at, g);
         if (ddelta) store16(ddelta + at, narrow16<T>(g));
       }
@@ -214,6 +221,7 @@ __global__ void __launch_bounds__(kBlock, 1)
     if (have(k)) {
       store_f32x8(part_dw + group * C + (lane + k * G) * 8, sum_w[k]);
       store_f32x8(part_db + group * C + (lane + k * G) * 8, sum_b[k]);
+      if (part_dbeta) store_f32x8(part_dbeta + group * C + (lane + k * G) * 8, sum_d[k]);
     }
 }
 
@@ -231,35 +239,40 @@ T* mut(const Tensor& t) {
 bool low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // Whether the kernels serve these tensors: f32 x, y in bf16/f16 with δ (if any) in y's dtype, f32
-// parameters, contiguous 16-byte-aligned rows of C = 8k <= kMaxColumns columns, all on one device.
-bool servable(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& b, const Tensor& y) {
+// parameters (β only with δ), contiguous 16-byte-aligned rows of C = 8k <= kMaxColumns columns, all on one
+// device.
+bool servable(const Tensor& x, const Tensor& delta, const Tensor& beta, const Tensor& w, const Tensor& b,
+              const Tensor& y) {
   if (x.dtype() != DType::f32 || !low_precision(y.dtype()) || x.dim() < 1) return false;
   const int64_t C = x.size(-1);
   if (C == 0 || C % 8 != 0 || C > kMaxColumns || x.numel() == 0) return false;
-  for (const Tensor* t : {&x, &delta, &w, &b, &y})
+  for (const Tensor* t : {&x, &delta, &beta, &w, &b, &y})
     if (t->defined() && (!t->is_contiguous() || !aligned16(*t) || t->device() != x.device())) return false;
   if (delta.defined() && (delta.dtype() != y.dtype() || delta.sizes() != x.sizes())) return false;
-  for (const Tensor* p : {&w, &b})
+  if (beta.defined() && !delta.defined()) return false;
+  for (const Tensor* p : {&beta, &w, &b})
     if (p->defined() && (p->dtype() != DType::f32 || p->numel() != C)) return false;
   return y.sizes() == x.sizes();
 }
 
 template <class T>
-void launch_forward(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& b, double eps,
-                    const Tensor& h, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void launch_forward(const Tensor& x, const Tensor& delta, const Tensor& beta, const Tensor& w, const Tensor& b,
+                    double eps, const Tensor& h, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t C = x.size(-1), M = x.numel() / C;
   const bool narrow = C <= 32 * kChunks * 8;
   const int64_t rows_per_block = kBlock / (narrow ? 32 : 128);
   const unsigned grid = unsigned((M + rows_per_block - 1) / rows_per_block);
   auto kernel = narrow ? add_layer_norm_kernel<T, 32> : add_layer_norm_kernel<T, 128>;
-  kernel<<<grid, kBlock, 0, current_stream()>>>(ptr<float>(x), ptr<T>(delta), ptr<float>(w), ptr<float>(b), float(eps),
-                                                mut<float>(h), mut<T>(y), mut<float>(mean), mut<float>(rstd), M, C);
+  kernel<<<grid, kBlock, 0, current_stream()>>>(ptr<float>(x), ptr<T>(delta), ptr<float>(beta), ptr<float>(w),
+                                                ptr<float>(b), float(eps), mut<float>(h), mut<T>(y), mut<float>(mean),
+                                                mut<float>(rstd), M, C);
   KILN_LAUNCH_CHECK("add_layer_norm_kernel", "add_layer_norm");
 }
 
 template <class T>
 void launch_backward(const Tensor& dy, const Tensor& h, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                     const Tensor& gh, const Tensor& dh, const Tensor& ddelta, const Tensor& dw, const Tensor& db) {
+                     const Tensor& gh, const Tensor& dh, const Tensor& ddelta, const Tensor& dw, const Tensor& db,
+                     const Tensor& dbeta) {
   const int64_t C = h.size(-1), M = h.numel() / C;
   const int G = C <= 32 * kChunks * 8 ? 32 : 128;
   auto kernel = G == 32 ? add_layer_norm_backward_kernel<T, 32> : add_layer_norm_backward_kernel<T, 128>;
@@ -269,13 +282,19 @@ void launch_backward(const Tensor& dy, const Tensor& h, const Tensor& w, const T
   const int64_t parts = grid * groups_per_block;
   TensorOptions f32{.dtype = DType::f32, .device = h.device()};
   Tensor part_dw = empty({parts, C}, f32), part_db = empty({parts, C}, f32);
+  Tensor part_dbeta = dbeta.defined() ? empty({parts, C}, f32) : Tensor();
   kernel<<<unsigned(grid), kBlock, 0, current_stream()>>>(ptr<T>(dy), ptr<float>(h), ptr<float>(w), ptr<float>(mean),
                                                           ptr<float>(rstd), ptr<float>(gh), mut<float>(dh), mut<T>(ddelta),
-                                                          M, C, mut<float>(part_dw), mut<float>(part_db));
+                                                          M, C, mut<float>(part_dw), mut<float>(part_db),
+                                                          mut<float>(part_dbeta));
   KILN_LAUNCH_CHECK("add_layer_norm_backward_kernel", "add_layer_norm_backward");
-  if (!dw.defined() && !db.defined()) return;
-  column_sum_kernel<float><<<dim3(unsigned((C + 31) / 32), 2), dim3(32, 32), 0, current_stream()>>>(
-      ptr<float>(part_dw), ptr<float>(part_db), parts, C, mut<float>(dw), mut<float>(db));
+  const dim3 sums(unsigned((C + 31) / 32), 2), threads(32, 32);
+  if (dw.defined() || db.defined())
+    column_sum_kernel<float><<<sums, threads, 0, current_stream()>>>(ptr<float>(part_dw), ptr<float>(part_db), parts, C,
+                                                                     mut<float>(dw), mut<float>(db));
+  if (dbeta.defined())  // (the second half of the grid returns at once: its output is null)
+    column_sum_kernel<float><<<sums, threads, 0, current_stream()>>>(ptr<float>(part_dbeta), nullptr, parts, C,
+                                                                     mut<float>(dbeta), nullptr);
   KILN_LAUNCH_CHECK("column_sum_kernel", "add_layer_norm_backward");
 }
 
@@ -288,10 +307,10 @@ void check_stats(const Tensor& mean, const Tensor& rstd, int64_t M, const Tensor
 
 }  // namespace
 
-bool kernels::add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
-                                 double eps, const Tensor& h, const Tensor& y, const Tensor& mean,
+bool kernels::add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& delta_bias, const Tensor& weight,
+                                 const Tensor& bias, double eps, const Tensor& h, const Tensor& y, const Tensor& mean,
                                  const Tensor& rstd) {
-  if (!servable(x, delta, weight, bias, y)) return false;
+  if (!servable(x, delta, delta_bias, weight, bias, y)) return false;
   NvtxRange range("add_layer_norm");
   const int64_t C = x.size(-1), M = x.numel() / C;
   KILN_CHECK(!delta.defined() || (h.defined() && h.dtype() == DType::f32 && h.sizes() == x.sizes() &&
@@ -300,20 +319,20 @@ bool kernels::add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor&
   check_stats(mean, rstd, M, x, "add_layer_norm");
   DeviceGuard guard(x.device().index);
   if (y.dtype() == DType::bf16)
-    launch_forward<__nv_bfloat16>(x, delta, weight, bias, eps, h, y, mean, rstd);
+    launch_forward<__nv_bfloat16>(x, delta, delta_bias, weight, bias, eps, h, y, mean, rstd);
   else
-    launch_forward<__half>(x, delta, weight, bias, eps, h, y, mean, rstd);
+    launch_forward<__half>(x, delta, delta_bias, weight, bias, eps, h, y, mean, rstd);
   return true;
 }
 
 bool kernels::add_layer_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& weight, const Tensor& mean,
                                           const Tensor& rstd, const Tensor& gh, const Tensor& dh, const Tensor& ddelta,
-                                          const Tensor& dw, const Tensor& db) {
-  if (!servable(h, ddelta, weight, Tensor(), dy) || (gh.defined() && (gh.dtype() != DType::f32 || gh.sizes() != h.sizes() ||
+                                          const Tensor& dw, const Tensor& db, const Tensor& ddelta_bias) {
+  if (!servable(h, ddelta, Tensor(), weight, Tensor(), dy) || (gh.defined() && (gh.dtype() != DType::f32 || gh.sizes() != h.sizes() ||
                                                                      !gh.is_contiguous() || !aligned16(gh))) ||
       !(dh.dtype() == DType::f32 && dh.sizes() == h.sizes() && dh.is_contiguous() && aligned16(dh)))
     return false;
-  for (const Tensor* p : {&dw, &db})
+  for (const Tensor* p : {&dw, &db, &ddelta_bias})
     KILN_CHECK(!p->defined() || (p->dtype() == DType::f32 && p->numel() == h.size(-1) && p->is_contiguous()),
                "add_layer_norm_backward: parameter gradient ", p->str(), " must be a contiguous f32 vector of ",
                h.size(-1));
@@ -322,9 +341,9 @@ bool kernels::add_layer_norm_backward(const Tensor& dy, const Tensor& h, const T
   check_stats(mean, rstd, M, h, "add_layer_norm_backward");
   DeviceGuard guard(h.device().index);
   if (dy.dtype() == DType::bf16)
-    launch_backward<__nv_bfloat16>(dy, h, weight, mean, rstd, gh, dh, ddelta, dw, db);
+    launch_backward<__nv_bfloat16>(dy, h, weight, mean, rstd, gh, dh, ddelta, dw, db, ddelta_bias);
   else
-    launch_backward<__half>(dy, h, weight, mean, rstd, gh, dh, ddelta, dw, db);
+    launch_backward<__half>(dy, h, weight, mean, rstd, gh, dh, ddelta, dw, db, ddelta_bias);
   return true;
 }
 

@@ -65,9 +65,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // in the autocast dtype (the cast the matmul reading it would make); h keeps the promoted dtype of x and
 // delta. On the GPU, for an f32 x under bf16/f16 autocast, it is one kernel forward and one backward (the
 // norm's backward, the sum with h's gradient and delta's gradient in its dtype in one pass); elsewhere,
-// and for other dtypes, the composition of add, layer_norm and the cast.
+// and for other dtypes, the composition of add, layer_norm and the cast. delta_bias (C, optional, only with
+// delta) is added with delta, h = x + (delta + delta_bias): the bias of the linear layer that produced
+// delta, folded in so that the layer runs without it and its gradient comes from this op's backward pass.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight = Tensor(),
-                                         const Tensor& bias = Tensor(), double eps = 1e-5);
+                                         const Tensor& bias = Tensor(), double eps = 1e-5,
+                                         const Tensor& delta_bias = Tensor());
 
 // Root-mean-square norm over the trailing dims given by normalized_shape, as torch.nn.functional.rms_norm:
 // y = x / sqrt(mean(x²) + eps) · weight (weight may be undefined). eps < 0: the machine epsilon of x's

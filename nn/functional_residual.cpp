@@ -11,8 +11,8 @@ namespace {
 // The composition the fused node stands for: the add, the layer norm (f32 under autocast), and the cast
 // the next matmul would make under autocast.
 std::pair<Tensor, Tensor> composed(const Tensor& x, const Tensor& delta, const Tensor& weight, const Tensor& bias,
-                                   double eps) {
-  Tensor h = delta.defined() ? add(x, delta) : x;
+                                   double eps, const Tensor& delta_bias) {
+  Tensor h = delta.defined() ? add(x, delta_bias.defined() ? add(delta, delta_bias) : delta) : x;
   Tensor y = layer_norm(h, {h.size(-1)}, weight, bias, eps);
   return {h, amp::to_lower_precision(y)};
 }
@@ -20,7 +20,7 @@ std::pair<Tensor, Tensor> composed(const Tensor& x, const Tensor& delta, const T
 }  // namespace
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight,
-                                         const Tensor& bias, double eps) {
+                                         const Tensor& bias, double eps, const Tensor& delta_bias) {
   KILN_CHECK(x.defined() && x.dim() >= 1 && is_floating(x.dtype()), "add_layer_norm: expected a floating-point x, got ",
              x.str());
   KILN_CHECK(!delta.defined() || (delta.sizes() == x.sizes() && delta.device() == x.device() &&
@@ -28,12 +28,14 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
              "add_layer_norm: delta ", delta.str(), " must be a floating-point tensor of x's shape and device, x ",
              x.str());
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
-  for (const Tensor* p : {&weight, &bias})
+  KILN_CHECK(!delta_bias.defined() || delta.defined(), "add_layer_norm: delta_bias ", delta_bias.str(),
+             " needs a delta (it is the bias of the layer that produced delta)");
+  for (const Tensor* p : {&weight, &bias, &delta_bias})
     KILN_CHECK(!p->defined() || (p->dim() == 1 && p->size(0) == C && p->device() == x.device()),
                "add_layer_norm: parameter ", p->str(), " must be a vector of ", C, " (x's last dim) on ",
                x.device().str(), ", x ", x.str());
   const DeviceType type = x.device().type;
-  if (!amp::is_enabled(type)) return composed(x, delta, weight, bias, eps);
+  if (!amp::is_enabled(type)) return composed(x, delta, weight, bias, eps, delta_bias);
   // Under autocast the fused kernel may serve: y straight in the autocast dtype.
   const DType low = amp::dtype(type);
   Tensor xc, dc, h, y, mean, rstd;
@@ -47,19 +49,20 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
     y = empty({M, C}, {.dtype = low, .device = x.device()});
     mean = empty({M}, f32);
     rstd = empty({M}, f32);
-    fused = kernels::add_layer_norm(xc, dc, weight, bias, eps, h, y, mean, rstd);
+    fused = kernels::add_layer_norm(xc, dc, delta_bias, weight, bias, eps, h, y, mean, rstd);
   }
-  if (!fused) return composed(x, delta, weight, bias, eps);
+  if (!fused) return composed(x, delta, weight, bias, eps, delta_bias);
   h = h.reshape(x.sizes());
   y = y.reshape(x.sizes());
-  if (!any_requires_grad({x, delta, weight, bias})) return {delta.defined() ? h : x, y};
+  if (!any_requires_grad({x, delta, weight, bias, delta_bias})) return {delta.defined() ? h : x, y};
   const bool has_delta = delta.defined(), want_delta = has_delta && delta.requires_grad();
   const bool want_w = weight.defined() && weight.requires_grad(), want_b = bias.defined() && bias.requires_grad();
+  const bool want_beta = delta_bias.defined() && delta_bias.requires_grad();
   // Without delta, h is x itself, so the node has one output (y) and x's gradient is only the norm's.
   std::vector<Tensor> outputs = has_delta ? std::vector<Tensor>{h, y} : std::vector<Tensor>{y};
-  record("add_layer_norm", {x, delta, weight, bias}, outputs,
+  record("add_layer_norm", {x, delta, weight, bias, delta_bias}, outputs,
          [sh = SavedTensor(has_delta ? h.reshape({M, C}) : xc), sw = weight.defined() ? SavedTensor(weight) : SavedTensor(), mean, rstd, has_delta, want_delta, want_w,
-          want_b, low, M, C, shape = x.sizes()](const Grads& g) {
+          want_b, want_beta, low, M, C, shape = x.sizes()](const Grads& g) {
            Tensor hh = sh.unpack("add_layer_norm"), ww = sw.defined() ? sw.unpack("add_layer_norm") : Tensor();
            Tensor dy = cast(g.back(), low).contiguous().reshape({M, C});
            Tensor gh = has_delta ? g[0].contiguous().reshape({M, C}) : Tensor();
@@ -67,9 +70,10 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
            Tensor dh = empty({M, C}, f32);
            Tensor dd = want_delta ? empty({M, C}, {.dtype = low, .device = hh.device()}) : Tensor();
            Tensor dw = want_w ? empty({C}, f32) : Tensor(), db = want_b ? empty({C}, f32) : Tensor();
-           KILN_CHECK(kernels::add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db),
+           Tensor dbeta = want_beta ? empty({C}, f32) : Tensor();
+           KILN_CHECK(kernels::add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db, dbeta),
                       "add_layer_norm: the device ran the forward kernel but has no backward for ", hh.str());
-           return Grads{dh.reshape(shape), want_delta ? dd.reshape(shape) : Tensor(), dw, db};
+           return Grads{dh.reshape(shape), want_delta ? dd.reshape(shape) : Tensor(), dw, db, dbeta};
          });
   return {has_delta ? h : x, y};
 }

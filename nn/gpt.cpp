@@ -54,6 +54,16 @@ Tensor GPTMLP::forward(const Tensor& x) {
   return drop(proj(a));
 }
 
+bool GPTMLP::bias_foldable() const {
+  return proj.bias_foldable() && !has_hooks() && !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training());
+}
+
+Tensor GPTMLP::forward_without_proj_bias(const Tensor& x) {
+  KILN_CHECK(bias_foldable(), repr(), ": proj's bias cannot be left out here (hooks, dropout, sketch or FP8)");
+  Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
+  return proj.forward_without_bias(a);
+}
+
 // ---- GPTBlock ----
 
 GPTBlock::GPTBlock(const GPTConfig& c)
@@ -75,10 +85,18 @@ GPTBlock::GPTBlock(const GPTConfig& c)
 
 namespace {
 
-// (x + delta, ln(x + delta)): fused, or through ln's operator() when it has hooks (delta may be undefined).
-std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor& delta) {
-  if (!ln.has_hooks()) return functional::add_layer_norm(x, delta, ln.weight, ln.bias, ln.eps());
-  Tensor sum = delta.defined() ? add(x, delta) : x;
+// delta + delta_bias, the pending branch output with its folded bias (either may be undefined)
+Tensor with_bias(const Tensor& delta, const Tensor& delta_bias) {
+  return delta.defined() && delta_bias.defined() ? add(delta, delta_bias) : delta;
+}
+
+// (x + delta + delta_bias, ln(...)): fused, or through ln's operator() when it has hooks (delta and
+// delta_bias may be undefined).
+std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor& delta,
+                                   const Tensor& delta_bias = Tensor()) {
+  if (!ln.has_hooks()) return functional::add_layer_norm(x, delta, ln.weight, ln.bias, ln.eps(), delta_bias);
+  Tensor d = with_bias(delta, delta_bias);
+  Tensor sum = d.defined() ? add(x, d) : x;
   return {sum, ln(sum)};
 }
 
@@ -88,6 +106,27 @@ std::pair<Tensor, Tensor> GPTBlock::forward_residual(const Tensor& x_in, const T
   auto [x, y] = add_norm(ln_1, x_in, delta);
   auto [h, y2] = add_norm(ln_2, x, drop(attn(y)));
   return {h, mlp(y2)};
+}
+
+namespace {
+bool folding(const Device& device) { return device.is_cuda() && amp::is_enabled(device.type); }
+}  // namespace
+
+bool GPTBlock::folds_attn_bias(const Device& device) const {
+  return folding(device) && attn.out_proj.bias_foldable() && !attn.has_hooks() && !drop.has_hooks() &&
+         (drop.p() == 0.0 || !drop.is_training());
+}
+
+bool GPTBlock::folds_mlp_bias(const Device& device) const { return folding(device) && mlp.bias_foldable(); }
+
+GPTBlock::Residual GPTBlock::forward_residual_folded(const Tensor& x_in, const Tensor& delta,
+                                                     const Tensor& delta_bias) {
+  const Device device = x_in.device();
+  auto [x, y] = add_norm(ln_1, x_in, delta, delta_bias);
+  auto [h, y2] = folds_attn_bias(device) ? add_norm(ln_2, x, attn.forward_without_out_bias(y), attn.out_proj.bias)
+                                         : add_norm(ln_2, x, drop(attn(y)));
+  if (folds_mlp_bias(device)) return {h, mlp.forward_without_proj_bias(y2), mlp.proj.bias};
+  return {h, mlp(y2), Tensor()};
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
@@ -155,7 +194,8 @@ Tensor GPT::hidden(const Tensor& idx_in) {
   const Device device = x.device();
   const bool amp_on = amp::is_enabled(device.type);
   const DType amp_dtype = amp::dtype(device.type);
-  Tensor delta;  // the last block's MLP output, added to x inside the next layer norm
+  Tensor delta;       // the last block's MLP output, added to x inside the next layer norm
+  Tensor delta_bias;  // its folded bias, added there too (GPTBlock::forward_residual_folded), or undefined
   int64_t index = 0;
   for (GPTBlock* block : blocks_) {
     const profiler::Range scope(profiler::is_enabled() ? "h." + std::to_string(index) : std::string(), "module");
@@ -163,8 +203,9 @@ Tensor GPT::hidden(const Tensor& idx_in) {
     if (block->has_hooks()) {
       // The block as a module, so its hooks see its input and output: the residual stream is summed
       // first (the fused path hands the MLP's output on to the next layer norm instead).
-      x = delta.defined() ? add(x, delta) : x;
-      delta = Tensor();
+      Tensor d = with_bias(delta, delta_bias);
+      x = d.defined() ? add(x, d) : x;
+      delta = delta_bias = Tensor();
       if (!checkpointing) {
         x = (*block)(x);
         continue;
@@ -178,20 +219,26 @@ Tensor GPT::hidden(const Tensor& idx_in) {
       continue;
     }
     if (!checkpointing) {
-      std::tie(x, delta) = block->forward_residual(x, delta);
+      GPTBlock::Residual r = block->forward_residual_folded(x, delta, delta_bias);
+      x = r.h;
+      delta = r.m;
+      delta_bias = r.m_bias;
       continue;
     }
+    // The same folded arithmetic as without checkpointing: the pending bias goes in as an input; the one
+    // this block leaves pending is its mlp.proj.bias, a parameter, named outside the segment.
     std::vector<Tensor> out = autograd::checkpoint(
         autograd::CheckpointMultiFn([block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
           amp::Autocast autocast(device, amp_dtype, amp_on);
-          auto [h, m] = block->forward_residual(in[0], in[1]);
-          return std::vector<Tensor>{h, m};
+          GPTBlock::Residual r = block->forward_residual_folded(in[0], in[1], in[2]);
+          return std::vector<Tensor>{r.h, r.m};
         }),
-        {x, delta});
+        {x, delta, delta_bias});
     x = out[0];
     delta = out[1];
+    delta_bias = block->folds_mlp_bias(device) ? block->mlp.proj.bias : Tensor();
   }
-  return add_norm(ln_f, x, delta).second;
+  return add_norm(ln_f, x, delta, delta_bias).second;
 }
 
 Tensor GPT::forward(const Tensor& idx_in) {

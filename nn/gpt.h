@@ -68,6 +68,11 @@ class GPTMLP : public Module {
  public:
   explicit GPTMLP(const GPTConfig& config);
   Tensor forward(const Tensor& x) override;
+  // forward(x) without proj's bias, which the caller adds inside a later fused op (GPTBlock::
+  // forward_residual); only where bias_foldable() (the module's own hooks are bypassed).
+  Tensor forward_without_proj_bias(const Tensor& x);
+  // proj's bias can be left to the caller: proj.bias_foldable(), no hooks here, dropout the identity.
+  bool bias_foldable() const;
 
   Linear fc;    // E -> 4E
   Linear proj;  // 4E -> E, a residual projection
@@ -84,6 +89,21 @@ class GPTBlock : public Module {
   // (undefined for the first block), returns {h, m} with h = x + delta + drop(attn(ln_1(x + delta))) and
   // m = mlp(ln_2(h)); the block's output is h + m, which the next block (or ln_f) adds in its own norm.
   std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& delta);
+  // The same with the residual projections' biases folded into the layer norms that read their outputs
+  // (functional::add_layer_norm's delta_bias), so that their gradients come from the norms' backward pass
+  // instead of column sums that read the branch gradients again. delta_bias is the previous block's pending
+  // mlp.proj bias (undefined if none); attn.out_proj's bias goes into ln_2's add; m comes without
+  // mlp.proj's bias, returned as m_bias (undefined where it is not folded). Folded only under CUDA autocast
+  // (where the fused kernel takes it) and where nothing observes a branch between: no hooks on the
+  // projections or their modules, dense, no FP8 scope, dropout the identity.
+  struct Residual {
+    Tensor h, m, m_bias;
+  };
+  Residual forward_residual_folded(const Tensor& x, const Tensor& delta, const Tensor& delta_bias);
+  // Whether forward_residual_folded folds attn.out_proj's bias (into ln_2) and leaves mlp.proj's to the
+  // caller (its m_bias), for inputs on `device` under the current autocast state.
+  bool folds_attn_bias(const Device& device) const;
+  bool folds_mlp_bias(const Device& device) const;
 
   LayerNorm ln_1;
   MultiheadAttention attn;  // causal self-attention

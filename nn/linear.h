@@ -43,6 +43,14 @@ class Linear : public Module {
   // fp8_linear_gelu under Fp8Autocast); it bypasses the module's hooks, which would see the pre-activation.
   Tensor forward_gelu(const Tensor& x);
 
+  // x · weightᵀ without the bias, for a caller that adds the bias inside a later fused op (nn::GPT folds its
+  // residual projections' biases into the layer norms that read them: functional::add_layer_norm's
+  // delta_bias). Bypasses the module's hooks; not for a sketched layer or under Fp8Autocast (bias_foldable).
+  Tensor forward_without_bias(const Tensor& x);
+  // Whether forward_without_bias serves, and nothing observes the layer's output between: a bias, no hooks,
+  // dense, no Fp8Autocast scope.
+  bool bias_foldable() const;
+
   // FP8 (nn/fp8_autocast.h): inside an Fp8Autocast scope forward runs functional::fp8_linear with this
   // layer's delayed-scaling state, made at its first FP8 forward (nullptr before).
   Fp8ScalingState* fp8_scaling() const { return fp8_.get(); }

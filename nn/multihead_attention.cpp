@@ -122,6 +122,15 @@ AttentionMask MultiheadAttention::keys_for(int64_t Tq, int64_t Tk, Device device
 
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const Tensor& key_padding_mask, const Tensor& attn_mask) {
+  return attend(query, key, value, key_padding_mask, attn_mask, /*out_bias=*/true);
+}
+
+Tensor MultiheadAttention::forward_without_out_bias(const Tensor& x) {
+  return attend(x, x, x, Tensor(), Tensor(), /*out_bias=*/false);
+}
+
+Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                  const Tensor& key_padding_mask, const Tensor& attn_mask, bool out_bias) {
   KILN_CHECK(query.defined() && key.defined() && value.defined(), repr(), ": query, key and value must be defined");
   const int64_t E = embed_dim_, H = num_heads_, D = E / H;
   KILN_CHECK((query.dim() == 3 || query.dim() == 2) && key.dim() == query.dim() && value.dim() == query.dim(), repr(),
@@ -177,7 +186,7 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   // (B, H, Tq, D) -> (B, Tq, E): the fused op lays its output out as (B, Tq, H, D), so this is a view (a
   // copy after performer_attention)
   Tensor merged = attn.transpose(1, 2).reshape({B, Tq, E});
-  Tensor out = out_proj(merged);
+  Tensor out = out_bias ? out_proj(merged) : out_proj.forward_without_bias(merged);
   return batched ? out : out.squeeze(0);
 }
 

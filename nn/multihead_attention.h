@@ -59,6 +59,9 @@ class MultiheadAttention : public Module {
                  const Tensor& attn_mask = {});
   // operator()(query, key, value[, key_padding_mask[, attn_mask]]): forward between the hooks.
   Tensor forward_args(const std::vector<Tensor>& inputs) override;
+  // Self-attention without out_proj's bias, which the caller adds inside a later fused op (nn::GPT's
+  // residual layer norm; out_proj.bias_foldable() must hold). Bypasses the module's hooks.
+  Tensor forward_without_out_bias(const Tensor& x);
 
   void reset_parameters();
   void pretty_print(std::ostream& os) const override;
@@ -76,6 +79,8 @@ class MultiheadAttention : public Module {
   // causal, window and the block layout as the kernels take them; a layout's index lists are made once per
   // lengths and device and kept (so a captured CUDA graph, whose warmup made them, needs no copy)
   AttentionMask keys_for(int64_t Tq, int64_t Tk, Device device) const;
+  Tensor attend(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask,
+                const Tensor& attn_mask, bool out_bias);
 
   int64_t embed_dim_, num_heads_;
   MultiheadAttentionOptions options_;

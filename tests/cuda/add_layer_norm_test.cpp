@@ -1,6 +1,6 @@
 // CUDA add_layer_norm (residual add + layer norm, one kernel each way under autocast) against the CPU's
-// composition of add, the f32 layer norm and the autocast cast: h, y and every gradient (x, delta, w, b),
-// with and without delta, affine parameters and a gradient on h.
+// composition of add, the f32 layer norm and the autocast cast: h, y and every gradient (x, delta, w, b,
+// and the folded branch bias beta), with and without delta, affine parameters and a gradient on h.
 #include <kiln/autograd/node.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/ops.h>
@@ -17,10 +17,10 @@ namespace F = kiln::nn::functional;
 namespace {
 
 struct Inputs {
-  Tensor x, delta, w, b, gh, gy;
+  Tensor x, delta, w, b, gh, gy, beta;
 };
 struct Result {
-  Tensor h, y, dx, ddelta, dw, db;
+  Tensor h, y, dx, ddelta, dw, db, dbeta;
 };
 
 Result run(const Inputs& in, DType low, Device dev) {
@@ -30,21 +30,22 @@ Result run(const Inputs& in, DType low, Device dev) {
     l.requires_grad_(true);
     return l;
   };
-  Tensor x = leaf(in.x), delta = leaf(in.delta), w = leaf(in.w), b = leaf(in.b);
+  Tensor x = leaf(in.x), delta = leaf(in.delta), w = leaf(in.w), b = leaf(in.b), beta = leaf(in.beta);
   Tensor h, y;
   {
     amp::Autocast autocast(dev, low);
-    std::tie(h, y) = F::add_layer_norm(x, delta, w, b, 1e-5);
+    std::tie(h, y) = F::add_layer_norm(x, delta, w, b, 1e-5, beta);
   }
   if (in.gh.defined() && delta.defined())
     autograd::run_backward({h, y}, {in.gh.to(dev), in.gy.to(dev)}, false);
   else
     autograd::run_backward({y}, {in.gy.to(dev)}, false);
   auto grad = [](const Tensor& t) { return t.defined() ? t.grad() : Tensor(); };
-  return {h.detach(), y.detach(), grad(x), grad(delta), grad(w), grad(b)};
+  return {h.detach(), y.detach(), grad(x), grad(delta), grad(w), grad(b), grad(beta)};
 }
 
-void check(int64_t M, int64_t C, DType low, bool with_delta, bool affine, bool with_gh, const std::string& what) {
+void check(int64_t M, int64_t C, DType low, bool with_delta, bool affine, bool with_gh, const std::string& what,
+           bool with_beta = false) {
   Inputs in;
   in.x = add(rand_cpu({M, C}, DType::f32, 2.0), 0.5);  // a nonzero mean
   in.delta = with_delta ? rand_cpu({M, C}, low) : Tensor();
@@ -52,6 +53,7 @@ void check(int64_t M, int64_t C, DType low, bool with_delta, bool affine, bool w
   in.b = affine ? rand_cpu({C}, DType::f32) : Tensor();
   in.gh = with_gh ? rand_cpu({M, C}, DType::f32) : Tensor();
   in.gy = rand_cpu({M, C}, low);
+  in.beta = with_beta ? rand_cpu({C}, DType::f32) : Tensor();
   Result rc = run(in, low, Device::cpu()), rg = run(in, low, gpu());
   ASSERT_EQ(rg.y.dtype(), low) << what;
   ASSERT_EQ(rg.h.dtype(), DType::f32) << what;
@@ -63,9 +65,26 @@ void check(int64_t M, int64_t C, DType low, bool with_delta, bool affine, bool w
     expect_close(rc.dw, rg.dw, "dw " + what, -1, 1.0);
     expect_close(rc.db, rg.db, "db " + what, -1, 1.0);
   }
+  if (with_beta) {
+    ASSERT_TRUE(rg.dbeta.defined()) << what;
+    expect_close(rc.dbeta, rg.dbeta, "dbeta " + what, -1, 1.0);
+  }
 }
 
 }  // namespace
+
+// The bias of the linear layer that produced delta, folded in (nn::GPT's out_proj and mlp.proj): h = x +
+// (delta + beta), and beta's gradient, Σ_rows dh, from the backward kernel's own pass.
+TEST(CudaAddLayerNorm, FoldedBranchBiasMatchesTheCpuComposition) {
+  KILN_REQUIRE_GPU();
+  manual_seed(43);
+  for (DType low : {DType::bf16, DType::f16})
+    for (int64_t C : {768, 4096}) {
+      const std::string what = name(low) + " C=" + std::to_string(C) + " beta";
+      check(301, C, low, true, true, true, what + ", affine, gh", true);
+      check(37, C, low, true, false, false, what + ", no affine, no gh", true);
+    }
+}
 
 TEST(CudaAddLayerNorm, TransformerWidthsMatchTheCpuComposition) {
   KILN_REQUIRE_GPU();

@@ -49,6 +49,23 @@ TEST(Linear, WithoutBias) {
   expect_close(fc(x), matmul(x, fc.weight.t()), 1e-6);
 }
 
+// forward_without_bias (a caller folding the bias into a later op, as nn::GPT): x Wᵀ alone; refused where the
+// bias cannot be left out (no bias, or hooks that would miss the layer's output).
+TEST(Linear, ForwardWithoutBiasLeavesTheBiasToTheCaller) {
+  manual_seed(10);
+  Linear fc(4, 3);
+  Tensor x = randn({2, 4});
+  EXPECT_TRUE(fc.bias_foldable());
+  expect_close(add(fc.forward_without_bias(x), fc.bias), fc(x), 1e-6);
+  Linear no_bias(4, 3, {.bias = false});
+  EXPECT_FALSE(no_bias.bias_foldable());
+  std::string msg = error_message([&] { no_bias.forward_without_bias(x); });
+  EXPECT_NE(msg.find("Linear(in_features=4, out_features=3"), std::string::npos) << msg;
+  fc.register_forward_hook([](Module&, const std::vector<Tensor>&, const Tensor&) {});
+  EXPECT_FALSE(fc.bias_foldable());
+  EXPECT_NE(error_message([&] { fc.forward_without_bias(x); }).find("forward_without_bias"), std::string::npos);
+}
+
 TEST(Linear, InitializationStaysWithinOneOverSqrtFanIn) {
   manual_seed(8);
   Linear fc(400, 300);

@@ -134,6 +134,10 @@ inline std::vector<OpCase> cases() {
          return add(h, mul(y, 2.0));  // both outputs reach the result
        }},
       {"add_layer_norm", {{2, 2, 6}}, [](const Inputs& x) { return F::add_layer_norm(x[0], Tensor()).second; }},
+      {"add_layer_norm", {{3, 8}, {3, 8}, {8}, {8}, {8}}, [](const Inputs& x) {  // with the branch's bias folded in
+         auto [h, y] = F::add_layer_norm(x[0], x[1], x[2], x[3], 1e-5, x[4]);
+         return add(h, mul(y, 2.0));
+       }},
       {"embedding", {{5, 3}}, [](const Inputs& x) { return F::embedding(idx({4, 0, 4, 2}, {2, 2}), x[0]); }},
       {"dropout", {{4, 5}}, [](const Inputs& x) {
          Generator g(7);  // the same mask on every evaluation
