@@ -288,13 +288,14 @@ void launch_backward(const Tensor& dy, const Tensor& h, const Tensor& w, const T
                                                           M, C, mut<float>(part_dw), mut<float>(part_db),
                                                           mut<float>(part_dbeta));
   KILN_LAUNCH_CHECK("add_layer_norm_backward_kernel", "add_layer_norm_backward");
-  const dim3 sums(unsigned((C + 31) / 32), 2), threads(32, 32);
+  const unsigned strips = unsigned((C + 31) / 32);
+  const dim3 threads(32, 32);
   if (dw.defined() || db.defined())
-    column_sum_kernel<float><<<sums, threads, 0, current_stream()>>>(ptr<float>(part_dw), ptr<float>(part_db), parts, C,
-                                                                     mut<float>(dw), mut<float>(db));
-  if (dbeta.defined())  // (the second half of the grid returns at once: its output is null)
-    column_sum_kernel<float><<<sums, threads, 0, current_stream()>>>(ptr<float>(part_dbeta), nullptr, parts, C,
-                                                                     mut<float>(dbeta), nullptr);
+    column_sum_kernel<float><<<dim3(strips, 2), threads, 0, current_stream()>>>(
+        ptr<float>(part_dw), ptr<float>(part_db), parts, C, mut<float>(dw), mut<float>(db));
+  if (dbeta.defined())
+    column_sum_kernel<float><<<dim3(strips, 1), threads, 0, current_stream()>>>(ptr<float>(part_dbeta), nullptr, parts,
+                                                                                C, mut<float>(dbeta), nullptr);
   KILN_LAUNCH_CHECK("column_sum_kernel", "add_layer_norm_backward");
 }
 

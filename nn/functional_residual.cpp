@@ -28,8 +28,9 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
              "add_layer_norm: delta ", delta.str(), " must be a floating-point tensor of x's shape and device, x ",
              x.str());
   const int64_t C = x.size(-1), M = x.numel() / std::max<int64_t>(C, 1);
-  KILN_CHECK(!delta_bias.defined() || delta.defined(), "add_layer_norm: delta_bias ", delta_bias.str(),
-             " needs a delta (it is the bias of the layer that produced delta)");
+  KILN_CHECK(!delta_bias.defined() || (delta.defined() && is_floating(delta_bias.dtype())), "add_layer_norm: delta_bias ",
+             delta_bias.str(), " must be a floating-point vector beside a delta (it is the bias of the layer that "
+             "produced delta), delta ", delta.str());
   for (const Tensor* p : {&weight, &bias, &delta_bias})
     KILN_CHECK(!p->defined() || (p->dim() == 1 && p->size(0) == C && p->device() == x.device()),
                "add_layer_norm: parameter ", p->str(), " must be a vector of ", C, " (x's last dim) on ",

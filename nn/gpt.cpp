@@ -59,7 +59,7 @@ bool GPTMLP::bias_foldable() const {
 }
 
 Tensor GPTMLP::forward_without_proj_bias(const Tensor& x) {
-  KILN_CHECK(bias_foldable(), repr(), ": proj's bias cannot be left out here (hooks, dropout, sketch or FP8)");
+  KILN_CHECK(proj.bias.defined() && !proj.sketched(), repr(), ": proj has no bias to leave out (or is sketched)");
   Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
   return proj.forward_without_bias(a);
 }
@@ -108,24 +108,27 @@ std::pair<Tensor, Tensor> GPTBlock::forward_residual(const Tensor& x_in, const T
   return {h, mlp(y2)};
 }
 
-namespace {
-bool folding(const Device& device) { return device.is_cuda() && amp::is_enabled(device.type); }
-}  // namespace
-
-bool GPTBlock::folds_attn_bias(const Device& device) const {
-  return folding(device) && attn.out_proj.bias_foldable() && !attn.has_hooks() && !drop.has_hooks() &&
-         (drop.p() == 0.0 || !drop.is_training());
+GPTBlock::Folding GPTBlock::folding(const Tensor& x) const {
+  const Device device = x.device();
+  const int64_t C = x.dim() >= 1 ? x.size(-1) : 0;
+  // where cuda/add_layer_norm.cu's kernels serve (elsewhere the composed op would add the bias as one more
+  // full-size pass, which the GEMM's bias epilogue does for free)
+  const bool fused = device.is_cuda() && amp::is_enabled(device.type) && x.dtype() == DType::f32 && C % 8 == 0 &&
+                     C > 0 && C <= 4096;
+  auto f32_bias = [](const Linear& l) { return l.bias.defined() && l.bias.dtype() == DType::f32; };
+  Folding f;
+  f.attn = fused && f32_bias(attn.out_proj) && attn.out_proj.bias_foldable() && !attn.has_hooks() &&
+           !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training());
+  f.mlp = fused && f32_bias(mlp.proj) && mlp.bias_foldable();
+  return f;
 }
 
-bool GPTBlock::folds_mlp_bias(const Device& device) const { return folding(device) && mlp.bias_foldable(); }
-
 GPTBlock::Residual GPTBlock::forward_residual_folded(const Tensor& x_in, const Tensor& delta,
-                                                     const Tensor& delta_bias) {
-  const Device device = x_in.device();
+                                                     const Tensor& delta_bias, Folding fold) {
   auto [x, y] = add_norm(ln_1, x_in, delta, delta_bias);
-  auto [h, y2] = folds_attn_bias(device) ? add_norm(ln_2, x, attn.forward_without_out_bias(y), attn.out_proj.bias)
-                                         : add_norm(ln_2, x, drop(attn(y)));
-  if (folds_mlp_bias(device)) return {h, mlp.forward_without_proj_bias(y2), mlp.proj.bias};
+  auto [h, y2] = fold.attn ? add_norm(ln_2, x, attn.forward_without_out_bias(y), attn.out_proj.bias)
+                           : add_norm(ln_2, x, drop(attn(y)));
+  if (fold.mlp) return {h, mlp.forward_without_proj_bias(y2), mlp.proj.bias};
   return {h, mlp(y2), Tensor()};
 }
 
@@ -219,24 +222,26 @@ Tensor GPT::hidden(const Tensor& idx_in) {
       continue;
     }
     if (!checkpointing) {
-      GPTBlock::Residual r = block->forward_residual_folded(x, delta, delta_bias);
+      GPTBlock::Residual r = block->forward_residual_folded(x, delta, delta_bias, block->folding(x));
       x = r.h;
       delta = r.m;
       delta_bias = r.m_bias;
       continue;
     }
-    // The same folded arithmetic as without checkpointing: the pending bias goes in as an input; the one
-    // this block leaves pending is its mlp.proj.bias, a parameter, named outside the segment.
+    // The same folded arithmetic as without checkpointing, decided once for the forward and its recompute:
+    // the pending bias goes in as an input; the one this block leaves pending is its mlp.proj.bias, a
+    // parameter, named outside the segment.
+    const GPTBlock::Folding fold = block->folding(x);
     std::vector<Tensor> out = autograd::checkpoint(
-        autograd::CheckpointMultiFn([block, amp_on, amp_dtype, device](const std::vector<Tensor>& in) {
+        autograd::CheckpointMultiFn([block, amp_on, amp_dtype, device, fold](const std::vector<Tensor>& in) {
           amp::Autocast autocast(device, amp_dtype, amp_on);
-          GPTBlock::Residual r = block->forward_residual_folded(in[0], in[1], in[2]);
+          GPTBlock::Residual r = block->forward_residual_folded(in[0], in[1], in[2], fold);
           return std::vector<Tensor>{r.h, r.m};
         }),
         {x, delta, delta_bias});
     x = out[0];
     delta = out[1];
-    delta_bias = block->folds_mlp_bias(device) ? block->mlp.proj.bias : Tensor();
+    delta_bias = fold.mlp ? block->mlp.proj.bias : Tensor();
   }
   return add_norm(ln_f, x, delta, delta_bias).second;
 }

@@ -69,7 +69,7 @@ class GPTMLP : public Module {
   explicit GPTMLP(const GPTConfig& config);
   Tensor forward(const Tensor& x) override;
   // forward(x) without proj's bias, which the caller adds inside a later fused op (GPTBlock::
-  // forward_residual); only where bias_foldable() (the module's own hooks are bypassed).
+  // forward_residual_folded, after bias_foldable()); bypasses this module's and proj's hooks and dropout.
   Tensor forward_without_proj_bias(const Tensor& x);
   // proj's bias can be left to the caller: proj.bias_foldable(), no hooks here, dropout the identity.
   bool bias_foldable() const;
@@ -92,18 +92,20 @@ class GPTBlock : public Module {
   // The same with the residual projections' biases folded into the layer norms that read their outputs
   // (functional::add_layer_norm's delta_bias), so that their gradients come from the norms' backward pass
   // instead of column sums that read the branch gradients again. delta_bias is the previous block's pending
-  // mlp.proj bias (undefined if none); attn.out_proj's bias goes into ln_2's add; m comes without
-  // mlp.proj's bias, returned as m_bias (undefined where it is not folded). Folded only under CUDA autocast
-  // (where the fused kernel takes it) and where nothing observes a branch between: no hooks on the
-  // projections or their modules, dense, no FP8 scope, dropout the identity.
+  // mlp.proj bias (undefined if none); with fold.attn attn.out_proj's bias goes into ln_2's add; with
+  // fold.mlp m comes without mlp.proj's bias, returned as m_bias (else undefined).
+  struct Folding {
+    bool attn = false, mlp = false;
+  };
   struct Residual {
     Tensor h, m, m_bias;
   };
-  Residual forward_residual_folded(const Tensor& x, const Tensor& delta, const Tensor& delta_bias);
-  // Whether forward_residual_folded folds attn.out_proj's bias (into ln_2) and leaves mlp.proj's to the
-  // caller (its m_bias), for inputs on `device` under the current autocast state.
-  bool folds_attn_bias(const Device& device) const;
-  bool folds_mlp_bias(const Device& device) const;
+  Residual forward_residual_folded(const Tensor& x, const Tensor& delta, const Tensor& delta_bias, Folding fold);
+  // What this block folds for a residual stream x, decided once per forward (a checkpointed block's
+  // recompute reuses the decision): only under CUDA autocast where the fused kernel takes the stream (f32,
+  // C a multiple of 8 up to 4096, f32 biases) and nothing observes a branch between: no hooks on the
+  // projections or their modules, dense layers, no FP8 scope, dropout the identity.
+  Folding folding(const Tensor& x) const;
 
   LayerNorm ln_1;
   MultiheadAttention attn;  // causal self-attention

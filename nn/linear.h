@@ -45,7 +45,8 @@ class Linear : public Module {
 
   // x · weightᵀ without the bias, for a caller that adds the bias inside a later fused op (nn::GPT folds its
   // residual projections' biases into the layer norms that read them: functional::add_layer_norm's
-  // delta_bias). Bypasses the module's hooks; not for a sketched layer or under Fp8Autocast (bias_foldable).
+  // delta_bias). A dense layer with a bias only; it bypasses the module's hooks and runs the plain product
+  // (no FP8): the caller decides by bias_foldable() first.
   Tensor forward_without_bias(const Tensor& x);
   // Whether forward_without_bias serves, and nothing observes the layer's output between: a bias, no hooks,
   // dense, no Fp8Autocast scope.
