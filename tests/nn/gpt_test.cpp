@@ -183,6 +183,39 @@ TEST(GPT, ResidualFormEqualsThePlainBlock) {
   expect_close(values(add(h2, m2)), values(block(add(x, delta))), 1e-12, "forward_residual(x, delta)");
 }
 
+// The folded form (GPTBlock::forward_residual_folded; the GPU picks it under autocast, the CPU never, so it
+// is asked for here): the previous block's pending bias added in ln_1's add, out_proj's in ln_2's, and
+// mlp.proj's handed on, gives the plain block's values; and a finite-difference gradcheck in f64 through
+// two folded blocks and the closing add shows each folded bias gets its gradient once.
+TEST(GPT, FoldedResidualFormEqualsThePlainBlockAndItsBiasesGetTheirGradients) {
+  manual_seed(9);
+  GPTConfig c{.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4, .dtype = DType::f64};
+  GPTBlock first(c), second(c);
+  for (GPTBlock* b : {&first, &second})
+    for (Tensor p : b->parameters())
+      if (p.dim() == 1) init::uniform_(p, -0.5, 0.5);
+  EXPECT_FALSE(first.folding(randn({2, 3, 4}, {.dtype = DType::f64})).attn);  // the CPU does not fold
+  const GPTBlock::Folding fold{.attn = true, .mlp = true};
+  Tensor x = randn({2, 3, 4}, {.dtype = DType::f64}), delta = randn({2, 3, 4}, {.dtype = DType::f64});
+  GPTBlock::Residual r = first.forward_residual_folded(x, delta, Tensor(), fold);
+  ASSERT_TRUE(r.m_bias.is_same(first.mlp.proj.bias));
+  auto [h, m] = first.forward_residual(x, delta);
+  expect_close(values(r.h), values(h), 1e-12, "h");
+  expect_close(values(add(r.m, r.m_bias)), values(m), 1e-12, "m + its pending bias");
+  // two blocks, the second taking the first's pending bias, against the plain blocks
+  auto two = [&](const Tensor& in) {
+    GPTBlock::Residual a = first.forward_residual_folded(in, Tensor(), Tensor(), fold);
+    GPTBlock::Residual b = second.forward_residual_folded(a.h, a.m, a.m_bias, fold);
+    return add(b.h, add(b.m, b.m_bias));
+  };
+  expect_close(values(two(x)), values(second(first(x))), 1e-12, "two folded blocks");
+  Tensor xg = x.detach().requires_grad_(true);
+  std::vector<Tensor> inputs{xg, first.attn.out_proj.bias, first.mlp.proj.bias, second.attn.out_proj.bias,
+                             second.mlp.proj.bias, first.ln_2.weight, second.ln_1.bias};
+  auto result = autograd::gradcheck([&](const std::vector<Tensor>& in) { return two(in[0]); }, inputs);
+  EXPECT_TRUE(result.ok) << result.message;
+}
+
 TEST(GPT, BlockGradcheck) {
   manual_seed(6);
   GPTConfig c{.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4, .dtype = DType::f64};
