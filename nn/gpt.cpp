@@ -47,21 +47,26 @@ GPTMLP::GPTMLP(const GPTConfig& c)
   register_module("drop", drop);
 }
 
-Tensor GPTMLP::forward(const Tensor& x) {
-  // fc with hooks runs as itself (the hooks see the pre-activation), as does a sketched fc (nn::sketch);
-  // otherwise fused with the GELU (in FP8 under Fp8Autocast: Linear::forward_gelu).
-  Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
-  return drop(proj(a));
+namespace {
+
+// gelu_tanh(fc(x)): fc with hooks runs as itself (the hooks see the pre-activation), as does a sketched fc
+// (nn::sketch); otherwise fused with the GELU (in FP8 under Fp8Autocast: Linear::forward_gelu).
+Tensor fc_gelu(Linear& fc, const Tensor& x) {
+  return fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
 }
 
-bool GPTMLP::bias_foldable() const {
-  return proj.bias_foldable() && !has_hooks() && !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training());
-}
+// Whether a residual dropout passes its input through unchanged and unobserved (p = 0 or eval, no hooks).
+bool transparent(const Dropout& drop) { return !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training()); }
+
+}  // namespace
+
+Tensor GPTMLP::forward(const Tensor& x) { return drop(proj(fc_gelu(fc, x))); }
+
+bool GPTMLP::bias_foldable() const { return proj.bias_foldable() && !has_hooks() && transparent(drop); }
 
 Tensor GPTMLP::forward_without_proj_bias(const Tensor& x) {
   KILN_CHECK(proj.bias.defined() && !proj.sketched(), repr(), ": proj has no bias to leave out (or is sketched)");
-  Tensor a = fc.has_hooks() || fc.sketched() ? gelu(fc(x), /*tanh_approximation=*/true) : fc.forward_gelu(x);
-  return proj.forward_without_bias(a);
+  return proj.forward_without_bias(fc_gelu(fc, x));
 }
 
 // ---- GPTBlock ----
@@ -103,9 +108,8 @@ std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor&
 }  // namespace
 
 std::pair<Tensor, Tensor> GPTBlock::forward_residual(const Tensor& x_in, const Tensor& delta) {
-  auto [x, y] = add_norm(ln_1, x_in, delta);
-  auto [h, y2] = add_norm(ln_2, x, drop(attn(y)));
-  return {h, mlp(y2)};
+  Residual r = forward_residual_folded(x_in, delta, Tensor(), Folding{});
+  return {r.h, r.m};
 }
 
 GPTBlock::Folding GPTBlock::folding(const Tensor& x) const {
@@ -118,7 +122,7 @@ GPTBlock::Folding GPTBlock::folding(const Tensor& x) const {
   auto f32_bias = [](const Linear& l) { return l.bias.defined() && l.bias.dtype() == DType::f32; };
   Folding f;
   f.attn = fused && f32_bias(attn.out_proj) && attn.out_proj.bias_foldable() && !attn.has_hooks() &&
-           !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training());
+           transparent(drop);
   f.mlp = fused && f32_bias(mlp.proj) && mlp.bias_foldable();
   return f;
 }
