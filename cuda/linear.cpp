@@ -11,9 +11,10 @@
 //             (bias_gradient, linear_bias.cu; in the GELU kernel's own pass where there is one) and BGRADB
 //             serves f32. For bf16/f16 layers of f32 master weights, dw and db come out in f32
 //             (linear_backward_f32_params: the GEMM's f32 accumulators, the column sums' f32 totals).
-//             (A node holding both MLP layers could ask the GEMM producing dy for the DGELU_BGRAD epilogue;
-//             that too ran as the GEMM plus a separate epilogue kernel, 350 us at GPT-2's 16384 x 3072,
-//             three times the elementwise kernel.)
+//             A node holding both MLP layers (functional::linear_gelu_linear) asks the GEMM producing dy
+//             for the DGELU epilogue instead (linear_gelu_input_backward), which cuBLAS 13 fuses: the
+//             hidden gradient written once. DGELU_BGRAD, the bias gradient too, ran as the GEMM plus a
+//             separate epilogue kernel (350 us at GPT-2's 16384 x 3072, three times the elementwise kernel).
 // f64 (no epilogue kernels) and shapes cuBLASLt has no epilogue algorithm for take the unfused path:
 // GEMM, then the elementwise bias add / GELU kernels, and db as a ones-vector product.
 #include <kiln/core/kernels/copy.h>
@@ -189,6 +190,30 @@ bool kernels::linear_backward_f32_params(const Tensor& dy, const Tensor& x, cons
   DeviceGuard guard(dy.device().index);
   run_linear_backward(dy, x, w, pre, gelu, dx, dw, db);
   return true;
+}
+
+bool kernels::linear_gelu_input_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dz) {
+  const DType dt = dy.dtype();
+  if ((dt != DType::bf16 && dt != DType::f16) || dy.dim() != 2 || w.dim() != 2 || pre.dim() != 2 || dz.dim() != 2 ||
+      w.dtype() != dt || pre.dtype() != dt || dz.dtype() != dt || !dy.is_contiguous() || !w.is_contiguous() ||
+      !pre.is_contiguous() || !dz.is_contiguous())
+    return false;
+  const int64_t M = dy.size(0), N = dy.size(1), K = w.size(1);
+  if (w.size(0) != N || pre.sizes() != (Shape{M, K}) || dz.sizes() != pre.sizes() || M == 0 || N == 0 || K % 8 != 0)
+    return false;
+  for (const Tensor* t : {&w, &pre, &dz})
+    KILN_CHECK(t->device() == dy.device(), "linear_gelu_input_backward: ", t->str(), " is not on ", dy.device().str());
+  NvtxRange range("linear_gelu_input_backward");
+  DeviceGuard guard(dy.device().index);
+  // dz = dy · w as the batch-of-one product (1, M, N) · (1, N, K); the epilogue multiplies each f32
+  // accumulator by gelu_tanh'(pre) (the aux matrix: pre row-major (M, K) is column-major K x M, ld K)
+  Operand oa, ob;
+  Tensor a = as_operand(dy.unsqueeze(0), &oa), b = as_operand(w.unsqueeze(0), &ob);
+  EpilogueSpec e;
+  e.kind = CUBLASLT_EPILOGUE_DGELU;
+  e.aux = pre.raw_data();
+  e.aux_ld = K;
+  return try_gemm(a, oa, b, ob, dz.unsqueeze(0), e);
 }
 
 bool kernels::gelu_tanh_backward_bias(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {

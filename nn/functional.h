@@ -19,6 +19,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // up-projection. Equal to gelu(linear(x, weight, bias), true) up to rounding; saves the pre-activation
 // for backward only when a gradient is needed.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// linear(gelu_tanh(linear(x, w1, b1)), w2, b2) as one autograd node: GPT-2's MLP without its dropout.
+// Forward as linear_gelu then linear; backward hands the GELU's derivative to the product that makes the
+// hidden gradient (cuBLASLt's DGELU epilogue on the GPU: the hidden gradient dz = (dy · w2) ⊙ gelu_tanh'(z)
+// is written once, rounded once, instead of dy · w2 written, read back and rewritten). Elsewhere (the
+// CPU, f32, f64) it runs the two layers' own backward kernels, equal to the composition bit for bit.
+// Either bias may be undefined.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                          const Tensor& b2 = Tensor());
 // linear with its three products in FP8 (nn/functional_fp8.cpp, docs/fp8.md): x and w quantized to e4m3
 // and the output gradient to e5m2, each with its current per-tensor scale fp8_max / amax computed on the
 // device, then scaled_mm (cuBLASLt's FP8 kernels). Output and input gradient in x's dtype (bf16/f16; f32

@@ -1,4 +1,4 @@
-// linear (and linear_gelu), dropout, embedding and mse_loss (attention: functional_attention.cpp).
+// linear (and linear_gelu, linear_gelu_linear), dropout, embedding and mse_loss (attention: functional_attention.cpp).
 #include <algorithm>
 #include <cmath>
 
@@ -12,6 +12,45 @@
 namespace kiln::nn::functional {
 
 namespace {
+
+// The gradients of one linear layer y = ep(x · wᵀ + b) from dy (M, N) in the compute dtype: dx (M, K) in
+// dy's dtype, dw and db in the parameters' own dtypes (wdt, bdt). f32 parameters of a half-precision layer
+// get theirs in f32 from the device's kernel where it has one (an f32 master weight's gradient straight
+// from the GEMM's f32 accumulators, no rounding to 16 bits, no cast kernels). w and b are the running
+// node's inputs w_input and w_input + 1: their gradients go straight where they are summed when nothing
+// has arrived there yet (a pinned gradient: FlatParameters, DDP's buckets), else into new tensors.
+struct LinearWants {
+  bool dx, dw, db;
+};
+struct LinearGrads {
+  Tensor dx, dw, db;
+};
+LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
+                                  LinearWants want, DType wdt, DType bdt, size_t w_input) {
+  const int64_t M = dy.size(0), N = dy.size(1);
+  const Device dev = dy.device();
+  const DType gt = dy.dtype();
+  const TensorOptions to{.dtype = gt, .device = dev};
+  Tensor dx = want.dx ? empty({M, w.size(1)}, to) : Tensor();
+  const Shape wshape = want.dw ? Shape{N, x.size(1)} : Shape{};
+  auto destination = [](size_t input, DType dt) {
+    const autograd::GradientDestination d = gradient_destination(input);
+    return d.tensor.defined() && !d.holding && d.tensor.dtype() == dt ? d.tensor : Tensor();
+  };
+  auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
+    return written.defined() ? written : empty(shape, opt);
+  };
+  if ((gt == DType::bf16 || gt == DType::f16) && (!want.dw || wdt == DType::f32) && (!want.db || bdt == DType::f32)) {
+    TensorOptions f32{.dtype = DType::f32, .device = dev};
+    Tensor dw = want.dw ? own(destination(w_input, DType::f32), wshape, f32) : Tensor();
+    Tensor db = want.db ? own(destination(w_input + 1, DType::f32), {N}, f32) : Tensor();
+    if (kernels::linear_backward_f32_params(dy, x, w, pre, ep, dx, dw, db)) return {dx, dw, db};
+  }
+  Tensor dw = want.dw ? own(destination(w_input, gt), wshape, to) : Tensor();
+  Tensor db = want.db ? own(destination(w_input + 1, gt), {N}, to) : Tensor();
+  kernels::linear_backward(dy, x, w, pre, ep, dx, dw, db);
+  return {dx, want.dw ? cast(dw, wdt) : Tensor(), want.db ? cast(db, bdt) : Tensor()};
+}
 
 // y = ep(x · wᵀ + b) as one autograd node: one backend call forward (a cuBLASLt epilogue on the GPU) and
 // one backward (dgelu, then dx and dw GEMMs with the bias gradient fused into the dw GEMM on the GPU).
@@ -63,35 +102,12 @@ Tensor fused_linear(const char* op, const Tensor& x_in, const Tensor& w_in, cons
     // x is needed only for dw, w only for dx; pre is this node's own buffer (nobody can write it).
     record(op, {x, w_in, b_in}, {out},
            [sx = rw ? SavedTensor(x2) : SavedTensor(), sw = rx ? SavedTensor(w2) : SavedTensor(), pre, ep, rx, rw,
-            rb, M, N, K, xs = x.sizes(), wdt = w_in.dtype(), bdt = b_in.defined() ? b_in.dtype() : t,
+            rb, M, N, xs = x.sizes(), wdt = w_in.dtype(), bdt = b_in.defined() ? b_in.dtype() : t,
             op](const Grads& g) {
-             Tensor xx = rw ? sx.unpack(op) : Tensor(), ww = rx ? sw.unpack(op) : Tensor();
-             Device dev = g[0].device();
-             const DType gt = g[0].dtype();
-             TensorOptions to{.dtype = gt, .device = dev};
              Tensor dy = g[0].contiguous().reshape({M, N});
-             Tensor dx = rx ? empty({M, K}, to) : Tensor();
-             // The weight's and bias's gradients go straight where they are summed when nothing has
-             // arrived there yet (a pinned gradient: FlatParameters, DDP's buckets), else into new tensors.
-             auto destination = [](size_t input, DType dt) {
-               const autograd::GradientDestination to = gradient_destination(input);
-               return to.tensor.defined() && !to.holding && to.tensor.dtype() == dt ? to.tensor : Tensor();
-             };
-             auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
-               return written.defined() ? written : empty(shape, opt);
-             };
-             // f32 parameters of a half-precision layer: their gradients in f32 from the device's kernel if it has one
-             if ((gt == DType::bf16 || gt == DType::f16) && (!rw || wdt == DType::f32) && (!rb || bdt == DType::f32)) {
-               TensorOptions f32{.dtype = DType::f32, .device = dev};
-               Tensor dw = rw ? own(destination(1, DType::f32), {N, K}, f32) : Tensor();
-               Tensor db = rb ? own(destination(2, DType::f32), {N}, f32) : Tensor();
-               if (kernels::linear_backward_f32_params(dy, xx, ww, pre, ep, dx, dw, db))
-                 return Grads{rx ? dx.reshape(xs) : Tensor(), dw, db};
-             }
-             Tensor dw = rw ? own(destination(1, gt), {N, K}, to) : Tensor();
-             Tensor db = rb ? own(destination(2, gt), {N}, to) : Tensor();
-             kernels::linear_backward(dy, xx, ww, pre, ep, dx, dw, db);
-             return Grads{rx ? dx.reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor(), rb ? cast(db, bdt) : Tensor()};
+             LinearGrads r = linear_layer_backward(dy, rw ? sx.unpack(op) : Tensor(), rx ? sw.unpack(op) : Tensor(),
+                                                   pre, ep, {rx, rw, rb}, wdt, bdt, 1);
+             return Grads{rx ? r.dx.reshape(xs) : Tensor(), r.dw, r.db};
            });
   }
   return out.reshape(result);
@@ -105,6 +121,91 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return fused_linear("linear_gelu", x, weight, bias, true);
+}
+
+Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, const Tensor& w2_in,
+                          const Tensor& b2_in) {
+  const char* op = "linear_gelu_linear";
+  KILN_CHECK(x_in.defined() && w1_in.defined() && w2_in.defined(), op, ": input and weights must be defined");
+  KILN_CHECK(w1_in.dim() == 2 && w2_in.dim() == 2 && w2_in.size(1) == w1_in.size(0), op,
+             ": expected weights (hidden, in_features) and (out_features, hidden), got ", w1_in.str(), ", ",
+             w2_in.str());
+  KILN_CHECK(x_in.dim() >= 1 && x_in.size(-1) == w1_in.size(1), op, ": input ", x_in.str(),
+             " does not end in in_features = ", w1_in.size(1), " of weight ", w1_in.str());
+  KILN_CHECK(!b1_in.defined() || (b1_in.dim() == 1 && b1_in.size(0) == w1_in.size(0)), op, ": bias ", b1_in.str(),
+             " does not match weight ", w1_in.str());
+  KILN_CHECK(!b2_in.defined() || (b2_in.dim() == 1 && b2_in.size(0) == w2_in.size(0)), op, ": bias ", b2_in.str(),
+             " does not match weight ", w2_in.str());
+  for (const Tensor* t : {&w1_in, &b1_in, &w2_in, &b2_in}) {
+    KILN_CHECK(!t->defined() || t->device() == x_in.device(), op, ": tensors on different devices: input ",
+               x_in.str(), ", ", t->str());
+    KILN_CHECK(!t->defined() || is_floating(t->dtype()), op, ": expected floating-point tensors, got ", t->str());
+  }
+  KILN_CHECK(is_floating(x_in.dtype()), op, ": expected a floating-point input, got ", x_in.str());
+  // dtypes as linear: under autocast everything in its dtype; otherwise input and weights agree
+  const bool autocast = amp::is_enabled(x_in.device().type);
+  KILN_CHECK(autocast || (x_in.dtype() == w1_in.dtype() && x_in.dtype() == w2_in.dtype()), op, ": input ",
+             x_in.str(), " and weights ", w1_in.str(), ", ", w2_in.str(), " have different dtypes; convert them or run "
+             "under autocast");
+  const DType t = autocast ? amp::dtype(x_in.device().type) : x_in.dtype();
+  const Tensor x = cast(x_in, t);
+  const Epilogue ep1 = b1_in.defined() ? Epilogue::bias_gelu_tanh : Epilogue::gelu_tanh;
+  const Epilogue ep2 = b2_in.defined() ? Epilogue::bias : Epilogue::none;
+  const int64_t E = w1_in.size(1), H = w1_in.size(0), N = w2_in.size(0);
+  Shape lead(x.sizes().begin(), x.sizes().end() - 1), result = lead;
+  result.push_back(N);
+  const int64_t M = shape_numel(lead);
+  const bool rx = x.requires_grad(), rw1 = w1_in.requires_grad(), rb1 = b1_in.defined() && b1_in.requires_grad(),
+             rw2 = w2_in.requires_grad(), rb2 = b2_in.defined() && b2_in.requires_grad();
+  const bool needs_dz = rx || rw1 || rb1, needs_grad = needs_dz || rw2 || rb2;
+  auto param = [&](const Tensor& p) {
+    return !p.defined() ? Tensor() : autocast ? amp::cast_parameter(p, t) : cast(p, t);
+  };
+  Tensor x2, w1, b1, w2, b2, h, pre, out;
+  {
+    NoGradGuard ng;
+    x2 = matrix_ready(x.reshape({M, E}));
+    w1 = matrix_ready(param(w1_in)), w2 = matrix_ready(param(w2_in));
+    if (b1_in.defined()) b1 = param(b1_in).contiguous();
+    if (b2_in.defined()) b2 = param(b2_in).contiguous();
+    const TensorOptions to{.dtype = t, .device = x.device()};
+    h = empty({M, H}, to);
+    if (needs_dz) pre = empty({M, H}, to);
+    out = empty({M, N}, to);
+    if (h.numel() > 0) kernels::linear(x2, w1, b1, ep1, h, pre);
+    if (out.numel() > 0) kernels::linear(h, w2, b2, ep2, out, Tensor());
+  }
+  if (needs_grad) {
+    // x is needed only for w1's gradient, w1 only for x's, h only for w2's, w2 and pre only below proj;
+    // h and pre are this node's own buffers (nobody can write them).
+    record(op, {x, w1_in, b1_in, w2_in, b2_in}, {out},
+           [sx = rw1 ? SavedTensor(x2) : SavedTensor(), sw1 = rx ? SavedTensor(w1) : SavedTensor(),
+            sw2 = needs_dz ? SavedTensor(w2) : SavedTensor(), h = rw2 ? h : Tensor(), pre, ep1, ep2, rx, rw1, rb1,
+            rw2, rb2, needs_dz, M, H, N, xs = x.sizes(), w1dt = w1_in.dtype(), b1dt = b1_in.defined() ? b1_in.dtype() : t,
+            w2dt = w2_in.dtype(), b2dt = b2_in.defined() ? b2_in.dtype() : t, op](const Grads& g) {
+             Tensor dy = g[0].contiguous().reshape({M, N});
+             Tensor w2u = needs_dz ? sw2.unpack(op) : Tensor();
+             // dz = (dy · w2) ⊙ gelu_tanh'(pre) as one product where the device has it (the GELU's
+             // backward in proj's input-gradient GEMM); else proj's dx, then fc's own GELU backward
+             Tensor dz;
+             if (needs_dz) {
+               dz = empty({M, H}, {.dtype = dy.dtype(), .device = dy.device()});
+               if (!kernels::linear_gelu_input_backward(dy, w2u, pre, dz)) dz = Tensor();
+             }
+             LinearGrads proj = linear_layer_backward(dy, h, w2u, Tensor(), ep2, {needs_dz && !dz.defined(), rw2, rb2},
+                                                      w2dt, b2dt, 3);
+             LinearGrads fc;
+             if (needs_dz) {
+               const bool fused = dz.defined();
+               fc = linear_layer_backward(fused ? dz : proj.dx, rw1 ? sx.unpack(op) : Tensor(),
+                                          rx ? sw1.unpack(op) : Tensor(), fused ? Tensor() : pre,
+                                          fused ? (epilogue_has_bias(ep1) ? Epilogue::bias : Epilogue::none) : ep1,
+                                          {rx, rw1, rb1}, w1dt, b1dt, 1);
+             }
+             return Grads{rx ? fc.dx.reshape(xs) : Tensor(), fc.dw, fc.db, proj.dw, proj.db};
+           });
+  }
+  return out.reshape(result);
 }
 
 namespace {

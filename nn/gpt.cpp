@@ -58,15 +58,25 @@ Tensor fc_gelu(Linear& fc, const Tensor& x) {
 // Whether a residual dropout passes its input through unchanged and unobserved (p = 0 or eval, no hooks).
 bool transparent(const Dropout& drop) { return !drop.has_hooks() && (drop.p() == 0.0 || !drop.is_training()); }
 
+// proj(gelu_tanh(fc(x))), with proj's bias or without it (left to the caller): one node where both layers
+// are plain products (functional::linear_gelu_linear: the GELU's backward inside proj's input-gradient
+// product), else the layers one by one.
+Tensor fc_gelu_proj(Linear& fc, Linear& proj, const Tensor& x, bool proj_bias) {
+  if (fc.plain_product() && proj.plain_product())
+    return functional::linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj_bias ? proj.bias : Tensor());
+  const Tensor h = fc_gelu(fc, x);
+  return proj_bias ? proj(h) : proj.forward_without_bias(h);
+}
+
 }  // namespace
 
-Tensor GPTMLP::forward(const Tensor& x) { return drop(proj(fc_gelu(fc, x))); }
+Tensor GPTMLP::forward(const Tensor& x) { return drop(fc_gelu_proj(fc, proj, x, true)); }
 
 bool GPTMLP::bias_foldable() const { return proj.bias_foldable() && !has_hooks() && transparent(drop); }
 
 Tensor GPTMLP::forward_without_proj_bias(const Tensor& x) {
   KILN_CHECK(proj.bias.defined() && !proj.sketched(), repr(), ": proj has no bias to leave out (or is sketched)");
-  return proj.forward_without_bias(fc_gelu(fc, x));
+  return fc_gelu_proj(fc, proj, x, false);
 }
 
 // ---- GPTBlock ----

@@ -62,8 +62,11 @@ struct GPTConfig {
   Device device = Device::cpu();
 };
 
-// Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout. The first Linear and the GELU are one
-// functional::linear_gelu call (a cuBLASLt GEMM with a GELU epilogue on the GPU).
+// Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout. The two Linears and the GELU are one
+// functional::linear_gelu_linear node where both layers are plain products (Linear::plain_product: forward
+// as cuBLASLt GEMMs with GELU and bias epilogues on the GPU, backward with the GELU's derivative in proj's
+// input-gradient GEMM); else fc and the GELU are one functional::linear_gelu call (Linear::forward_gelu)
+// and proj runs as itself.
 class GPTMLP : public Module {
  public:
   explicit GPTMLP(const GPTConfig& config);

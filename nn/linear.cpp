@@ -46,7 +46,9 @@ Tensor Linear::forward(const Tensor& x) {
   return functional::linear(x, weight, bias);
 }
 
-bool Linear::bias_foldable() const { return bias.defined() && !sketch_ && !has_hooks() && !fp8_enabled(); }
+bool Linear::bias_foldable() const { return bias.defined() && plain_product(); }
+
+bool Linear::plain_product() const { return !sketch_ && !has_hooks() && !fp8_enabled(); }
 
 Tensor Linear::forward_without_bias(const Tensor& x) {
   KILN_CHECK(bias.defined() && !sketch_, repr(), ": forward_without_bias needs a dense layer with a bias");

@@ -48,9 +48,13 @@ class Linear : public Module {
   // delta_bias). A dense layer with a bias only; it bypasses the module's hooks and runs the plain product
   // (no FP8): the caller decides by bias_foldable() first.
   Tensor forward_without_bias(const Tensor& x);
-  // Whether forward_without_bias serves, and nothing observes the layer's output between: a bias, no hooks,
-  // dense, no Fp8Autocast scope.
+  // Whether forward_without_bias serves, and nothing observes the layer's output between: a bias and
+  // plain_product().
   bool bias_foldable() const;
+  // Whether forward is functional::linear and nothing observes the layer: dense (not sketched), no hooks, no
+  // Fp8Autocast scope. A caller may then run the product inside a larger fused op (nn::GPTMLP:
+  // functional::linear_gelu_linear).
+  bool plain_product() const;
 
   // FP8 (nn/fp8_autocast.h): inside an Fp8Autocast scope forward runs functional::fp8_linear with this
   // layer's delayed-scaling state, made at its first FP8 forward (nullptr before).

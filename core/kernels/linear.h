@@ -35,3 +35,9 @@ KILN_CUDA_KERNEL(linear_backward_f32_params, bool(const Tensor& dy, const Tensor
 // their dtype or f32. False (nothing done) elsewhere.
 KILN_CUDA_KERNEL(gelu_tanh_backward_bias, bool(const Tensor& dy, const Tensor& pre, const Tensor& dz,
                                                const Tensor& db));
+// Optional: the gradient of a linear layer's input where that input came out of a tanh GELU, in one
+// product: dz (M, K) = (dy (M, N) · w (N, K)) ⊙ gelu_tanh'(pre (M, K)), accumulated in f32 and rounded
+// once to the dtype (cuBLASLt's DGELU epilogue; the unfused path rounds dy · w first). dy, w, pre, dz
+// bf16/f16, contiguous, K a multiple of 8. False (nothing done) elsewhere.
+KILN_CUDA_KERNEL(linear_gelu_input_backward, bool(const Tensor& dy, const Tensor& w, const Tensor& pre,
+                                                  const Tensor& dz));

@@ -12,6 +12,8 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/linear.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/shape.h>
 #include <kiln/cuda/runtime.h>
@@ -171,6 +173,84 @@ TEST(CudaLinear, AutocastRunsInBf16AndReturnsF32Gradients) {
   EXPECT_LT(rel_err(rg.dx, rc.dx), 2e-2);
   EXPECT_LT(rel_err(rg.dw, rc.dw), 2e-2);
   EXPECT_LT(rel_err(rg.db, rc.db), 2e-2);
+}
+
+// The GELU's backward inside the product that makes the hidden gradient (cuBLASLt's DGELU epilogue):
+// dz = (dy · w) ⊙ gelu_tanh'(pre) against the f64 CPU reference from the same rounded inputs, for bf16
+// and f16 at odd M and N, and no further from it than the unfused path (dy · w rounded, then the GELU's
+// backward, rounded again). Where it cannot serve (f32, K not a multiple of 8) it says so.
+TEST(CudaLinear, GeluInputBackwardIsTheProductThroughTheGeluDerivative) {
+  KILN_REQUIRE_GPU();
+  manual_seed(18);
+  NoGradGuard ng;
+  const int64_t M = 331, N = 72, K = 136;
+  for (DType t : {DType::bf16, DType::f16}) {
+    Tensor dy = rnd({M, N}, t), w = cast(mul(randn({N, K}), 0.12), t), pre = rnd({M, K}, t);
+    Tensor dz = empty({M, K}, {.dtype = t, .device = gpu()});
+    ASSERT_TRUE(kernels::linear_gelu_input_backward(dy.to(gpu()), w.to(gpu()), pre.to(gpu()), dz));
+    // reference: f64 product, times gelu_tanh'(pre) through autograd's own GELU
+    Tensor p64 = cast(pre, DType::f64);
+    Tensor want;
+    {
+      EnableGradGuard eg;
+      Tensor leaf = p64.detach().requires_grad_(true);
+      F::gelu(leaf, true).backward(matmul(cast(dy, DType::f64), cast(w, DType::f64)));
+      want = leaf.grad();
+    }
+    Tensor unfused = empty({M, K}, {.dtype = t, .device = gpu()}), dh = empty({M, K}, {.dtype = t, .device = gpu()});
+    kernels::linear_backward(dy.to(gpu()), Tensor(), w.to(gpu()), Tensor(), Epilogue::none, dh, Tensor(), Tensor());
+    kernels::binary(BinaryOp::gelu_tanh_backward, dh, pre.to(gpu()), unfused);
+    const double e = rel_err(cast(dz.cpu(), DType::f64), want), eu = rel_err(cast(unfused.cpu(), DType::f64), want);
+    std::printf("LINEAR_ERR gelu input backward %s: fused %.2e, unfused %.2e\n", dtype_name(t), e, eu);
+    EXPECT_LT(e, t == DType::bf16 ? 4e-3 : 5e-4);
+    EXPECT_LE(e, eu * 1.05);
+  }
+  Tensor dz = empty({4, 8}, {.device = gpu()});
+  EXPECT_FALSE(kernels::linear_gelu_input_backward(rnd({4, 5}).to(gpu()), rnd({5, 8}).to(gpu()), rnd({4, 8}).to(gpu()), dz));
+  Tensor dz7 = empty({4, 7}, {.dtype = DType::bf16, .device = gpu()});
+  EXPECT_FALSE(kernels::linear_gelu_input_backward(rnd({4, 5}, DType::bf16).to(gpu()), rnd({5, 7}, DType::bf16).to(gpu()),
+                                                    rnd({4, 7}, DType::bf16).to(gpu()), dz7));
+}
+
+// GPT-2's MLP as one node (linear_gelu_linear) under bf16 autocast with f32 parameters: the output equals
+// the composition's (the same forward products), and the gradients, which take the fused hidden gradient,
+// agree with the composition's and the CPU's to bf16 precision, in f32; with and without biases.
+TEST(CudaLinear, GeluLinearPairUnderAutocastMatchesTheComposition) {
+  KILN_REQUIRE_GPU();
+  manual_seed(19);
+  const int64_t B = 4, T = 96, E = 128, H = 512;
+  Tensor x = rnd({B, T, E}), w1 = mul(randn({H, E}), 0.09), b1 = mul(randn({H}), 0.1), w2 = mul(randn({E, H}), 0.045),
+         b2 = mul(randn({E}), 0.1), g = rnd({B, T, E}, DType::bf16);
+  for (bool biases : {true, false}) {
+    auto run = [&](Device dev, bool fused) {
+      std::vector<Tensor> l;
+      for (const Tensor& p : {x, w1, b1, w2, b2}) l.push_back(leaf_on(p, dev));
+      const Tensor c1 = biases ? l[2] : Tensor(), c2 = biases ? l[4] : Tensor();
+      Tensor y;
+      {
+        amp::Autocast autocast(dev, DType::bf16);
+        y = fused ? F::linear_gelu_linear(l[0], l[1], c1, l[3], c2) : F::linear(F::linear_gelu(l[0], l[1], c1), l[3], c2);
+      }
+      EXPECT_EQ(y.dtype(), DType::bf16);
+      y.backward(g.to(dev));
+      std::vector<Tensor> r{y.detach().cpu()};
+      for (size_t i = 0; i < l.size(); ++i)
+        if (biases || (i != 2 && i != 4)) {
+          EXPECT_EQ(l[i].grad().dtype(), DType::f32);
+          r.push_back(l[i].grad().cpu());
+        }
+      return r;
+    };
+    const auto fused = run(gpu(), true), composed = run(gpu(), false), cpu = run(Device::cpu(), true);
+    EXPECT_EQ(fused[0].to_vector<double>(), composed[0].to_vector<double>()) << "forward";
+    for (size_t i = 0; i < fused.size(); ++i) {
+      const double ec = rel_err(fused[i], composed[i]), eh = rel_err(fused[i], cpu[i]);
+      std::printf("LINEAR_ERR gelu-linear pair%s entry %zu: vs composition %.2e, vs CPU %.2e\n",
+                  biases ? "" : " (no biases)", i, ec, eh);
+      EXPECT_LT(ec, 1e-2);
+      EXPECT_LT(eh, 2e-2);
+    }
+  }
 }
 
 TEST(CudaLinear, BadInputIsAKilnError) {

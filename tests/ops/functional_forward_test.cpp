@@ -403,6 +403,39 @@ TEST(FunctionalForward, Linear) {
   EXPECT_KILN_ERROR(F::linear(x, w, rnd({4}, 1)), "linear", "bias");
 }
 
+// linear_gelu_linear is one node, and on the CPU it runs the two layers' own kernels: its output and
+// every gradient equal the composition linear(linear_gelu(...)) bit for bit, with and without biases, in
+// f32 and bf16; bad shapes name the op.
+TEST(FunctionalForward, LinearGeluLinearIsTheCompositionBitForBit) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool biases : {true, false}) {
+      Tensor x = rnd({2, 3, 4}, 83, t), w1 = rnd({8, 4}, 84, t), b1 = rnd({8}, 85, t), w2 = rnd({5, 8}, 86, t),
+             b2 = rnd({5}, 87, t), g = rnd({2, 3, 5}, 88, t);
+      auto run = [&](bool fused) {
+        std::vector<Tensor> leaves;
+        for (const Tensor& p : {x, w1, b1, w2, b2}) leaves.push_back(p.detach().requires_grad_(true));
+        const Tensor c1 = biases ? leaves[2] : Tensor(), c2 = biases ? leaves[4] : Tensor();
+        Tensor y = fused ? F::linear_gelu_linear(leaves[0], leaves[1], c1, leaves[3], c2)
+                         : F::linear(F::linear_gelu(leaves[0], leaves[1], c1), leaves[3], c2);
+        y.backward(g);
+        std::vector<std::vector<double>> r{y.to_vector<double>()};
+        for (size_t i = 0; i < leaves.size(); ++i)
+          if (biases || (i != 2 && i != 4)) r.push_back(leaves[i].grad().to_vector<double>());
+        return r;
+      };
+      const auto fused = run(true), composed = run(false);
+      ASSERT_EQ(fused.size(), composed.size());
+      for (size_t i = 0; i < fused.size(); ++i)
+        EXPECT_EQ(fused[i], composed[i]) << dtype_name(t) << (biases ? " with" : " without") << " biases, entry " << i;
+    }
+  Tensor x = rnd({3, 4}, 1), w1 = rnd({8, 4}, 2), w2 = rnd({5, 8}, 3);
+  EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, Tensor(), rnd({5, 7}, 4)), "linear_gelu_linear", "hidden");
+  EXPECT_KILN_ERROR(F::linear_gelu_linear(rnd({3, 5}, 5), w1, Tensor(), w2), "linear_gelu_linear", "in_features");
+  EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, rnd({7}, 6), w2), "linear_gelu_linear", "bias");
+  EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, Tensor(), w2, rnd({8}, 7)), "linear_gelu_linear", "bias");
+  EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, Tensor(), cast(w2, DType::f32)), "linear_gelu_linear", "dtypes");
+}
+
 // ---------------------------------------------------------------- dropout
 
 TEST(FunctionalForward, Dropout) {
