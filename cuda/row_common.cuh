@@ -318,15 +318,17 @@ __device__ __forceinline__ void group_allreduce_sums(A (&v)[K], int G, A* smem) 
 }
 
 // Column sums of per-group partial rows (the layer norms' dw and db): out[c] = Σ_p part[p][c] in a fixed
-// order; block (32, 32), blockIdx.y picks dw (0) or db (1). 32 row strides per column keep enough loads in
-// flight for a few hundred partial rows (L2-resident).
+// order; block (32, 32), blockIdx.y picks dw (0), db (1) or a third sum (2: add_layer_norm's folded bias,
+// one launch for all three). 32 row strides per column keep enough loads in flight for a few hundred
+// partial rows (L2-resident).
 template <class S>
 __global__ void column_sum_kernel(const compute_t<S>* part_dw, const compute_t<S>* part_db, int64_t nparts, int64_t C,
-                                  device_t<S>* dw, device_t<S>* db) {
+                                  device_t<S>* dw, device_t<S>* db, const compute_t<S>* part_3 = nullptr,
+                                  device_t<S>* out_3 = nullptr) {
   using A = compute_t<S>;
   __shared__ A sm[32][33];
-  const compute_t<S>* part = blockIdx.y == 0 ? part_dw : part_db;
-  device_t<S>* out = blockIdx.y == 0 ? dw : db;
+  const compute_t<S>* part = blockIdx.y == 0 ? part_dw : blockIdx.y == 1 ? part_db : part_3;
+  device_t<S>* out = blockIdx.y == 0 ? dw : blockIdx.y == 1 ? db : out_3;
   if (!out) return;  // uniform over the block
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = blockIdx.x * 32LL + tx;
