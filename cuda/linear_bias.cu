@@ -1,5 +1,7 @@
 // The bias gradient of a linear layer on the GPU (the GELU epilogue's backward fused with it): column
 // sums of the output gradient, optionally through gelu_tanh', for cuda/gemm.cpp's linear_backward.
+#include <algorithm>
+
 #include <kiln/core/half.h>
 #include <kiln/cuda/check.h>
 #include <kiln/cuda/context.h>
@@ -85,21 +87,22 @@ bool bias_gradient_servable(const Tensor& dy, const Tensor& db) {
 
 void launch_bias_gradient(const Tensor& dy, const Tensor& pre, const Tensor& dz, const Tensor& db) {
   const int64_t M = dy.size(0), N = dy.size(1), strips = (N / 8 + 31) / 32;
-  // about 8 blocks per multiprocessor; each partial row is N floats (L2-resident)
-  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8, sm_count() * 8 / strips + 1));
-  Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dy.device()});
-  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks)), block(32, 8);
-  float* pp = static_cast<float*>(part.raw_data());
-  const dim3 sum_grid(static_cast<unsigned>((N + 31) / 32), 1), sum_block(32, 32);
+  const dim3 block(32, 8), sum_block(32, 32), sum_grid(static_cast<unsigned>((N + 31) / 32), 1);
   auto launch = [&](auto tag) {  // S: the element type, bf16 or f16
     using S = decltype(tag);
     using D = device_t<S>;
-    const D* g = static_cast<const D*>(dy.raw_data());
-    if (pre.defined())
-      bias_gradient_kernel<D, true><<<grid, block, 0, current_stream()>>>(
-          g, static_cast<const D*>(pre.raw_data()), static_cast<D*>(dz.raw_data()), M, N, pp);
-    else
-      bias_gradient_kernel<D, false><<<grid, block, 0, current_stream()>>>(g, nullptr, nullptr, M, N, pp);
+    auto kernel = pre.defined() ? bias_gradient_kernel<D, true> : bias_gradient_kernel<D, false>;
+    // One wave: as many row blocks as the multiprocessors hold at once beside the strips (each block
+    // walks its rows to the end, so a block past the wave would run alone after it). Each partial row is
+    // N floats (L2-resident).
+    const int64_t resident = int64_t(blocks_per_sm(reinterpret_cast<const void*>(kernel), 256, 0)) * sm_count();
+    const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8, resident / strips));
+    Tensor part = empty({row_blocks, N}, {.dtype = DType::f32, .device = dy.device()});
+    float* pp = static_cast<float*>(part.raw_data());
+    const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(row_blocks));
+    kernel<<<grid, block, 0, current_stream()>>>(static_cast<const D*>(dy.raw_data()),
+                                                 pre.defined() ? static_cast<const D*>(pre.raw_data()) : nullptr,
+                                                 dz.defined() ? static_cast<D*>(dz.raw_data()) : nullptr, M, N, pp);
     KILN_LAUNCH_CHECK("bias_gradient_kernel", "linear_backward");
     if (db.dtype() == DType::f32)
       column_sum_kernel<float><<<sum_grid, sum_block, 0, current_stream()>>>(
