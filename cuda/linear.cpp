@@ -199,7 +199,8 @@ bool kernels::linear_gelu_input_backward(const Tensor& dy, const Tensor& w, cons
       !pre.is_contiguous() || !dz.is_contiguous())
     return false;
   const int64_t M = dy.size(0), N = dy.size(1), K = w.size(1);
-  if (w.size(0) != N || pre.sizes() != (Shape{M, K}) || dz.sizes() != pre.sizes() || M == 0 || N == 0 || K % 8 != 0)
+  if (w.size(0) != N || pre.sizes() != (Shape{M, K}) || dz.sizes() != pre.sizes() || M == 0 || N == 0 || K == 0 ||
+      K % 8 != 0)
     return false;
   for (const Tensor* t : {&w, &pre, &dz})
     KILN_CHECK(t->device() == dy.device(), "linear_gelu_input_backward: ", t->str(), " is not on ", dy.device().str());

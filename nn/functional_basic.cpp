@@ -155,9 +155,12 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
   Shape lead(x.sizes().begin(), x.sizes().end() - 1), result = lead;
   result.push_back(N);
   const int64_t M = shape_numel(lead);
-  const bool rx = x.requires_grad(), rw1 = w1_in.requires_grad(), rb1 = b1_in.defined() && b1_in.requires_grad(),
-             rw2 = w2_in.requires_grad(), rb2 = b2_in.defined() && b2_in.requires_grad();
-  const bool needs_dz = rx || rw1 || rb1, needs_grad = needs_dz || rw2 || rb2;
+  // nothing is recorded or saved under no_grad (any_requires_grad reads the grad mode)
+  const bool needs_grad = any_requires_grad({x, w1_in, b1_in, w2_in, b2_in});
+  const bool rx = needs_grad && x.requires_grad(), rw1 = needs_grad && w1_in.requires_grad(),
+             rb1 = needs_grad && b1_in.defined() && b1_in.requires_grad(), rw2 = needs_grad && w2_in.requires_grad(),
+             rb2 = needs_grad && b2_in.defined() && b2_in.requires_grad();
+  const bool needs_dz = rx || rw1 || rb1;
   auto param = [&](const Tensor& p) {
     return !p.defined() ? Tensor() : autocast ? amp::cast_parameter(p, t) : cast(p, t);
   };
@@ -188,7 +191,8 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
              // dz = (dy · w2) ⊙ gelu_tanh'(pre) as one product where the device has it (the GELU's
              // backward in proj's input-gradient GEMM); else proj's dx, then fc's own GELU backward
              Tensor dz;
-             if (needs_dz) {
+             const bool half = dy.dtype() == DType::bf16 || dy.dtype() == DType::f16;
+             if (needs_dz && half && dy.device().is_cuda()) {  // where the fused product may serve
                dz = empty({M, H}, {.dtype = dy.dtype(), .device = dy.device()});
                if (!kernels::linear_gelu_input_backward(dy, w2u, pre, dz)) dz = Tensor();
              }

@@ -65,8 +65,8 @@ struct GPTConfig {
 // Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout. The two Linears and the GELU are one
 // functional::linear_gelu_linear node where both layers are plain products (Linear::plain_product: forward
 // as cuBLASLt GEMMs with GELU and bias epilogues on the GPU, backward with the GELU's derivative in proj's
-// input-gradient GEMM); else fc and the GELU are one functional::linear_gelu call (Linear::forward_gelu)
-// and proj runs as itself.
+// input-gradient GEMM); else the layers run one by one (fc and the GELU as one Linear::forward_gelu call
+// unless fc has hooks or is sketched, then fc as itself and the GELU apart).
 class GPTMLP : public Module {
  public:
   explicit GPTMLP(const GPTConfig& config);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include <kiln/autograd/grad_mode.h>
 #include <kiln/autograd/gradcheck.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
@@ -428,6 +429,34 @@ TEST(FunctionalForward, LinearGeluLinearIsTheCompositionBitForBit) {
       for (size_t i = 0; i < fused.size(); ++i)
         EXPECT_EQ(fused[i], composed[i]) << dtype_name(t) << (biases ? " with" : " without") << " biases, entry " << i;
     }
+  // only some inputs wanting gradients (only proj's weight; everything but x): the same gradients as the
+  // composition, none where none is wanted
+  for (const std::vector<bool>& wants : {std::vector<bool>{false, false, false, true, false},
+                                         std::vector<bool>{false, true, true, true, true}}) {
+    Tensor x = rnd({6, 4}, 90), w1 = rnd({8, 4}, 91), b1 = rnd({8}, 92), w2 = rnd({5, 8}, 93), b2 = rnd({5}, 94),
+           g = rnd({6, 5}, 95);
+    auto run = [&](bool fused) {
+      std::vector<Tensor> l;
+      for (const Tensor& p : {x, w1, b1, w2, b2}) l.push_back(p.detach());
+      for (size_t i = 0; i < l.size(); ++i) l[i].requires_grad_(wants[i]);
+      Tensor y = fused ? F::linear_gelu_linear(l[0], l[1], l[2], l[3], l[4])
+                       : F::linear(F::linear_gelu(l[0], l[1], l[2]), l[3], l[4]);
+      y.backward(g);
+      std::vector<std::vector<double>> r;
+      for (size_t i = 0; i < l.size(); ++i) {
+        EXPECT_EQ(l[i].grad().defined(), bool(wants[i])) << "input " << i;
+        if (wants[i]) r.push_back(l[i].grad().to_vector<double>());
+      }
+      return r;
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
+  {  // under no_grad: no node, no saved pre-activation
+    NoGradGuard ng;
+    Tensor w = rnd({8, 4}, 96).requires_grad_(true);
+    Tensor y = F::linear_gelu_linear(rnd({3, 4}, 97), w, Tensor(), rnd({5, 8}, 98).requires_grad_(true));
+    EXPECT_FALSE(y.requires_grad());
+  }
   Tensor x = rnd({3, 4}, 1), w1 = rnd({8, 4}, 2), w2 = rnd({5, 8}, 3);
   EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, Tensor(), rnd({5, 7}, 4)), "linear_gelu_linear", "hidden");
   EXPECT_KILN_ERROR(F::linear_gelu_linear(rnd({3, 5}, 5), w1, Tensor(), w2), "linear_gelu_linear", "in_features");
