@@ -119,7 +119,7 @@ TEST(CudaAddLayerNorm, ParameterGradientsAreDeterministic) {
   manual_seed(44);
   Inputs in{add(rand_cpu({4000, 768}, DType::f32), 0.5), rand_cpu({4000, 768}, DType::bf16),
             rand_cpu({768}, DType::f32), rand_cpu({768}, DType::f32), rand_cpu({4000, 768}, DType::f32),
-            rand_cpu({4000, 768}, DType::bf16)};
+            rand_cpu({4000, 768}, DType::bf16), Tensor()};
   Result a = run(in, DType::bf16, gpu()), c = run(in, DType::bf16, gpu());
   EXPECT_EQ(a.dw.cpu().to_vector<float>(), c.dw.cpu().to_vector<float>());
   EXPECT_EQ(a.db.cpu().to_vector<float>(), c.db.cpu().to_vector<float>());
