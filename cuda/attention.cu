@@ -65,23 +65,47 @@ __device__ __forceinline__ void widen8(const uint4& u, float (&f)[8]) {
   }
 }
 
+// A 256-thread block's column sums over its rows (kLanes threads a row, 8 columns a thread, D = 8·kLanes
+// columns): each thread's 8 values v go through shared memory, and thread c < D adds column c's in row
+// order (deterministic) into sums[blockIdx.x·D + c].
+template <int kLanes>
+__device__ __forceinline__ void column_sums_of_block(const float (&v)[8], int part, float* sums) {
+  constexpr int kD = kLanes * 8, kRows = 256 / kLanes;
+  // a thread's 8 columns at a stride of 9 words, so that the lanes of a row store on different banks
+  __shared__ float cols[kRows][kLanes * 9];
+  const int rib = int(threadIdx.x) / kLanes;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) cols[rib][part * 9 + k] = v[k];
+  __syncthreads();
+  if (threadIdx.x < kD) {
+    const int c = (int(threadIdx.x) / 8) * 9 + int(threadIdx.x) % 8;
+    float s = 0.f;
+#pragma unroll 8
+    for (int r = 0; r < kRows; ++r) s += cols[r][c];
+    sums[int64_t(blockIdx.x) * kD + threadIdx.x] = s;
+  }
+}
+
 // The backward's first pass over the rows of (B, H, Tq_pad), kLanes = D/8 threads a row (one 16-byte word
 // each): D_i = Σ_d dO_id O_id in f32 for i < Tq, and in the same pass the f32 dQ accumulator's row zeroed
 // (the same D/8 words' worth of lanes) and, for the Hopper kernel, its statistics (-lse_i·log2e, D_i)
 // packed, zeros for the padding rows i >= Tq (Tq_pad = Tq otherwise). Either output may be null.
-template <class T, int kLanes>
+// kSums (attention_backward_qkv_bias): also each block's column sums of its dO rows, D floats at
+// dout_sums + blockIdx.x·D (a block's 256 / kLanes rows lie in one head: Tq_pad a multiple of them).
+template <class T, int kLanes, bool kSums = false>
 __global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, const float* lse, float* dsum,
                                             float2* stats, float* dq_acc, int H, int Tq, int Tq_pad,
-                                            int64_t padded_rows) {
+                                            int64_t padded_rows, float* dout_sums = nullptr) {
   const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
   const int part = int(threadIdx.x) % kLanes;
   const int64_t bh = r / Tq_pad, i = r % Tq_pad, row = bh * Tq + i;
   const bool live = r < padded_rows && i < Tq;
   float acc = 0.f;
+  float fa[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) {
     const T* a = static_cast<const T*>(dout.ptr) + (bh / H) * dout.sb + (bh % H) * dout.sh + i * dout.st + part * 8;
     const T* o = static_cast<const T*>(out.ptr) + (bh / H) * out.sb + (bh % H) * out.sh + i * out.st + part * 8;
-    float fa[8], fo[8];
+    float fo[8];
     widen8<T>(__ldg(reinterpret_cast<const uint4*>(a)), fa);
     widen8<T>(__ldg(reinterpret_cast<const uint4*>(o)), fo);
 #pragma unroll
@@ -91,12 +115,57 @@ __global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, const f
       zero[0] = zero[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
+  if constexpr (kSums) column_sums_of_block<kLanes>(fa, part, dout_sums);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (r < padded_rows && part == 0) {
     if (live && dsum != nullptr) dsum[row] = acc;
     if (stats != nullptr) stats[r] = live ? make_float2(-lse[row] * kLog2e, acc) : make_float2(0.f, 0.f);
   }
+}
+
+// dq_convert_words_kernel with each block's column sums of its dQ rows (the scaled f32 values, before
+// rounding) at dq_sums + blockIdx.x·D: one word a thread, n_words = blockDim.x·gridDim.x, a block's 256 / kLanes
+// rows in one head (Tq a multiple of them).
+template <class T, int kLanes>
+__global__ void __launch_bounds__(256) dq_convert_sums_words_kernel(const float* acc, HeadView dq, int H, int Tq,
+                                                                    float scale, float* dq_sums) {
+  constexpr int kD = kLanes * 8;
+  T* out = const_cast<T*>(static_cast<const T*>(dq.ptr));
+  const int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, e = v * 8, d = e % kD, r = e / kD, t = r % Tq,
+                bh = r / Tq;
+  const float4 x0 = __ldg(reinterpret_cast<const float4*>(acc + e));
+  const float4 x1 = __ldg(reinterpret_cast<const float4*>(acc + e + 4));
+  const float s[8] = {x0.x * scale, x0.y * scale, x0.z * scale, x0.w * scale,
+                      x1.x * scale, x1.y * scale, x1.z * scale, x1.w * scale};
+  const uint4 w{pack2<T>(s[0], s[1]), pack2<T>(s[2], s[3]), pack2<T>(s[4], s[5]), pack2<T>(s[6], s[7])};
+  *reinterpret_cast<uint4*>(out + (bh / H) * dq.sb + (bh % H) * dq.sh + t * dq.st + d) = w;
+  column_sums_of_block<kLanes>(s, int(threadIdx.x) % kLanes, dq_sums);
+}
+
+// The packed projection's bias gradient from the blocks' column sums: dbias (3, H, D) f32, part q the sum
+// of the dQ blocks of head h, part k zero (Σ_j dK_j = 0), part v the sum of the dO blocks (Σ_j dV_j =
+// Σ_i dO_i). Head h's blocks: (b·H + h)·per_head + j for b < B, j < per_head. A warp a column (8 a
+// block), lanes striding over the blocks, then a fixed-order shuffle tree.
+__global__ void __launch_bounds__(256) qkv_bias_sums_kernel(const float* dq_sums, int dq_per_head,
+                                                            const float* dout_sums, int dout_per_head, int B, int H,
+                                                            int D, float* dbias) {
+  const int col = int(blockIdx.x) * 8 + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int HD = H * D;
+  if (col >= 3 * HD) return;
+  const int which = col / HD, h = (col % HD) / D, d = col % D;
+  float s = 0.f;
+  if (which != 1) {
+    const float* sums = which == 0 ? dq_sums : dout_sums;
+    const int per_head = which == 0 ? dq_per_head : dout_per_head;
+    for (int64_t n = lane; n < int64_t(B) * per_head; n += 32) {
+      const int64_t b = n / per_head, j = n % per_head;
+      s += sums[((b * H + h) * per_head + j) * D + d];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  }
+  if (lane == 0) dbias[col] = s;
 }
 
 // dq (strided, T) = scale · dq_acc (f32 contiguous (B, H, Tq, D)), 8 elements per step.
@@ -197,13 +266,15 @@ void kernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
   attention_forward_generic(q, k, v, bias, out, lse, key_band(mask), block_list(mask), scale, drop);
 }
 
-void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv, const AttentionMask& mask, double scale, double dropout_p,
-                                  const PhiloxDraw& dropout_rng) {
-  NvtxRange range("attention_backward");
-  DeviceGuard guard(q.device().index);
-  check_dims(q, k, "attention_backward");
+namespace {
+
+// kernels::attention_backward; with dbias defined (attention_backward_qkv_bias, whose conditions the
+// caller has checked) also the packed projection's bias gradient from the D_i pass's and dQ conversion's
+// column sums.
+void run_attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, const AttentionMask& mask, double scale,
+                            double dropout_p, const PhiloxDraw& dropout_rng, const Tensor& dbias) {
   const int B = int(q.size(0)), H = int(q.size(1)), Tq = int(q.size(2)), Tk = int(k.size(2)), D = int(q.size(3));
   const DropoutArgs drop = dropout_args(dropout_p, dropout_rng);
   if (int64_t(B) * H * Tk == 0) return;
@@ -217,6 +288,10 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
   if (tc) acc = empty({B, H, Tq, D}, {.dtype = DType::f32, .device = q.device()});
   Tensor dsum;  // D_i on its own, where the Hopper kernel's statistics do not hold it
   if (!(words && sm90)) dsum = empty({B, H, Tq}, {.dtype = stat_dtype(q.dtype()), .device = q.device()});
+  const bool sums = dbias.defined();
+  KILN_CHECK(!sums || (words && rows_aligned(dq)), "attention_backward_qkv_bias: the sums need the tensor-core path");
+  static_assert(kSm90BwdRows % 32 == 0, "a D_i block's rows must lie in one head of the padded statistics");
+  Tensor dout_sums, dq_sums;  // the blocks' column sums of dO and dQ (sums)
   if (words) {
     // one pass: D_i, the accumulator zeroed, and for the Hopper kernel its packed statistics
     const bool bf16 = q.dtype() == DType::bf16;
@@ -228,14 +303,24 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
     const float* ls = static_cast<const float*>(lse.raw_data());
     float* zero = static_cast<float*>(acc.raw_data());
     const unsigned grid = unsigned((padded_rows * (D / 8) + 255) / 256);
+    if (sums) dout_sums = empty({int64_t(grid), D}, {.dtype = DType::f32, .device = q.device()});
+    float* os = sums ? static_cast<float*>(dout_sums.raw_data()) : nullptr;
     auto launch = [&](auto* kernel) {
       kernel<<<grid, 256, 0, current_stream()>>>(head_view(dout), head_view(out), ls, ds, st, zero, H, Tq, Tq_pad,
-                                                 padded_rows);
+                                                 padded_rows, os);
     };
-    if (D == 64)
+    if (sums) {
+      if (D == 64)
+        bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 8, true>)
+             : launch(attention_dsum_words_kernel<__half, 8, true>);
+      else
+        bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 16, true>)
+             : launch(attention_dsum_words_kernel<__half, 16, true>);
+    } else if (D == 64) {
       bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 8>) : launch(attention_dsum_words_kernel<__half, 8>);
-    else
+    } else {
       bf16 ? launch(attention_dsum_words_kernel<__nv_bfloat16, 16>) : launch(attention_dsum_words_kernel<__half, 16>);
+    }
     KILN_LAUNCH_CHECK("attention_dsum_words_kernel", "attention_backward");
   } else if (rows > 0) {
     attention_dsum_generic(dout, out, dsum);
@@ -250,7 +335,29 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
                 stats.defined() ? reinterpret_cast<const float2*>(stats.raw_data()) : nullptr};
     if (sm90) launch_bwd_sm90(p, B, q.dtype() == DType::bf16, D);
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
-    if (rows > 0 && rows_aligned(dq)) {
+    if (sums) {  // rows_aligned(dq), Tq a multiple of 32: every block full, in one head
+      const int64_t n_words = rows * D / 8;
+      const unsigned blocks = unsigned(n_words / 256);
+      dq_sums = empty({int64_t(blocks), D}, {.dtype = DType::f32, .device = q.device()});
+      const float* a = static_cast<const float*>(acc.raw_data());
+      float* qs = static_cast<float*>(dq_sums.raw_data());
+      auto launch = [&](auto* kernel) {
+        kernel<<<blocks, 256, 0, current_stream()>>>(a, head_view(dq), H, Tq, float(scale), qs);
+      };
+      const bool bf16 = q.dtype() == DType::bf16;
+      if (D == 64)
+        bf16 ? launch(dq_convert_sums_words_kernel<__nv_bfloat16, 8>) : launch(dq_convert_sums_words_kernel<__half, 8>);
+      else
+        bf16 ? launch(dq_convert_sums_words_kernel<__nv_bfloat16, 16>)
+             : launch(dq_convert_sums_words_kernel<__half, 16>);
+      KILN_LAUNCH_CHECK("dq_convert_sums_words_kernel", "attention_backward_qkv_bias");
+      const int Tq_pad = sm90 ? (Tq + kSm90BwdRows - 1) / kSm90BwdRows * kSm90BwdRows : Tq;
+      const int rows_per_block = 256 / (D / 8);
+      qkv_bias_sums_kernel<<<unsigned((3 * H * D + 7) / 8), 256, 0, current_stream()>>>(
+          qs, Tq / rows_per_block, static_cast<const float*>(dout_sums.raw_data()), Tq_pad / rows_per_block, B, H, D,
+          static_cast<float*>(dbias.raw_data()));
+      KILN_LAUNCH_CHECK("qkv_bias_sums_kernel", "attention_backward_qkv_bias");
+    } else if (rows > 0 && rows_aligned(dq)) {
       const int64_t n_words = rows * D / 8;
       const float* a = static_cast<const float*>(acc.raw_data());
       auto launch = [&](auto* kernel) {
@@ -271,6 +378,41 @@ void kernels::attention_backward(const Tensor& dout_in, const Tensor& q, const T
   }
   attention_backward_generic(dout, q, k, v, bias, out, lse, dsum, dq, dk, dv, key_band(mask), block_list(mask),
                              scale, drop);
+}
+
+}  // namespace
+
+void kernels::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq,
+                                 const Tensor& dk, const Tensor& dv, const AttentionMask& mask, double scale,
+                                 double dropout_p, const PhiloxDraw& dropout_rng) {
+  NvtxRange range("attention_backward");
+  DeviceGuard guard(q.device().index);
+  check_dims(q, k, "attention_backward");
+  run_attention_backward(dout, q, k, v, bias, out, lse, dq, dk, dv, mask, scale, dropout_p, dropout_rng, Tensor());
+}
+
+bool kernels::attention_backward_qkv_bias(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv, const AttentionMask& mask, double scale,
+                                          const Tensor& dbias) {
+  // Served where the sums come from passes the backward makes anyway: the tensor-core path's D_i pass
+  // and dQ conversion over whole 256-thread blocks in one head (Tq a multiple of 32), and every query row
+  // seeing at least one key with probabilities summing to 1 (no score bias, window or block layout, no
+  // dropout; causal or not): then Σ_j dK_j = scale·Σ_i q_i Σ_j dS_ij = 0 and Σ_j dV_j = Σ_i dO_i.
+  if (!q.device().is_cuda() || q.dim() != 4) return false;
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+  const bool rows_ok = tensor_core_path(q, k, v) && rows_aligned(dk) && rows_aligned(dv) && rows_aligned(out) &&
+                       rows_aligned(dq) && rows_aligned(dout);
+  if (!rows_ok || mask.window != 0 || mask.block != 0 || Tq % 32 != 0 || Tk < 1 || B * H * Tq == 0 ||
+      !dbias.defined() || dbias.dtype() != DType::f32 || !dbias.is_contiguous() || dbias.numel() != 3 * H * D ||
+      dbias.device() != q.device() || scale <= 0.0)
+    return false;
+  NvtxRange range("attention_backward_qkv_bias");
+  DeviceGuard guard(q.device().index);
+  check_dims(q, k, "attention_backward_qkv_bias");
+  run_attention_backward(dout, q, k, v, Tensor(), out, lse, dq, dk, dv, mask, scale, 0.0, PhiloxDraw{}, dbias);
+  return true;
 }
 
 }  // namespace kiln::cuda

@@ -224,6 +224,16 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& a
 Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv, const Tensor& attn_mask, const AttentionMask& keys,
                                               std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
                                               bool training = false, Generator* gen = nullptr);
+// Self-attention with its packed projection as one node: scaled_dot_product_attention_qkvpacked(
+// linear(x, in_proj_weight, in_proj_bias).view(B, T, 3, H, D), ...) for x (B, T, E), weight (3E, E), bias
+// (3E) or undefined; returns (B, H, T, D) as that op. One node so that the projection's bias gradient can
+// come from the attention's own backward passes where the device has them
+// (kernels::attention_backward_qkv_bias: Σ dq from dQ's conversion, exactly 0 for k, Σ dO for v), not from a
+// pass over the packed gradient; elsewhere the same kernels as the two ops, equal to them bit for bit.
+Tensor packed_self_attention(const Tensor& x, const Tensor& in_proj_weight, const Tensor& in_proj_bias,
+                             int64_t num_heads, const Tensor& attn_mask, const AttentionMask& keys,
+                             std::optional<double> scale = std::nullopt, double dropout_p = 0.0,
+                             bool training = false, Generator* gen = nullptr);
 // The same function composed of matmul, where, softmax, dropout and matmul (materializes the Tq x Tk
 // scores; its dropout mask is dropout()'s, not the fused op's). The reference the fused op is tested against.
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,

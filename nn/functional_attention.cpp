@@ -4,9 +4,11 @@
 
 #include <kiln/core/kernels/attention.h>
 #include <kiln/core/kernels/layer_norm.h>
+#include <kiln/core/kernels/linear.h>
 #include <kiln/core/op.h>
 #include <kiln/cuda/graph.h>
 #include <kiln/nn/functional.h>
+#include <kiln/nn/linear_backward.h>
 
 namespace kiln::nn::functional {
 
@@ -309,6 +311,88 @@ Tensor scaled_dot_product_attention_qkvpacked(const Tensor& qkv_in, const Tensor
                  st.dropout_rng);
              return Grads{dqkv};
            });
+  return f.out;
+}
+
+Tensor packed_self_attention(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_t num_heads,
+                             const Tensor& attn_mask, const AttentionMask& keys, std::optional<double> scale,
+                             double dropout_p, bool training, Generator* gen) {
+  const char* op = "packed_self_attention";
+  KILN_CHECK(x_in.defined() && w_in.defined(), op, ": input and in_proj weight must be defined");
+  KILN_CHECK(x_in.dim() == 3 && num_heads > 0 && x_in.size(2) % num_heads == 0, op,
+             ": expected x (B, T, E) with E divisible by num_heads = ", num_heads, ", got ", x_in.str());
+  const int64_t B = x_in.size(0), T = x_in.size(1), E = x_in.size(2), H = num_heads, D = E / H, M = B * T;
+  KILN_CHECK(w_in.dim() == 2 && w_in.size(0) == 3 * E && w_in.size(1) == E, op, ": expected in_proj weight (",
+             3 * E, ", ", E, "), got ", w_in.str());
+  KILN_CHECK(!b_in.defined() || (b_in.dim() == 1 && b_in.size(0) == 3 * E), op, ": expected in_proj bias (", 3 * E,
+             "), got ", b_in.str());
+  KILN_CHECK(w_in.device() == x_in.device() && (!b_in.defined() || b_in.device() == x_in.device()), op,
+             ": tensors on different devices: ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
+  KILN_CHECK(is_floating(x_in.dtype()) && is_floating(w_in.dtype()) && (!b_in.defined() || is_floating(b_in.dtype())),
+             op, ": expected floating-point tensors, got ", x_in.str(), ", ", w_in.str(), ", ", b_in.str());
+  // dtypes as linear's: under autocast every operand in its dtype, otherwise input and weight agree
+  const bool autocast = amp::is_enabled(x_in.device().type);
+  KILN_CHECK(autocast || x_in.dtype() == w_in.dtype(), op, ": input ", x_in.str(), " and in_proj weight ",
+             w_in.str(), " have different dtypes; convert one, or run under autocast");
+  const DType t = autocast ? amp::dtype(x_in.device().type) : x_in.dtype();
+  const Tensor x = cast(x_in, t);
+  auto param = [&](const Tensor& p) { return autocast ? amp::cast_parameter(p, t) : cast(p, t); };
+  // the packed projection (B, T, 3, H, D) as the GEMM writes it, and its q, k, v views (B, H, T, D)
+  Tensor qkv = empty({B, T, 3, H, D}, {.dtype = t, .device = x.device()}), q, k, v;
+  {
+    NoGradGuard ng;
+    q = packed_view(qkv, 0), k = packed_view(qkv, 1), v = packed_view(qkv, 2);
+  }
+  check_attention_args(q, k, v, dropout_p);
+  check_attention_mask(attn_mask, q, k, op);
+  check_window(keys, op);
+  check_blocks(keys, q, k, op);
+  // where the fused attention does not serve: the projection and the attention as their own ops
+  if (!fusable(q, k, v, dropout_p) || mask_needs_grad(attn_mask))
+    return scaled_dot_product_attention_qkvpacked(linear(x_in, w_in, b_in).view({B, T, 3, H, D}), attn_mask, keys,
+                                                  scale, dropout_p, training, gen);
+  Tensor x2, w2;
+  {
+    NoGradGuard ng;
+    x2 = matrix_ready(x.reshape({M, E}));
+    w2 = matrix_ready(param(w_in));
+    const Tensor b2 = b_in.defined() ? param(b_in).contiguous() : Tensor();
+    if (M > 0) kernels::linear(x2, w2, b2, b_in.defined() ? Epilogue::bias : Epilogue::none, qkv.view({M, 3 * E}),
+                               Tensor());
+  }
+  const Tensor bias = kernel_bias(attn_mask, {B, H}, T, T, stat_dtype(t));
+  const AttentionForward f = attention_forward(q, k, v, bias, keys, scale, dropout_p, training, gen);
+  if (any_requires_grad({x, w_in, b_in})) {
+    const bool rx = x.requires_grad(), rw = w_in.requires_grad(), rb = b_in.defined() && b_in.requires_grad();
+    // x is needed only for the weight's gradient, the weight only for x's; qkv is this node's own buffer
+    record(op, {x, w_in, b_in}, {f.out},
+           [sx = rw ? SavedTensor(x2) : SavedTensor(), sw = rx ? SavedTensor(w2) : SavedTensor(), qkv,
+            so = SavedTensor(f.out), st = f.stats, keys, rx, rw, rb, M, E, xs = x.sizes(), wdt = w_in.dtype(),
+            bdt = b_in.defined() ? b_in.dtype() : t, op](const Grads& g) {
+             cuda::check_draw_in_capture(st.dropout_rng, op);
+             const Tensor oo = so.unpack(op);
+             const Tensor dout = g[0].stride(3) == 1 ? g[0] : g[0].contiguous();
+             Tensor dqkv = empty(qkv.sizes(), {.dtype = qkv.dtype(), .device = qkv.device()});
+             const Tensor q = packed_view(qkv, 0), k = packed_view(qkv, 1), v = packed_view(qkv, 2),
+                          dq = packed_view(dqkv, 0), dk = packed_view(dqkv, 1), dv = packed_view(dqkv, 2);
+             // The bias's gradient from the attention's own passes where the device has them (Σ dq from
+             // dQ's conversion, 0 for k, Σ dO for v), else the linear layer's column sums below.
+             Tensor dbias;
+             bool summed = false;
+             if (rb && st.p == 0.0 && !st.bias.defined() && qkv.device().is_cuda()) {
+               dbias = detail::pinned_gradient(2, DType::f32);
+               if (!dbias.defined()) dbias = empty({3 * E}, {.dtype = DType::f32, .device = qkv.device()});
+               summed = kernels::attention_backward_qkv_bias(dout, q, k, v, oo, st.lse, dq, dk, dv, keys, st.scale, dbias);
+             }
+             if (!summed)
+               kernels::attention_backward(dout, q, k, v, st.bias, oo, st.lse, dq, dk, dv, keys, st.scale, st.p,
+                                           st.dropout_rng);
+             const detail::LinearGrads r = detail::linear_layer_backward(
+                 dqkv.view({M, 3 * E}), rw ? sx.unpack(op) : Tensor(), rx ? sw.unpack(op) : Tensor(), Tensor(),
+                 Epilogue::none, {rx, rw, rb && !summed}, wdt, bdt, 1);
+             return Grads{rx ? r.dx.reshape(xs) : Tensor(), r.dw, summed ? cast(dbias, bdt) : r.db};
+           });
+  }
   return f.out;
 }
 

@@ -8,49 +8,14 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/graph.h>
 #include <kiln/nn/functional.h>
+#include <kiln/nn/linear_backward.h>
 
 namespace kiln::nn::functional {
 
-namespace {
+using detail::LinearGrads;
+using detail::linear_layer_backward;
 
-// The gradients of one linear layer y = ep(x · wᵀ + b) from dy (M, N) in the compute dtype: dx (M, K) in
-// dy's dtype, dw and db in the parameters' own dtypes (wdt, bdt). f32 parameters of a half-precision layer
-// get theirs in f32 from the device's kernel where it has one (an f32 master weight's gradient straight
-// from the GEMM's f32 accumulators, no rounding to 16 bits, no cast kernels). w and b are the running
-// node's inputs w_input and w_input + 1: their gradients go straight where they are summed when nothing
-// has arrived there yet (a pinned gradient: FlatParameters, DDP's buckets), else into new tensors.
-struct LinearWants {
-  bool dx, dw, db;
-};
-struct LinearGrads {
-  Tensor dx, dw, db;
-};
-LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
-                                  LinearWants want, DType wdt, DType bdt, size_t w_input) {
-  const int64_t M = dy.size(0), N = dy.size(1);
-  const Device dev = dy.device();
-  const DType gt = dy.dtype();
-  const TensorOptions to{.dtype = gt, .device = dev};
-  Tensor dx = want.dx ? empty({M, w.size(1)}, to) : Tensor();
-  const Shape wshape = want.dw ? Shape{N, x.size(1)} : Shape{};
-  auto destination = [](size_t input, DType dt) {
-    const autograd::GradientDestination d = gradient_destination(input);
-    return d.tensor.defined() && !d.holding && d.tensor.dtype() == dt ? d.tensor : Tensor();
-  };
-  auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
-    return written.defined() ? written : empty(shape, opt);
-  };
-  if ((gt == DType::bf16 || gt == DType::f16) && (!want.dw || wdt == DType::f32) && (!want.db || bdt == DType::f32)) {
-    TensorOptions f32{.dtype = DType::f32, .device = dev};
-    Tensor dw = want.dw ? own(destination(w_input, DType::f32), wshape, f32) : Tensor();
-    Tensor db = want.db ? own(destination(w_input + 1, DType::f32), {N}, f32) : Tensor();
-    if (kernels::linear_backward_f32_params(dy, x, w, pre, ep, dx, dw, db)) return {dx, dw, db};
-  }
-  Tensor dw = want.dw ? own(destination(w_input, gt), wshape, to) : Tensor();
-  Tensor db = want.db ? own(destination(w_input + 1, gt), {N}, to) : Tensor();
-  kernels::linear_backward(dy, x, w, pre, ep, dx, dw, db);
-  return {dx, want.dw ? cast(dw, wdt) : Tensor(), want.db ? cast(db, bdt) : Tensor()};
-}
+namespace {
 
 // y = ep(x · wᵀ + b) as one autograd node: one backend call forward (a cuBLASLt epilogue on the GPU) and
 // one backward (dgelu, then dx and dw GEMMs with the bias gradient fused into the dw GEMM on the GPU).

@@ -160,7 +160,11 @@ Tensor MultiheadAttention::attend(const Tensor& query, const Tensor& key, const 
   // Heads are views (B, H, T, D) of the projections' memory, never copies: the fused attention reads any
   // strides on B, H, T. Self-attention views the one (B, T, 3, H, D) in_proj output.
   Tensor attn;
-  if (query.is_same(key) && key.is_same(value)) {
+  if (query.is_same(key) && key.is_same(value) && !performer && in_proj.plain_product()) {
+    // the projection and the attention as one node (its bias gradient from the attention's own passes)
+    attn = functional::packed_self_attention(q_in, in_proj.weight, in_proj.bias, H, mask, keys, std::nullopt,
+                                             options_.dropout, is_training());
+  } else if (query.is_same(key) && key.is_same(value)) {
     // one GEMM for the three projections, and one packed gradient for it in backward
     Tensor qkv = in_proj(q_in).view({B, Tq, 3, H, D});
     if (performer) {

@@ -68,3 +68,14 @@ KILN_KERNEL(attention_backward, void(const Tensor& dout, const Tensor& q, const 
                                      const Tensor& bias, const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, const AttentionMask& mask, double scale, double dropout_p,
                                      const PhiloxDraw& dropout_rng));
+// Optional: attention_backward without score bias or dropout that also writes the bias gradient of a packed
+// q/k/v projection, dbias (3, H, D) f32 contiguous: part q = Σ_(b,i) dq[b, h, i, :], part k = 0, part v =
+// Σ_(b,i) dout[b, h, i, :]. Exact where every query row sees at least one key with softmax weights summing
+// to 1: Σ_j dK_j = scale · Σ_i q_i Σ_j dS_ij = 0 (Σ_j dS_ij = D_i - D_i Σ_j P_ij) and Σ_j dV_j =
+// Σ_i (Σ_j P_ij) dO_i; so served only without a window or block layout, and where the sums come from the
+// passes the backward makes anyway (the GPU's tensor-core path, Tq a multiple of 32). False (nothing done)
+// elsewhere.
+KILN_CUDA_KERNEL(attention_backward_qkv_bias,
+                 bool(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                      const AttentionMask& mask, double scale, const Tensor& dbias));

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -589,6 +590,131 @@ TEST(FlashAttention, AutocastAndMultiheadAttentionOnTheGpu) {
   f32_attn.load_state_dict(cpu_attn.state_dict());
   f32_attn.to(gpu());
   EXPECT_LT(rel_err(f32_attn(xg), want), 1e-4);  // f32 GEMMs may run in TF32
+}
+
+// attention_backward_qkv_bias: the same dq, dk, dv as attention_backward, and the packed projection's bias
+// gradient from the D_i pass and dQ's conversion: part q the column sums of dq, part k exactly 0 (the plain
+// backward's Σ_j dK_j is only rounding), part v the column sums of dO, which equal Σ_j dV_j. Head dims 64 and
+// 128, causal and not, bf16 and f16, T = 160 (a multiple of 32 but not of the kernels' tiles). Where it does
+// not serve (a window, T not a multiple of 32, f32) it says so and writes nothing.
+TEST(FlashAttention, QkvBiasGradientComesFromTheBackwardPasses) {
+  KILN_REQUIRE_GPU();
+  manual_seed(31);
+  NoGradGuard ng;
+  const int64_t B = 2, H = 3, T = 160;
+  auto views = [](const Tensor& packed) {
+    return std::vector<Tensor>{packed.select(2, 0).transpose(1, 2), packed.select(2, 1).transpose(1, 2),
+                               packed.select(2, 2).transpose(1, 2)};
+  };
+  // column sums over (b, t) of a packed (B, T, 3, H, D) tensor: (3, H, D) in f64 on the CPU
+  auto column_sums = [](const Tensor& packed) {
+    const Tensor p = cast(packed.cpu(), DType::f64);
+    return sum(p.reshape({p.size(0) * p.size(1), p.size(2) * p.size(3) * p.size(4)}), {0}, false);
+  };
+  struct Shape4 {
+    int64_t B, H, T, D;
+  };
+  // T = 160: a multiple of 32 but not of the kernels' tiles; T = 1024 (GPT-2's): 64 blocks of a head, so the
+  // final sum's lanes stride past 32
+  for (const char* sm90 : {"1", "0"})
+    for (const Shape4 s : {Shape4{B, H, T, 64}, Shape4{B, H, T, 128}, Shape4{2, 2, 1024, 64}})
+      for (bool causal : {true, false})
+        for (DType t : {DType::bf16, DType::f16}) {
+          ScopedEnv env("KILN_FLASH_ATTENTION_SM90", sm90);  // the Hopper kernels, then the mma.sync ones
+          const int64_t B = s.B, H = s.H, T = s.T, D = s.D;
+          const std::string what = std::string(dtype_name(t)) + " B" + std::to_string(B) + " H" + std::to_string(H) +
+                                   " T" + std::to_string(T) + " D" + std::to_string(D) + (causal ? " causal" : "") +
+                                   (sm90[0] == '1' ? " sm90" : " mma");
+          const double scale = 1.0 / std::sqrt(double(D));
+          Tensor qkv = rnd({B, T, 3, H, D}, t).to(gpu());
+          Tensor dout = rnd({B, T, H, D}, t).to(gpu()).transpose(1, 2);
+          const auto in = views(qkv);
+          Tensor out = empty_bthd(B, H, T, D, t, gpu()), lse = empty({B, H, T}, {.dtype = DType::f32, .device = gpu()});
+          kernels::attention_forward(in[0], in[1], in[2], Tensor(), out, lse, AttentionMask(causal), scale, 0.0,
+                                     PhiloxDraw{});
+          Tensor plain = empty(qkv.sizes(), {.dtype = t, .device = gpu()}), summed = empty_like(plain);
+          const auto gp = views(plain), gs = views(summed);
+          kernels::attention_backward(dout, in[0], in[1], in[2], Tensor(), out, lse, gp[0], gp[1], gp[2],
+                                      AttentionMask(causal), scale, 0.0, PhiloxDraw{});
+          Tensor dbias = full({3 * H * D}, 7.0, {.dtype = DType::f32, .device = gpu()});
+          ASSERT_TRUE(kernels::attention_backward_qkv_bias(dout, in[0], in[1], in[2], out, lse, gs[0], gs[1], gs[2],
+                                                           AttentionMask(causal), scale, dbias))
+              << what;
+          // dk and dv come from the same kernel; dq's accumulation order may differ (atomics)
+          EXPECT_TRUE(same_values(gs[1], gp[1])) << what;
+          EXPECT_TRUE(same_values(gs[2], gp[2])) << what;
+          EXPECT_LT(rel_err(gs[0], gp[0]), 1e-2) << what;
+          const Tensor got = cast(dbias.cpu(), DType::f64).reshape({3, H * D});
+          const Tensor want = column_sums(summed).reshape({3, H * D});
+          const Tensor dout_sums = sum(cast(dout.cpu(), DType::f64).transpose(1, 2).reshape({B * T, H * D}), {0}, false);
+          const double eq = rel_err(got.select(0, 0), want.select(0, 0));
+          const double ev = rel_err(got.select(0, 2), dout_sums), evv = rel_err(want.select(0, 2), dout_sums);
+          const double k_plain = abs(want.select(0, 1)).max().item<double>() / abs(want.select(0, 2)).max().item<double>();
+          std::printf("QKV_BIAS %s: q part vs Σ dq %.2e, v part vs Σ dO %.2e (Σ dv vs Σ dO %.2e), plain Σ dk / Σ dv %.2e\n",
+                      what.c_str(), eq, ev, evv, k_plain);
+          EXPECT_LT(eq, 5e-3) << what;
+          EXPECT_LT(ev, 1e-5) << what;
+          EXPECT_LT(evv, 2e-2) << what;  // the identity, through rounded dv
+          EXPECT_EQ(abs(got.select(0, 1)).max().item<double>(), 0.0) << what;
+          EXPECT_LT(k_plain, 2e-2) << what;
+        }
+  // not served: nothing written
+  Tensor qkv = rnd({B, 100, 3, H, 64}, DType::bf16).to(gpu());
+  const auto in = views(qkv);
+  Tensor out = empty_bthd(B, H, 100, 64, DType::bf16, gpu()), lse = empty({B, H, 100}, {.dtype = DType::f32, .device = gpu()});
+  Tensor d = empty(qkv.sizes(), {.dtype = DType::bf16, .device = gpu()});
+  const auto gd = views(d);
+  Tensor dbias = full({3 * H * 64}, 7.0, {.dtype = DType::f32, .device = gpu()});
+  Tensor dout = rnd({B, 100, H, 64}, DType::bf16).to(gpu()).transpose(1, 2);
+  EXPECT_FALSE(kernels::attention_backward_qkv_bias(dout, in[0], in[1], in[2], out, lse, gd[0], gd[1], gd[2],
+                                                    AttentionMask(true), 0.125, dbias));  // T = 100
+  Tensor q32 = rnd({B, 160, 3, H, 64}).to(gpu());
+  const auto in32 = views(q32);
+  EXPECT_FALSE(kernels::attention_backward_qkv_bias(in32[0], in32[0], in32[1], in32[2], in32[0], lse, in32[0], in32[1],
+                                                    in32[2], AttentionMask(true), 0.125, dbias));  // f32
+  EXPECT_EQ(dbias.min().item<double>(), 7.0);
+  EXPECT_EQ(dbias.max().item<double>(), 7.0);
+}
+
+// packed_self_attention under bf16 autocast with f32 parameters (the path MultiheadAttention takes):
+// output and the gradients of x, the weight and the bias against the f64 CPU composition, causal and not,
+// and with a key padding mask (where the bias gradient comes from the column sums instead).
+TEST(FlashAttention, PackedSelfAttentionUnderAutocastMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(32);
+  const int64_t B = 2, T = 128, E = 256, H = 4;
+  Tensor x = randn({B, T, E}), w = mul(randn({3 * E, E}), 0.06), b = mul(randn({3 * E}), 0.1);
+  Tensor g = randn({B, H, T, E / H});
+  Tensor pad = full({B, 1, 1, T}, 0.0);
+  pad.narrow(3, T - 9, 9).select(0, 1).fill_(-INFINITY);
+  for (bool causal : {true, false})
+    for (bool padded : {false, true}) {
+      const Tensor mask = padded ? pad : Tensor();
+      Tensor x64 = cast(x, DType::f64).requires_grad_(true), w64 = cast(w, DType::f64).requires_grad_(true),
+             b64 = cast(b, DType::f64).requires_grad_(true);
+      Tensor want = F::scaled_dot_product_attention_qkvpacked(F::linear(x64, w64, b64).view({B, T, 3, H, E / H}),
+                                                              padded ? cast(mask, DType::f64) : Tensor(),
+                                                              AttentionMask(causal));
+      want.backward(cast(g, DType::f64));
+      Tensor xg = x.to(gpu()).requires_grad_(true), wg = w.to(gpu()).requires_grad_(true),
+             bg = b.to(gpu()).requires_grad_(true);
+      Tensor got;
+      {
+        amp::Autocast autocast(gpu(), DType::bf16);
+        got = F::packed_self_attention(xg, wg, bg, H, padded ? mask.to(gpu()) : Tensor(), AttentionMask(causal));
+      }
+      EXPECT_EQ(got.dtype(), DType::bf16);
+      got.backward(cast(g, DType::bf16).to(gpu()));
+      EXPECT_EQ(bg.grad().dtype(), DType::f32);
+      const std::string what = std::string(causal ? "causal" : "full") + (padded ? " padded" : "");
+      const double ey = rel_err(got, want), ex = rel_err(xg.grad(), x64.grad()), ew = rel_err(wg.grad(), w64.grad()),
+                   eb = rel_err(bg.grad(), b64.grad());
+      std::printf("PACKED_SELF_ATTENTION %s: y %.2e, dx %.2e, dw %.2e, db %.2e\n", what.c_str(), ey, ex, ew, eb);
+      EXPECT_LT(ey, 2e-2) << what;
+      EXPECT_LT(ex, 5e-2) << what;  // as the MultiheadAttention autocast test: f64 from unrounded f32 inputs
+      EXPECT_LT(ew, 5e-2) << what;
+      EXPECT_LT(eb, 5e-2) << what;
+    }
 }
 
 }  // namespace

@@ -465,6 +465,56 @@ TEST(FunctionalForward, LinearGeluLinearIsTheCompositionBitForBit) {
   EXPECT_KILN_ERROR(F::linear_gelu_linear(x, w1, Tensor(), cast(w2, DType::f32)), "linear_gelu_linear", "dtypes");
 }
 
+// packed_self_attention is one node; on the CPU it runs the projection's and the attention's own kernels:
+// output and gradients equal scaled_dot_product_attention_qkvpacked(linear(...)) bit for bit, causal or
+// not, with and without the bias and a key padding mask, with only some inputs wanting gradients; nothing
+// recorded under no_grad; bad shapes name the op.
+TEST(FunctionalForward, PackedSelfAttentionIsTheCompositionBitForBit) {
+  const int64_t B = 2, T = 5, E = 8, H = 2;
+  for (DType t : {DType::f32, DType::bf16})
+    for (bool causal : {true, false})
+      for (bool with_bias : {true, false})
+        for (bool padded : {false, true}) {
+          Tensor x = rnd({B, T, E}, 110, t), w = rnd({3 * E, E}, 111, t), b = rnd({3 * E}, 112, t),
+                 g = rnd({B, H, T, E / H}, 113, t);
+          // the key padding mask as an additive score bias: -inf on the padded keys
+          Tensor mask = padded ? where(eq(from_vector<int64_t>({1, 1, 1, 1, 0, 1, 1, 1, 0, 0}, {B, 1, 1, T}),
+                                          zeros({}, {.dtype = DType::i64})),
+                                       full({}, -INFINITY, {.dtype = DType::f32}), full({}, 0.0, {.dtype = DType::f32}))
+                               : Tensor();
+          for (const std::vector<bool>& wants : {std::vector<bool>{true, true, true}, std::vector<bool>{false, true, true},
+                                                 std::vector<bool>{true, false, false}}) {
+            auto run = [&](bool fused) {
+              std::vector<Tensor> l{x.detach(), w.detach(), with_bias ? b.detach() : Tensor()};
+              for (size_t i = 0; i < l.size(); ++i)
+                if (l[i].defined()) l[i].requires_grad_(wants[i]);
+              Tensor y = fused ? F::packed_self_attention(l[0], l[1], l[2], H, mask, AttentionMask(causal))
+                               : F::scaled_dot_product_attention_qkvpacked(
+                                     F::linear(l[0], l[1], l[2]).view({B, T, 3, H, E / H}), mask, AttentionMask(causal));
+              y.backward(g);
+              std::vector<std::vector<double>> r{y.to_vector<double>()};
+              for (size_t i = 0; i < l.size(); ++i)
+                if (l[i].defined() && wants[i]) r.push_back(l[i].grad().to_vector<double>());
+              return r;
+            };
+            EXPECT_EQ(run(true), run(false)) << dtype_name(t) << (causal ? " causal" : "") << (with_bias ? " bias" : "")
+                                             << (padded ? " padded" : "") << " wants " << wants[0] << wants[1] << wants[2];
+          }
+        }
+  {
+    NoGradGuard ng;
+    Tensor y = F::packed_self_attention(rnd({1, 3, 8}, 1), rnd({24, 8}, 2).requires_grad_(true), Tensor(), 2, Tensor(),
+                                        AttentionMask(true));
+    EXPECT_FALSE(y.requires_grad());
+  }
+  EXPECT_KILN_ERROR(F::packed_self_attention(rnd({1, 3, 8}, 1), rnd({24, 8}, 2), Tensor(), 3, Tensor(), {}),
+                    "packed_self_attention", "num_heads");
+  EXPECT_KILN_ERROR(F::packed_self_attention(rnd({1, 3, 8}, 1), rnd({16, 8}, 2), Tensor(), 2, Tensor(), {}),
+                    "packed_self_attention", "in_proj weight");
+  EXPECT_KILN_ERROR(F::packed_self_attention(rnd({1, 3, 8}, 1), rnd({24, 8}, 2), rnd({8}, 3), 2, Tensor(), {}),
+                    "packed_self_attention", "in_proj bias");
+}
+
 // ---------------------------------------------------------------- dropout
 
 TEST(FunctionalForward, Dropout) {

@@ -1,0 +1,35 @@
+#include <kiln/nn/linear_backward.h>
+
+#include <kiln/core/op.h>
+
+namespace kiln::nn::functional::detail {
+
+Tensor pinned_gradient(size_t input, DType dt) {
+  const autograd::GradientDestination d = gradient_destination(input);
+  return d.tensor.defined() && !d.holding && d.tensor.dtype() == dt ? d.tensor : Tensor();
+}
+
+LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
+                                  LinearWants want, DType wdt, DType bdt, size_t w_input) {
+  const int64_t M = dy.size(0), N = dy.size(1);
+  const Device dev = dy.device();
+  const DType gt = dy.dtype();
+  const TensorOptions to{.dtype = gt, .device = dev};
+  Tensor dx = want.dx ? empty({M, w.size(1)}, to) : Tensor();
+  const Shape wshape = want.dw ? Shape{N, x.size(1)} : Shape{};
+  auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
+    return written.defined() ? written : empty(shape, opt);
+  };
+  if ((gt == DType::bf16 || gt == DType::f16) && (!want.dw || wdt == DType::f32) && (!want.db || bdt == DType::f32)) {
+    TensorOptions f32{.dtype = DType::f32, .device = dev};
+    Tensor dw = want.dw ? own(pinned_gradient(w_input, DType::f32), wshape, f32) : Tensor();
+    Tensor db = want.db ? own(pinned_gradient(w_input + 1, DType::f32), {N}, f32) : Tensor();
+    if (kernels::linear_backward_f32_params(dy, x, w, pre, ep, dx, dw, db)) return {dx, dw, db};
+  }
+  Tensor dw = want.dw ? own(pinned_gradient(w_input, gt), wshape, to) : Tensor();
+  Tensor db = want.db ? own(pinned_gradient(w_input + 1, gt), {N}, to) : Tensor();
+  kernels::linear_backward(dy, x, w, pre, ep, dx, dw, db);
+  return {dx, want.dw ? cast(dw, wdt) : Tensor(), want.db ? cast(db, bdt) : Tensor()};
+}
+
+}  // namespace kiln::nn::functional::detail
