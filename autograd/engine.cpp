@@ -2,6 +2,7 @@
 // runs a node once all its gradients have arrived (accumulators first, then the latest-recorded among the
 // ready ones: Node::sequence_nr), summing gradients that arrive along several edges, or letting the node
 // write them in place (gradient_destination).
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <queue>
@@ -35,6 +36,8 @@ void check_finite(const Node& node, const std::vector<Tensor>& grads) {
 // queued for the end of the outermost.
 thread_local int backward_depth = 0;
 thread_local std::vector<std::function<void()>> end_callbacks;
+// The gradients run_backward made for roots given none (ones), innermost pass last: is_implicit_seed.
+thread_local std::vector<Tensor> implicit_seeds;
 
 using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
 using Dependencies = std::unordered_map<Node*, int>;
@@ -152,9 +155,18 @@ void queue_callback(std::function<void()> callback) {
   end_callbacks.push_back(std::move(callback));
 }
 
+bool is_implicit_seed(const Tensor& g) {
+  return g.defined() && std::any_of(implicit_seeds.begin(), implicit_seeds.end(),
+                                    [&](const Tensor& seed) { return seed.is_same(g); });
+}
+
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
   BackwardScope scope;
+  struct SeedScope {  // this pass's implicit seeds, forgotten as it ends (a nested pass keeps the outer's)
+    size_t outer = implicit_seeds.size();
+    ~SeedScope() { implicit_seeds.resize(outer); }
+  } seed_scope;
   GradientBuffers buffers;
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
@@ -186,6 +198,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (!g.defined()) {
       KILN_CHECK(r.numel() == 1, "backward: a gradient is needed for the non-scalar tensor ", r.str());
       g = ones(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
+      // A seed no hook sees and nothing adds into: the root's node receives this very tensor. (With several
+      // roots one may lie below another, whose backward could add into this buffer in place.)
+      if (roots.size() == 1 && gradient_edge(r).node->pre_hooks.empty()) implicit_seeds.push_back(g);
     }
     KILN_CHECK(g.sizes() == r.sizes(), "backward: gradient ", g.str(), " does not match tensor ", r.str());
     root_edges.push_back(gradient_edge(r));

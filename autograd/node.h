@@ -163,6 +163,12 @@ GradientDestination gradient_destination(size_t input);
 // the outermost pass. Callbacks run in the order queued, and may queue more. Outside backward: an error.
 void queue_callback(std::function<void()> callback);
 
+// True for the gradient a backward pass made itself for a root it was given none for (ones, which only the
+// engine holds and no hook sees: the root's node had none), as the root's node receives it. Such a node may
+// skip multiplying by it: linear_cross_entropy, whose gradients come out of its forward pass for an
+// upstream 1, then does no pass over them in backward. False elsewhere, and for any gradient passed in.
+bool is_implicit_seed(const Tensor& g);
+
 // Runs the backward pass from roots with the given gradients (undefined: ones for scalars).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph);
 

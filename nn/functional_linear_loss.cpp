@@ -7,9 +7,9 @@
 // for each it runs the GEMM, the cross-entropy kernel (loss and log-sum-exp), the cross-entropy backward
 // in place with s = 1 (the chunk's buffer now holds its unit gradient), dx rows = dz · w, and
 // dw += dzᵀ · x (accumulated in f32 by the GEMM itself where the device can). The backward pass only
-// scales dx and dw by s. The (N, C) logits never exist whole: GPT-2's lm_head at B·T = 16384 held
-// 1.65 GB of bf16 logits until the backward; now two chunks of 0.82 GB in turn, then dw in f32
-// (154 MB) and dx (25 MB).
+// scales dx and dw by s (not at all for loss.backward()'s own seed of 1). The (N, C) logits never exist
+// whole: GPT-2's lm_head at B·T = 16384 held 1.65 GB of bf16 logits until the backward; now two chunks
+// of 0.82 GB in turn, then dw in f32 (154 MB) and dx (25 MB).
 #include <algorithm>
 
 #include <kiln/core/kernels/cross_entropy.h>
@@ -100,6 +100,10 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   }
   record("linear_cross_entropy", {x_in, weight_in}, {result},
          [dx, dw, rx, rw, xs = x_in.sizes(), xdt = x_in.dtype(), wdt = weight_in.dtype()](const Grads& g) {
+           if (autograd::is_implicit_seed(g[0]))  // loss.backward() with no gradient: s is exactly 1, and
+             // the unit gradients are the gradients (GPT-2: no pass over the head's 154 MB of f32 dw and 25 MB
+             // of dx; the engine copies dw into a pinned gradient where there is one)
+             return Grads{rx ? cast(dx, xdt).reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor()};
            // The upstream scalar s scales the unit gradients, in f32 (f64 for f64): a loss scaler's 65536
            // is not an f16 value, and the composition also rounds only the scaled gradient.
            const DType wide = dx.defined() && dx.dtype() == DType::f64 ? DType::f64 : DType::f32;

@@ -263,3 +263,33 @@ TEST(AccumulateGrad, NeverAliasesATensorTheUserStillHolds) {
   EXPECT_EQ(seed.to_vector<float>(), std::vector<float>(3, 1.0f));
   (void)g1;
 }
+
+// is_implicit_seed: true for the ones a pass made for a root given no gradient, as the root's node
+// receives them; false for a gradient passed in (even of ones), below the root, with a hook on the root,
+// with several roots, and outside the pass.
+TEST(Engine, ImplicitSeedIsKnownOnlyToTheRootsNode) {
+  std::vector<int> seen;  // what the probe's backward saw, in order
+  auto probe = [&](const Tensor& x) {
+    Tensor out = x.detach().sum();
+    autograd::record("seed_probe", {x}, {out}, [&seen, n = x.numel()](const std::vector<Tensor>& g) {
+      seen.push_back(autograd::is_implicit_seed(g[0]) ? 1 : 0);
+      return std::vector<Tensor>{g[0].expand({n}).contiguous()};
+    });
+    return out;
+  };
+  Tensor x = leaf({1, 2, 3}, {3});
+  probe(x).backward();
+  probe(x).backward(ones({}));
+  mul(probe(x), 1.0).backward();
+  Tensor hooked = probe(x);
+  hooked.register_hook([](const Tensor& g) { return g; });
+  hooked.backward();
+  Tensor a = probe(x), b = probe(x);
+  autograd::run_backward({a, b}, {}, false);
+  Tensor kept = probe(x);
+  kept.backward(Tensor(), /*retain_graph=*/true);
+  kept.backward();
+  EXPECT_EQ(seen, (std::vector<int>{1, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_FALSE(autograd::is_implicit_seed(ones({})));
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 8.0f));
+}

@@ -98,6 +98,31 @@ TEST(LinearCrossEntropy, EqualsTheComposition) {
             std::string::npos);
 }
 
+// loss.backward() with no gradient skips the upstream scaling (its seed is exactly 1): the gradients equal
+// those of backward(ones) bit for bit, also for a head tied to the embedding whose rows then add into the
+// head's gradient in place, and a retained graph's second pass adds the same gradients again (nothing the
+// node keeps was written into by the first).
+TEST(LinearCrossEntropy, ImplicitSeedGivesTheScaledGradientsExactly) {
+  manual_seed(5);
+  Tensor w = randn({7, 4}, {.dtype = DType::f64});
+  Tensor idx = from_vector<int64_t>({1, 6, 3, 3, 0}, {5}), target = from_vector<int64_t>({2, 6, 0, 1, 1}, {5});
+  auto run = [&](int how) {  // 0: backward(), 1: backward(ones), 2: backward() twice on a retained graph
+    Tensor wl = w.detach().requires_grad_();
+    Tensor h = functional::embedding(idx, wl);  // tied: the head's weight is the table
+    Tensor loss = functional::linear_cross_entropy(mul(h, 0.5), wl, target);
+    if (how == 1) loss.backward(ones({}, {.dtype = DType::f64}));
+    else loss.backward(Tensor(), how == 2);
+    if (how == 2) loss.backward();
+    return values(wl.grad());
+  };
+  const std::vector<double> implicit = run(0), explicit_ones = run(1), twice = run(2);
+  EXPECT_EQ(implicit, explicit_ones);
+  ASSERT_EQ(twice.size(), implicit.size());
+  // (to rounding: the first pass adds a repeated row's two gradients into the head's one by one, the
+  // retained second sums them first)
+  for (size_t i = 0; i < implicit.size(); ++i) EXPECT_NEAR(twice[i], 2 * implicit[i], 1e-14) << i;
+}
+
 TEST(MSELoss, MeanAndSumOfSquaredErrors) {
   Tensor a = tensor({1, 2, 3, 4}, {2, 2}), b = tensor({0, 2, 5, 1}, {2, 2});
   EXPECT_NEAR(MSELoss()(a, b).item<double>(), (1 + 0 + 4 + 9) / 4.0, 1e-6);
