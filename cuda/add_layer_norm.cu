@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kBlock, 1)
     uint4 gr[kChunks];
     float hv[kChunks][8], res[kChunks][8];
     // g_h's loads go out with dy's and h's, before the row's reduction: one memory round trip a row, not two
-    // (the registers allow one block of 8 warps a multiprocessor either way)
+    // (the registers allow one block of 8 warps a multiprocessor either way). The thread that loads an
+    // element of g_h is the one that later stores that element of dh: the two may be one buffer.
 #pragma unroll
     for (int k = 0; k < kChunks; ++k)
       if (valid && have(k)) {

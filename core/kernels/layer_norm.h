@@ -16,8 +16,9 @@ KILN_KERNEL(layer_norm_backward, void(const Tensor& dy, const Tensor& x, const T
 KILN_CUDA_KERNEL(add_layer_norm, bool(const Tensor& x, const Tensor& delta, const Tensor& delta_bias,
                                       const Tensor& weight, const Tensor& bias, double eps, const Tensor& h,
                                       const Tensor& y, const Tensor& mean, const Tensor& rstd));
-// Its backward: dh = gh + d(layer norm)/dh · dy (f32; gh undefined means zero), ddelta = dh in dy's dtype
-// (or undefined), dw, db and ddelta_bias = Σ_rows dh (f32, or undefined) overwritten.
+// Its backward: dh = gh + d(layer norm)/dh · dy (f32; gh undefined means zero; gh may be dh itself, the
+// gradient added in place), ddelta = dh in dy's dtype (or undefined), dw, db and ddelta_bias = Σ_rows dh
+// (f32, or undefined) overwritten.
 KILN_CUDA_KERNEL(add_layer_norm_backward, bool(const Tensor& dy, const Tensor& h, const Tensor& weight,
                                                const Tensor& mean, const Tensor& rstd, const Tensor& gh,
                                                const Tensor& dh, const Tensor& ddelta, const Tensor& dw,

@@ -124,3 +124,34 @@ TEST(CudaAddLayerNorm, ParameterGradientsAreDeterministic) {
   EXPECT_EQ(a.dw.cpu().to_vector<float>(), c.dw.cpu().to_vector<float>());
   EXPECT_EQ(a.db.cpu().to_vector<float>(), c.db.cpu().to_vector<float>());
 }
+
+// Without delta h is x itself: x's gradient is its later readers' (here r = 3·x, recorded after the norm,
+// so it reaches x first) plus the norm's, which the GPU adds into the former in place. Against the CPU's
+// composition, with x a non-leaf (its gradient buffer the engine's) and a leaf.
+TEST(CudaAddLayerNorm, WithoutDeltaTheNormsGradientJoinsTheReadersGradient) {
+  KILN_REQUIRE_GPU();
+  manual_seed(44);
+  const int64_t M = 301, C = 768;
+  const Tensor x = add(rand_cpu({M, C}, DType::f32, 2.0), 0.5), w = add(rand_cpu({C}, DType::f32, 0.5), 1.0),
+               b = rand_cpu({C}, DType::f32), gy = rand_cpu({M, C}, DType::bf16), gr = rand_cpu({M, C}, DType::f32);
+  for (bool through_mul : {true, false}) {
+    auto grads = [&](Device dev) {
+      Tensor xl = x.to(dev).detach().requires_grad_(true), wl = w.to(dev).detach().requires_grad_(true),
+             bl = b.to(dev).detach().requires_grad_(true);
+      const Tensor x2 = through_mul ? mul(xl, 1.0) : xl;
+      Tensor y;
+      {
+        amp::Autocast autocast(dev, DType::bf16);
+        y = F::add_layer_norm(x2, Tensor(), wl, bl, 1e-5).second;
+      }
+      const Tensor r = mul(x2, 3.0);
+      autograd::run_backward({y, r}, {gy.to(dev), gr.to(dev)}, false);
+      return std::vector<Tensor>{xl.grad(), wl.grad(), bl.grad()};
+    };
+    const std::vector<Tensor> c = grads(Device::cpu()), g = grads(gpu());
+    const std::string what = through_mul ? " (x a non-leaf)" : " (x a leaf)";
+    expect_close(c[0], g[0], "dx" + what, -1, 1.0);
+    expect_close(c[1], g[1], "dw" + what, -1, 1.0);
+    expect_close(c[2], g[2], "db" + what, -1, 1.0);
+  }
+}
