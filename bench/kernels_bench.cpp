@@ -18,6 +18,9 @@
 #include <kiln/core/autocast.h>
 #include <kiln/core/kernels/cross_entropy.h>
 #include <kiln/core/kernels/optim.h>
+#include <kiln/core/kernels/elementwise.h>
+#include <kiln/core/kernels/gemm.h>
+#include <kiln/core/kernels/linear.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/cuda/linear_bias.h>
@@ -71,6 +74,32 @@ int main(int argc, char** argv) {
     double ms = median_ms([&] { F::linear_gelu(x, w, b); });
     report("linear_gelu_bf16_8192x768x3072", ms, 2.0 * (8192 * 768 + 3072 * 768 + 8192 * 3072),
            2.0 * 8192 * 768 * 3072);
+  });
+  // GPT-2's MLP (B·T 16384, 768 -> 3072) one piece at a time, with the matmul benchmark on (as gpt2_bench):
+  // the fc product with each epilogue, the elementwise GELU a plain product would need after it, and the
+  // hidden gradient by the DGELU epilogue or by a plain product then the elementwise GELU backward.
+  run("mlp_", [] {
+    cuda::set_matmul_benchmark(true);
+    const int64_t M = 16384, K = 768, N = 3072;
+    Tensor x = gpu_randn({M, K}, DType::bf16), w = gpu_randn({N, K}, DType::bf16), b = gpu_randn({N}, DType::bf16);
+    Tensor out = gpu_randn({M, N}, DType::bf16), pre = gpu_randn({M, N}, DType::bf16);
+    Tensor wp = gpu_randn({K, N}, DType::bf16), dy = gpu_randn({M, K}, DType::bf16), dz = gpu_randn({M, N}, DType::bf16);
+    Tensor db = randn({N}, {.dtype = DType::f32, .device = kGpu});
+    const double gemm = 2.0 * M * K * N, mn = 2.0 * M * N;
+    report("mlp_fc_gelu_aux_bias", median_ms([&] { kernels::linear(x, w, b, Epilogue::bias_gelu_tanh, out, pre); }),
+           2 * mn + 2.0 * (M * K + N * K), gemm);
+    report("mlp_fc_gelu_bias", median_ms([&] { kernels::linear(x, w, b, Epilogue::bias_gelu_tanh, out, Tensor()); }),
+           mn + 2.0 * (M * K + N * K), gemm);
+    report("mlp_fc_bias", median_ms([&] { kernels::linear(x, w, b, Epilogue::bias, pre, Tensor()); }),
+           mn + 2.0 * (M * K + N * K), gemm);
+    report("mlp_gelu_elementwise", median_ms([&] { kernels::unary(UnaryOp::gelu_tanh, pre, out, 0.0, 0.0); }), 2 * mn, 0);
+    report("mlp_dgelu_gemm", median_ms([&] { kernels::linear_gelu_input_backward(dy, wp, pre, dz); }),
+           3 * mn + 2.0 * (M * K + N * K), gemm);
+    report("mlp_dh_plain_gemm", median_ms([&] { kernels::bmm(dy.unsqueeze(0), wp.unsqueeze(0), out.unsqueeze(0)); }),
+           mn + 2.0 * (M * K + N * K), gemm);
+    report("mlp_gelu_backward_bias", median_ms([&] { cuda::gelu_tanh_backward_with_bias(out, pre, dz, db); }), 3 * mn, 0);
+    report("mlp_bias_gradient", median_ms([&] { cuda::bias_gradient(dz, db); }), mn, 0);
+    cuda::set_matmul_benchmark(false);
   });
   for (DType t : {DType::f32, DType::bf16}) {
     std::string sfx = std::string("_") + dtype_name(t);
