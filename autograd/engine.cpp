@@ -36,8 +36,13 @@ void check_finite(const Node& node, const std::vector<Tensor>& grads) {
 // queued for the end of the outermost.
 thread_local int backward_depth = 0;
 thread_local std::vector<std::function<void()>> end_callbacks;
-// The gradients run_backward made for roots given none (ones), innermost pass last: is_implicit_seed.
-thread_local std::vector<Tensor> implicit_seeds;
+// The gradients run_backward made for roots given none (ones) and the roots' nodes, innermost pass last:
+// is_implicit_seed.
+struct ImplicitSeed {
+  Tensor gradient;
+  const Node* root;
+};
+thread_local std::vector<ImplicitSeed> implicit_seeds;
 
 using GradientBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
 using Dependencies = std::unordered_map<Node*, int>;
@@ -156,8 +161,11 @@ void queue_callback(std::function<void()> callback) {
 }
 
 bool is_implicit_seed(const Tensor& g) {
-  return g.defined() && std::any_of(implicit_seeds.begin(), implicit_seeds.end(),
-                                    [&](const Tensor& seed) { return seed.is_same(g); });
+  // Only in the root's own node: a node below it may receive the same tensor (add's backward passes its
+  // gradient on as is) after a hook on the way changed it in place.
+  return g.defined() && std::any_of(implicit_seeds.begin(), implicit_seeds.end(), [&](const ImplicitSeed& seed) {
+           return seed.gradient.is_same(g) && running.node == seed.root;
+         });
 }
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
@@ -198,9 +206,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (!g.defined()) {
       KILN_CHECK(r.numel() == 1, "backward: a gradient is needed for the non-scalar tensor ", r.str());
       g = ones(r.sizes(), {.dtype = r.dtype(), .device = r.device()});
-      // A seed no hook sees and nothing adds into: the root's node receives this very tensor. (With several
-      // roots one may lie below another, whose backward could add into this buffer in place.)
-      if (roots.size() == 1 && gradient_edge(r).node->pre_hooks.empty()) implicit_seeds.push_back(g);
+      // A seed no hook sees and nothing adds into as the root's node receives it. (With several roots one
+      // may lie below another, whose backward could add into this buffer in place.)
+      if (const Edge e = gradient_edge(r); roots.size() == 1 && e.node->pre_hooks.empty())
+        implicit_seeds.push_back({g, e.node.get()});
     }
     KILN_CHECK(g.sizes() == r.sizes(), "backward: gradient ", g.str(), " does not match tensor ", r.str());
     root_edges.push_back(gradient_edge(r));

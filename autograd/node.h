@@ -164,7 +164,8 @@ GradientDestination gradient_destination(size_t input);
 void queue_callback(std::function<void()> callback);
 
 // True for the gradient a backward pass made itself for a root it was given none for (ones, which only the
-// engine holds and no hook sees: the root's node had none), as the root's node receives it. Such a node may
+// engine holds and no hook sees: the root's node had none), asked in the root's own node (a node below
+// may receive the same tensor, passed on by add's backward after a hook could have changed it). Such a node may
 // skip multiplying by it: linear_cross_entropy, whose gradients come out of its forward pass for an
 // upstream 1, then does no pass over them in backward. False elsewhere, and for any gradient passed in.
 bool is_implicit_seed(const Tensor& g);

@@ -264,9 +264,9 @@ TEST(AccumulateGrad, NeverAliasesATensorTheUserStillHolds) {
   (void)g1;
 }
 
-// is_implicit_seed: true for the ones a pass made for a root given no gradient, as the root's node
-// receives them; false for a gradient passed in (even of ones), below the root, with a hook on the root,
-// with several roots, and outside the pass.
+// is_implicit_seed: true for the ones a pass made for a root given no gradient, in the root's node; false
+// for a gradient passed in (even of ones), below the root (also for the seed tensor itself, which add
+// passes on), with a hook on the root, with several roots, and outside the pass.
 TEST(Engine, ImplicitSeedIsKnownOnlyToTheRootsNode) {
   std::vector<int> seen;  // what the probe's backward saw, in order
   auto probe = [&](const Tensor& x) {
@@ -281,6 +281,8 @@ TEST(Engine, ImplicitSeedIsKnownOnlyToTheRootsNode) {
   probe(x).backward();
   probe(x).backward(ones({}));
   mul(probe(x), 1.0).backward();
+  Tensor c = leaf({0}, {});
+  add(probe(x), c).backward();  // add passes the seed itself on: below the root it counts as any gradient
   Tensor hooked = probe(x);
   hooked.register_hook([](const Tensor& g) { return g; });
   hooked.backward();
@@ -289,7 +291,7 @@ TEST(Engine, ImplicitSeedIsKnownOnlyToTheRootsNode) {
   Tensor kept = probe(x);
   kept.backward(Tensor(), /*retain_graph=*/true);
   kept.backward();
-  EXPECT_EQ(seen, (std::vector<int>{1, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(seen, (std::vector<int>{1, 0, 0, 0, 0, 0, 0, 1, 1}));
   EXPECT_FALSE(autograd::is_implicit_seed(ones({})));
-  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 8.0f));
+  EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(3, 9.0f));
 }
