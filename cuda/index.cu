@@ -9,6 +9,7 @@
 // element skipped, never read or written; the host raises kiln::Error at its next synchronization
 // (a device-to-host copy, cuda::synchronize(), or right after the launch under KILN_SYNC_CHECK=1), so a
 // training step pays no synchronization per call.
+#include <algorithm>
 #include <cstdint>
 
 #include <kiln/core/kernels/index.h>
@@ -37,6 +38,54 @@ __global__ void copy_indexed_kernel(const W* src, W* out, const int64_t* index, 
     }
     out[k] = src[(o * d_src + id) * inner + i];
   }
+}
+
+// index_select of whole rows of 16-byte words (the embedding's lookup): a block a row (o, j) at a time, its
+// threads over the row's words, so no division per word as in copy_indexed_kernel; an index outside
+// [0, d_src) is reported once for its row, which is skipped.
+__global__ void copy_rows_x16_kernel(const uint4* src, uint4* out, const int64_t* index, int64_t n, int64_t d_src,
+                                     int64_t words, int64_t rows, DeviceError* err) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t j = r % n, o = r / n, id = index[j];
+    if (id < 0 || id >= d_src) {
+      if (threadIdx.x == 0) report_device_error(err, DeviceErrorCode::index_select, id, d_src);
+      continue;
+    }
+    const uint4* from = src + (o * d_src + id) * words;
+    uint4* to = out + r * words;
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) to[i] = __ldg(from + i);
+  }
+}
+
+// index_add of f32 rows of a multiple of 4 elements, 16-byte aligned (the embedding's backward into its
+// table's gradient): a block a row, one float4 atomic add a thread (sm_90's vector atomics: a quarter of
+// the scalar atomics' operations; four scalar ones before sm_90).
+__global__ void add_rows_f32x4_kernel(float4* dst, const float4* src, const int64_t* index, int64_t n, int64_t d_dst,
+                                      int64_t quads, int64_t rows, DeviceError* err) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t j = r % n, o = r / n, id = index[j];
+    if (id < 0 || id >= d_dst) {
+      if (threadIdx.x == 0) report_device_error(err, DeviceErrorCode::index_add, id, d_dst);
+      continue;
+    }
+    const float4* from = src + r * quads;
+    float4* to = dst + (o * d_dst + id) * quads;
+    for (int64_t i = threadIdx.x; i < quads; i += blockDim.x) {
+      const float4 v = __ldg(from + i);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(to + i, v);
+#else
+      float* t = reinterpret_cast<float*>(to + i);
+      atomicAdd(t, v.x), atomicAdd(t + 1, v.y), atomicAdd(t + 2, v.z), atomicAdd(t + 3, v.w);
+#endif
+    }
+  }
+}
+
+// A block a row: threads for the row's words (a multiple of 32, at most 256), enough blocks to fill the GPU.
+void row_launch(int64_t rows, int64_t words, unsigned* grid, unsigned* block) {
+  *block = unsigned(std::min<int64_t>(256, (words + 31) / 32 * 32));
+  *grid = unsigned(std::min<int64_t>(rows, int64_t(sm_count()) * (2048 / *block)));
 }
 
 template <class D>
@@ -89,7 +138,17 @@ void copy_rows(const Tensor& src, const Tensor& out, const Tensor& index, int64_
     return bytes % int64_t(w) == 0 && reinterpret_cast<uintptr_t>(src.raw_data()) % w == 0 &&
            reinterpret_cast<uintptr_t>(out.raw_data()) % w == 0;
   };
-  if (!per_element && fits(16)) return launch_copy<uint4>(src, out, index, n, d_src, bytes, per_element);
+  if (!per_element && fits(16)) {
+    const int64_t words = bytes / 16, rows = out.numel() * int64_t(out.element_size()) / bytes;
+    unsigned grid = 0, block = 0;
+    row_launch(rows, words, &grid, &block);
+    copy_rows_x16_kernel<<<grid, block, 0, current_stream()>>>(static_cast<const uint4*>(src.raw_data()),
+                                                                static_cast<uint4*>(out.raw_data()),
+                                                                static_cast<const int64_t*>(index.raw_data()), n,
+                                                                d_src, words, rows, device_error_word());
+    KILN_LAUNCH_CHECK("copy_rows_x16_kernel", "index_select");
+    return;
+  }
   size_t es = src.element_size();
   if (!per_element && fits(8) && es <= 8) es = 8;
   else if (!per_element && fits(4) && es <= 4) es = 4;
@@ -125,6 +184,17 @@ void add_rows(const Tensor& dst, int64_t dim, const Tensor& index, const Tensor&
   KILN_CHECK(per_element ? index.numel() == total : index.numel() == ss.size, op, ": index ", index.str(),
              " does not match source ", src.str());
   KILN_CHECK(sd.size > 0, op, ": dim ", dim, " of ", dst.str(), " is empty");
+  const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0; };
+  if (!per_element && dst.dtype() == DType::f32 && sd.inner % 4 == 0 && aligned(dst) && aligned(src)) {
+    const int64_t quads = sd.inner / 4, rows = ss.outer * ss.size;
+    unsigned grid = 0, block = 0;
+    row_launch(rows, quads, &grid, &block);
+    add_rows_f32x4_kernel<<<grid, block, 0, current_stream()>>>(
+        static_cast<float4*>(dst.raw_data()), static_cast<const float4*>(src.raw_data()),
+        static_cast<const int64_t*>(index.raw_data()), ss.size, sd.size, quads, rows, device_error_word());
+    KILN_LAUNCH_CHECK("add_rows_f32x4_kernel", op);
+    return;
+  }
   KILN_CUDA_DISPATCH_ALL(dst.dtype(), op, {
     using D = device_t<scalar_t>;
     add_indexed_kernel<scalar_t><<<blocks_for(total), 256, 0, current_stream()>>>(

@@ -82,6 +82,15 @@ TEST(CudaIndex, IndexAddAllDtypesWithRepeats) {
                   "index_add " + name(t) + " dim " + std::to_string(dim), true);
     }
   }
+  // whole rows of float4s (the row kernels): several outer slices, rows of 2 and of 300 float4s
+  for (int64_t inner : {8, 1200}) {
+    Tensor a3 = rand_cpu({3, 30, inner}, DType::f32), s3 = rand_cpu({3, 40, inner}, DType::f32);
+    Tensor i3 = randint(0, 30, {40});
+    expect_same(index_add(a3, 1, i3, s3), index_add(a3.to(gpu()), 1, i3.to(gpu()), s3.to(gpu())),
+                "index_add f32 rows of " + std::to_string(inner) + ", outer 3", true);
+    expect_same(index_select(a3, 1, i3), index_select(a3.to(gpu()), 1, i3.to(gpu())),
+                "index_select f32 rows of " + std::to_string(inner) + ", outer 3", false);
+  }
   Tensor a = rand_cpu({5000, 768}, DType::f32), src = rand_cpu({2048, 768}, DType::f32);
   Tensor idx = randint(0, 5000, {2048});
   expect_same(index_add(a, 0, idx, src), index_add(a.to(gpu()), 0, idx.to(gpu()), src.to(gpu())),
