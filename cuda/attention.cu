@@ -125,31 +125,47 @@ __global__ void attention_dsum_words_kernel(HeadView dout, HeadView out, const f
 }
 
 // dq_convert_words_kernel with each block's column sums of its dQ rows (the scaled f32 values, before
-// rounding) at dq_sums + blockIdx.x·D: one word a thread, n_words = blockDim.x·gridDim.x, a block's 256 / kLanes
-// rows in one head (Tq a multiple of them).
+// rounding) at dq_sums + blockIdx.x·D: one word a thread for each of `iters` groups of 256 / kLanes rows,
+// n_words = blockDim.x·iters·gridDim.x, a block's rows in one head (Tq a multiple of them).
 template <class T, int kLanes>
 __global__ void __launch_bounds__(256) dq_convert_sums_words_kernel(const float* acc, HeadView dq, int H, int Tq,
-                                                                    float scale, float* dq_sums) {
-  constexpr int kD = kLanes * 8;
+                                                                    float scale, int iters, float* dq_sums) {
+  constexpr int kD = kLanes * 8, kBatch = 4;
   T* out = const_cast<T*>(static_cast<const T*>(dq.ptr));
-  const int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, e = v * 8, d = e % kD, r = e / kD, t = r % Tq,
-                bh = r / Tq;
-  const float4 x0 = __ldg(reinterpret_cast<const float4*>(acc + e));
-  const float4 x1 = __ldg(reinterpret_cast<const float4*>(acc + e + 4));
-  const float s[8] = {x0.x * scale, x0.y * scale, x0.z * scale, x0.w * scale,
-                      x1.x * scale, x1.y * scale, x1.z * scale, x1.w * scale};
-  const uint4 w{pack2<T>(s[0], s[1]), pack2<T>(s[2], s[3]), pack2<T>(s[4], s[5]), pack2<T>(s[6], s[7])};
-  *reinterpret_cast<uint4*>(out + (bh / H) * dq.sb + (bh % H) * dq.sh + t * dq.st + d) = w;
-  column_sums_of_block<kLanes>(s, int(threadIdx.x) % kLanes, dq_sums);
+  float col[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int it0 = 0; it0 < iters; it0 += kBatch) {
+    float4 x[kBatch][2];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (it0 + u < iters) {
+        const int64_t e = ((int64_t(blockIdx.x) * iters + it0 + u) * blockDim.x + threadIdx.x) * 8;
+        x[u][0] = __ldg(reinterpret_cast<const float4*>(acc + e));
+        x[u][1] = __ldg(reinterpret_cast<const float4*>(acc + e + 4));
+      }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (it0 + u >= iters) break;
+      const int64_t e = ((int64_t(blockIdx.x) * iters + it0 + u) * blockDim.x + threadIdx.x) * 8, d = e % kD,
+                    r = e / kD, t = r % Tq, bh = r / Tq;
+      const float s[8] = {x[u][0].x * scale, x[u][0].y * scale, x[u][0].z * scale, x[u][0].w * scale,
+                          x[u][1].x * scale, x[u][1].y * scale, x[u][1].z * scale, x[u][1].w * scale};
+      const uint4 w{pack2<T>(s[0], s[1]), pack2<T>(s[2], s[3]), pack2<T>(s[4], s[5]), pack2<T>(s[6], s[7])};
+      *reinterpret_cast<uint4*>(out + (bh / H) * dq.sb + (bh % H) * dq.sh + t * dq.st + d) = w;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) col[k] += s[k];
+    }
+  }
+  column_sums_of_block<kLanes>(col, int(threadIdx.x) % kLanes, dq_sums);
 }
 
 // The packed projection's bias gradient from the blocks' column sums: dbias (3, H, D) f32, part q the sum
 // of the dQ blocks of head h, part k zero (Σ_j dK_j = 0), part v the sum of the dO blocks (Σ_j dV_j =
 // Σ_i dO_i). Head h's blocks: (b·H + h)·per_head + j for b < B, j < per_head. Block (h, part, chunk) sums
 // 16 columns: thread t reads a float4 of them (4 threads a 64-byte row piece) from every 64th block of the
-// head from the (t / 4)-th on, all its loads independent; then the 64 groups' totals are added in a fixed
-// order (16 then 4; deterministic). 2·H·D/16 blocks (96 at GPT-2's shape): the loads of 3 MB in flight
-// at once, where a block a head (24) or a warp a column (each float its own 32-byte sector) took 14-20 us.
+// head from the (t / 4)-th on, eight loads issued at once; then the 64 groups' totals are added in a fixed
+// order (16 then 4; deterministic). 2·H·D/16 blocks (96 at GPT-2's shape). A block a head (24) or a warp a
+// column (each float its own 32-byte sector) took 14-20 us a GPT-2 layer; this, with one load at a time,
+// 7.6 us on an H200 (the dO sums at 32 blocks a head; 2.7 us when both parts had 4).
 constexpr int kQkvSumColumns = 16;
 __global__ void __launch_bounds__(256) qkv_bias_sums_kernel(const float* dq_sums, int dq_per_head,
                                                             const float* dout_sums, int dout_per_head, int B, int H,
@@ -167,11 +183,17 @@ __global__ void __launch_bounds__(256) qkv_bias_sums_kernel(const float* dq_sums
   const float* sums = (which == 0 ? dq_sums : dout_sums) + c0;
   const int per_head = which == 0 ? dq_per_head : dout_per_head;
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int64_t n = g; n < int64_t(B) * per_head; n += kGroups) {
-    const int64_t b = n / per_head, j = n % per_head;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(sums + ((b * H + h) * per_head + j) * D) + q);
-    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  const int64_t total = int64_t(B) * per_head;
+  for (int64_t n0 = g; n0 < total; n0 += 8 * kGroups) {  // 8 loads issued together, then added in order
+    float4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int64_t n = n0 + k * kGroups, b = n / per_head, j = n % per_head;
+      v[k] = n < total ? __ldg(reinterpret_cast<const float4*>(sums + ((b * H + h) * per_head + j) * D) + q)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s.x += v[k].x, s.y += v[k].y, s.z += v[k].z, s.w += v[k].w;
   }
   partial[t] = s;  // as floats: group g's column 4q + e at g·16 + 4q + e
   __syncthreads();
@@ -202,6 +224,17 @@ __global__ void dq_convert_words_kernel(const float* acc, HeadView dq, int H, in
 }
 
 // ------------------------------------------------------------------------------------------ launchers
+
+// Row groups (256 / (D/8) rows each) a block of the summing dQ conversion takes: the most, up to 8, that
+// divide a head's T rows (T a multiple of one group): GPT-2's D = 64, T = 1024 gives 256 rows a block, 4
+// partial sums a head. (The D_i pass keeps one group a block: with several, its registers for the batched
+// loads halved the blocks a multiprocessor holds, and it ran 28 -> 40 us a GPT-2 layer on an H200.)
+int sum_iters(int T, int64_t D) {
+  const int group_rows = int(256 / (D / 8));
+  int iters = 8;
+  while (iters > 1 && T % (group_rows * iters) != 0) iters /= 2;
+  return iters;
+}
 
 DropoutArgs dropout_args(double p, const PhiloxDraw& rng) {
   return {rng.seed, rng.offset, rng.replay_base, float(1.0 - p), p > 0.0 ? float(1.0 / (1.0 - p)) : 1.0f, p > 0.0};
@@ -355,12 +388,13 @@ void run_attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor
     else launch_bwd_mma(p, B, q.dtype() == DType::bf16, D);
     if (sums) {  // rows_aligned(dq), Tq a multiple of 32: every block full, in one head
       const int64_t n_words = rows * D / 8;
-      const unsigned blocks = unsigned(n_words / 256);
+      const int q_iters = sum_iters(Tq, D);
+      const unsigned blocks = unsigned(n_words / (256 * q_iters));
       dq_sums = empty({int64_t(blocks), D}, {.dtype = DType::f32, .device = q.device()});
       const float* a = static_cast<const float*>(acc.raw_data());
       float* qs = static_cast<float*>(dq_sums.raw_data());
       auto launch = [&](auto* kernel) {
-        kernel<<<blocks, 256, 0, current_stream()>>>(a, head_view(dq), H, Tq, float(scale), qs);
+        kernel<<<blocks, 256, 0, current_stream()>>>(a, head_view(dq), H, Tq, float(scale), q_iters, qs);
       };
       const bool bf16 = q.dtype() == DType::bf16;
       if (D == 64)
@@ -370,10 +404,10 @@ void run_attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor
              : launch(dq_convert_sums_words_kernel<__half, 16>);
       KILN_LAUNCH_CHECK("dq_convert_sums_words_kernel", "attention_backward_qkv_bias");
       const int Tq_pad = sm90 ? (Tq + kSm90BwdRows - 1) / kSm90BwdRows * kSm90BwdRows : Tq;
-      const int rows_per_block = 256 / (D / 8);
+      const int group_rows = 256 / (D / 8);  // a D_i block's rows; a dQ block's: group_rows · q_iters
       qkv_bias_sums_kernel<<<dim3(unsigned(H), 3, unsigned(D / kQkvSumColumns)), 256, 0, current_stream()>>>(
-          qs, Tq / rows_per_block, static_cast<const float*>(dout_sums.raw_data()), Tq_pad / rows_per_block, B, H, D,
-          static_cast<float*>(dbias.raw_data()));
+          qs, Tq / (group_rows * q_iters), static_cast<const float*>(dout_sums.raw_data()), Tq_pad / group_rows, B, H,
+          D, static_cast<float*>(dbias.raw_data()));
       KILN_LAUNCH_CHECK("qkv_bias_sums_kernel", "attention_backward_qkv_bias");
     } else if (rows > 0 && rows_aligned(dq)) {
       const int64_t n_words = rows * D / 8;
