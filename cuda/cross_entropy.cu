@@ -308,6 +308,11 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   extern __shared__ uint4 row_smem[];
   __shared__ A red[3 * kRowThreads / 32];
   const int64_t row = blockIdx.x, nvec = C / K, t = target[row];
+  // the target's vector and lane, compared once a vector rather than once an element (the kernel issues
+  // ~19 instructions an element otherwise, more than its memory time); a target outside [0, C) (ignored
+  // or bad; C % K == 0) matches no vector: t / K is then negative, or nvec and above, or t % K < 0
+  const int64_t tv = t / K;
+  const int tj = int(t % K);
   D* xr = x + row * C;
   for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) cp_async16(&row_smem[v], xr + v * K);
   cp_async_commit();
@@ -331,9 +336,10 @@ __global__ void __launch_bounds__(kRowThreads, 2)
       s += exp_term(f[j], c);
       if (smooth) sx += f[j];
     }
+    if (v == tv)
 #pragma unroll
-    for (int j = 0; j < K; ++j)  // unrolled compares keep f in registers (an indexed read would spill it)
-      if (v * K + j == t) xt = f[j];
+      for (int j = 0; j < K; ++j)  // unrolled compares keep f in registers (an indexed read would spill it)
+        if (j == tj) xt = f[j];
   }
   const A gm = group_allreduce(m, kRowThreads, red, MaxOp());
   A sums[3] = {s == A(0) ? A(0) : s * fast_exp(m - gm), sx, xt};
@@ -345,16 +351,23 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     if (bad) report_device_error(err, DeviceErrorCode::cross_entropy_target, t, C);
     loss[row] = ignored ? A(0) : bad ? A(NAN) : lse - (A(1) - eps) * sums[2] - eps / A(C) * sums[1];
   }
+  if (ignored) {  // the whole block: a zero gradient
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) store16(xr + v * K, zero);
+    return;
+  }
   const A off = eps / A(C), hit = A(1) - eps, c = shift_of(lse);
   for (int64_t v = threadIdx.x; v < nvec; v += kRowThreads) {
     A f[K];
     widen16<D>(row_smem[v], f);
 #pragma unroll
-    for (int j = 0; j < K; ++j) {
-      A d = exp_shifted(f[j], c) - off;
-      if (v * K + j == t) d -= hit;
-      f[j] = ignored ? A(0) : g * d;
-    }
+    for (int j = 0; j < K; ++j) f[j] = exp_shifted(f[j], c) - off;
+    if (v == tv)
+#pragma unroll
+      for (int j = 0; j < K; ++j)
+        if (j == tj) f[j] -= hit;
+#pragma unroll
+    for (int j = 0; j < K; ++j) f[j] = g * f[j];
     store16(xr + v * K, narrow16<D>(f));
   }
 }
