@@ -1,5 +1,7 @@
 // CUDA graphs (cuda/graph.h): stream capture into the caching allocator's private pool of the graph,
 // replay hooks, random draws whose seed and base offset each replay writes to the device.
+#include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <memory>
 #include <set>
@@ -25,6 +27,71 @@ __global__ void write_words_kernel(uint64_t* dst, Words w, int n) {
   if (int(threadIdx.x) < n) dst[threadIdx.x] = w.v[threadIdx.x];
 }
 
+// A memset node's fill done by a kernel: `height` rows `pitch` bytes apart, each of `width` elements of
+// `elem` bytes (1, 2 or 4) set to the low bytes of `value`.
+__global__ void fill_rows_kernel(char* dst, size_t pitch, unsigned value, unsigned elem, size_t width, size_t height) {
+  const size_t n = width * height;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    char* p = height == 1 ? dst + i * elem : dst + (i / width) * pitch + (i % width) * elem;
+    if (elem == 4) *reinterpret_cast<unsigned*>(p) = value;
+    else if (elem == 2) *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(value);
+    else *p = static_cast<char>(value);
+  }
+}
+
+// Memsets up to this size become kernel nodes (larger ones are bandwidth, where the memset node does well).
+constexpr size_t kKernelMemsetBytes = size_t(64) << 10;
+
+// Replaces each small memset node of a captured graph by a kernel node doing the same fill, with the same
+// dependencies. cuBLASLt clears a few bytes of its workspace (cudaMemsetAsync) before most of its Hopper
+// kernels; captured, each clear is a memset node, and the graph leaves the GPU idle around it: 2-5 us a
+// node in GPT-2's step on one H200 (0.32 ms a step), 5-10 us under DDP (0.53 ms), where a kernel node
+// follows the one before it as any kernel does (docs/performance.md, session 25).
+// Returns how many it replaced. A graph with memory allocation nodes is left as it is (a node of such a
+// graph cannot be destroyed).
+size_t memset_nodes_to_kernels(cudaGraph_t graph) {
+  size_t n = 0, replaced = 0;
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  std::vector<cudaGraphNodeType> types(n);
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (size_t i = 0; i < n; ++i) {
+    KILN_CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &types[i]));
+    if (types[i] == cudaGraphNodeTypeMemAlloc || types[i] == cudaGraphNodeTypeMemFree) return 0;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNode_t node = nodes[i];
+    if (types[i] != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams m{};
+    KILN_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
+    const size_t count = m.width * m.height;
+    if (count * m.elementSize > kKernelMemsetBytes || count == 0) continue;
+    // its edges, with their data (a query without it fails on edges that carry any)
+    size_t nin = 0, nout = 0;
+    KILN_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &nin));
+    KILN_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &nout));
+    std::vector<cudaGraphNode_t> in(nin), out(nout), fills;
+    std::vector<cudaGraphEdgeData> in_edges(nin), out_edges(nout);
+    KILN_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &nin));
+    KILN_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &nout));
+    char* dst = static_cast<char*>(m.dst);
+    void* args[] = {&dst, &m.pitch, &m.value, &m.elementSize, &m.width, &m.height};
+    cudaKernelNodeParams k{};
+    k.func = reinterpret_cast<void*>(fill_rows_kernel);
+    k.blockDim = dim3(256);
+    k.gridDim = dim3(unsigned(std::min<size_t>((count + 255) / 256, 64)));
+    k.kernelParams = args;
+    cudaGraphNode_t fill;
+    KILN_CUDA_CHECK(cudaGraphAddKernelNode(&fill, graph, nullptr, 0, &k));
+    fills.assign(std::max(nin, nout), fill);
+    if (nin) KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, in.data(), fills.data(), in_edges.data(), nin));
+    if (nout) KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, fills.data(), out.data(), out_edges.data(), nout));
+    KILN_CUDA_CHECK(cudaGraphDestroyNode(node));
+    ++replaced;
+  }
+  return replaced;
+}
+
 }  // namespace
 
 // One generator the capture drew from: where its replay base lives and how many blocks the graph draws.
@@ -45,6 +112,7 @@ struct Graph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   size_t nodes = 0;
+  size_t fills_as_kernels = 0;  // memset nodes replaced by kernel nodes (memset_nodes_to_kernels)
   std::vector<std::function<void()>> hooks, after_hooks;
   // replay_bumps_version_of, once each (by owner: a storage freed during the capture leaves its entry
   // expired, and one made later at the same address gets its own)
@@ -149,6 +217,8 @@ void Graph::capture_end() {
               "memory, work on another stream that did not join the capture)");
   }
   g.graph = graph;
+  // KILN_GRAPH_KEEP_MEMSETS=1 keeps them (for an A/B, or should a driver ever run them better)
+  if (!std::getenv("KILN_GRAPH_KEEP_MEMSETS")) g.fills_as_kernels = memset_nodes_to_kernels(graph);
   KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes));
   KILN_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
 }
@@ -193,6 +263,7 @@ void Graph::replay() {
 
 bool Graph::captured() const { return impl_ && impl_->exec; }
 size_t Graph::num_nodes() const { return impl_ ? impl_->nodes : 0; }
+size_t Graph::num_fills_as_kernels() const { return impl_ ? impl_->fills_as_kernels : 0; }
 int Graph::device() const { return impl_ ? impl_->device : -1; }
 
 uint64_t Graph::id() const { return impl_ ? impl_->id : 0; }

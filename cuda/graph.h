@@ -62,6 +62,9 @@ class Graph {
   void replay();
   bool captured() const;
   size_t num_nodes() const;  // kernels, copies and other nodes of the captured graph
+  // Small memsets of the capture (cuBLASLt's workspace clears, zero fills) run as kernel nodes instead:
+  // a memset node leaves the GPU idle for microseconds around it (KILN_GRAPH_KEEP_MEMSETS=1 keeps them).
+  size_t num_fills_as_kernels() const;
   int device() const;
 
   // A number no other capture of this process shares (a graph keeps it for life).

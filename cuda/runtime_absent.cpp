@@ -76,6 +76,7 @@ void Graph::capture_abort() {}
 void Graph::replay() { no_cuda("Graph::replay"); }
 bool Graph::captured() const { return false; }
 size_t Graph::num_nodes() const { return 0; }
+size_t Graph::num_fills_as_kernels() const { return 0; }
 int Graph::device() const { return -1; }
 uint64_t Graph::id() const { return 0; }
 void Graph::replay_bumps_version_of(const std::shared_ptr<Storage>&) { no_cuda("Graph::replay_bumps_version_of"); }

@@ -2,6 +2,7 @@
 // without capture; random draws inside a graph advance per replay exactly as uncaptured draws would;
 // operations a capture cannot hold fail with a kiln::Error and leave the stream usable; a graph's memory
 // pool goes back to the cache when the graph is destroyed.
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -478,6 +479,38 @@ TEST(CudaGraph, AGradScalerInsideACaptureIsRefused) {
   const std::string e = error_of([&] { cuda::capture([&] { scaler.scale(sum(w)).backward(); }, /*warmup=*/0); });
   EXPECT_NE(e.find("GradScaler::scale inside a CUDA graph capture"), std::string::npos) << e;
   EXPECT_FALSE(cuda::is_capturing());
+}
+
+// Fills that are memsets (zeros; one-byte dtypes) become kernels inside a graph when small (cuda/graph.cu:
+// cuBLASLt's workspace clears are such memsets): each replay still fills, the work after a fill reads the
+// filled values, and a large fill, left a memset, fills too.
+TEST(CudaGraph, SmallFillsCapturedAsKernelsFillAtEveryReplay) {
+  KILN_REQUIRE_GPU();
+  Tensor a = zeros({1000}, {.device = kGpu});                            // 4 KB: zero_ becomes a kernel
+  Tensor codes = zeros({333}, {.dtype = DType::f8e4m3, .device = kGpu});  // one-byte fill of 1.0's code
+  Tensor big = zeros({1 << 16}, {.device = kGpu});                       // 256 KB: stays a memset
+  Tensor out;
+  cuda::Graph graph = cuda::capture(
+      [&] {
+        a.zero_();
+        codes.fill_(1.0);
+        big.zero_();
+        out = add(add(sum(a), sum(cast(codes, DType::f32))), sum(big));
+      },
+      0);
+  if (std::getenv("KILN_GRAPH_KEEP_MEMSETS")) EXPECT_EQ(graph.num_fills_as_kernels(), 0u);
+  else EXPECT_GE(graph.num_fills_as_kernels(), 2u) << "the small fills stayed memset nodes";
+  for (int replay = 0; replay < 3; ++replay) {
+    a.fill_(5.0 + replay);
+    codes.fill_(-2.0);
+    big.fill_(3.0);
+    graph.replay();
+    EXPECT_EQ(amax(abs(a)).item<double>(), 0.0) << "replay " << replay;
+    EXPECT_EQ(amin(cast(codes, DType::f32)).item<double>(), 1.0) << "replay " << replay;
+    EXPECT_EQ(amax(cast(codes, DType::f32)).item<double>(), 1.0) << "replay " << replay;
+    EXPECT_EQ(amax(abs(big)).item<double>(), 0.0) << "replay " << replay;
+    EXPECT_EQ(out.item<double>(), 333.0) << "replay " << replay;
+  }
 }
 
 TEST(CudaGraph, AGraphsMemoryPoolReturnsToTheCacheWhenItIsDestroyed) {
