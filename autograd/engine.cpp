@@ -154,6 +154,11 @@ GradientDestination gradient_destination(size_t input) {
   return {view, false};
 }
 
+Tensor pinned_gradient(size_t input, DType dtype) {
+  const GradientDestination d = gradient_destination(input);
+  return d.tensor.defined() && !d.holding && d.tensor.dtype() == dtype ? d.tensor : Tensor();
+}
+
 void queue_callback(std::function<void()> callback) {
   KILN_CHECK(backward_depth > 0, "queue_callback: no backward pass is running on this thread; call it from a hook "
              "during backward");

@@ -34,9 +34,11 @@ namespace kiln {
 // adds the node, fn mapping the outputs' gradients to the inputs' (an undefined tensor: no gradient);
 // SavedTensor keeps a tensor for backward and checks on unpack that nothing modified it in place.
 // A backward whose gradient for an input can be written in place (a weight gradient from a GEMM, an
-// embedding's rows added into its table) asks gradient_destination(input) for where (autograd/node.h).
+// embedding's rows added into its table) asks gradient_destination(input) for where, and one that writes a
+// whole gradient, pinned_gradient(input, dtype) (autograd/node.h).
 using autograd::any_requires_grad;
 using autograd::gradient_destination;
+using autograd::pinned_gradient;
 using autograd::record;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;

@@ -4,11 +4,6 @@
 
 namespace kiln::nn::functional::detail {
 
-Tensor pinned_gradient(size_t input, DType dt) {
-  const autograd::GradientDestination d = gradient_destination(input);
-  return d.tensor.defined() && !d.holding && d.tensor.dtype() == dt ? d.tensor : Tensor();
-}
-
 LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
                                   LinearWants want, DType wdt, DType bdt, size_t w_input) {
   const int64_t M = dy.size(0), N = dy.size(1);

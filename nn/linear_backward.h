@@ -21,9 +21,6 @@ struct LinearWants {
 struct LinearGrads {
   Tensor dx, dw, db;
 };
-// Where the running node's input `input` wants its gradient written (a pinned gradient nothing has
-// arrived at yet, in dtype dt), or undefined: the caller makes its own tensor.
-Tensor pinned_gradient(size_t input, DType dt);
 LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Epilogue ep,
                                   LinearWants want, DType wdt, DType bdt, size_t w_input);
 

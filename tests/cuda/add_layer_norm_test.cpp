@@ -155,3 +155,42 @@ TEST(CudaAddLayerNorm, WithoutDeltaTheNormsGradientJoinsTheReadersGradient) {
     expect_close(c[2], g[2], "db" + what, -1, 1.0);
   }
 }
+
+// The parameters' gradients (w, b and the folded branch bias beta) written straight into pinned gradients
+// (optim::FlatParameters, DDP's buckets) by the backward kernel: the same values as into new tensors, the
+// whole of each view written over stale contents, the views still the gradients, and a second backward
+// without zero_grad adding to them.
+TEST(CudaAddLayerNorm, ParameterGradientsLandInPinnedGradients) {
+  KILN_REQUIRE_GPU();
+  manual_seed(45);
+  const int64_t M = 301, C = 768;
+  Inputs in{add(rand_cpu({M, C}, DType::f32, 2.0), 0.5), rand_cpu({M, C}, DType::bf16),
+            add(rand_cpu({C}, DType::f32, 0.5), 1.0), rand_cpu({C}, DType::f32), Tensor(),
+            rand_cpu({M, C}, DType::bf16), rand_cpu({C}, DType::f32)};
+  const Result fresh = run(in, DType::bf16, gpu());
+
+  Tensor flat = full({3 * C + 64}, 3.0, {.device = gpu()});  // stale values: a destination is written whole
+  auto pinned_leaf = [&](const Tensor& values, int64_t offset) {
+    Tensor p = values.to(gpu()).detach().clone().requires_grad_(true);
+    p.set_pinned_grad(flat.narrow(0, offset, C));
+    return p;
+  };
+  Tensor x = in.x.to(gpu()).detach().requires_grad_(true), delta = in.delta.to(gpu()).detach().requires_grad_(true);
+  Tensor w = pinned_leaf(in.w, 0), b = pinned_leaf(in.b, C + 32), beta = pinned_leaf(in.beta, 2 * C + 64);
+  for (int pass = 1; pass <= 2; ++pass) {
+    if (pass == 1)
+      for (const Tensor& p : {w, b, beta}) p.zero_pinned_grad();
+    Tensor y;
+    {
+      amp::Autocast autocast(gpu(), DType::bf16);
+      y = F::add_layer_norm(x, delta, w, b, 1e-5, beta).second;
+    }
+    autograd::run_backward({y}, {in.gy.to(gpu())}, false);
+    const std::string what = "pass " + std::to_string(pass);
+    EXPECT_EQ(w.grad().raw_data(), flat.raw_data()) << what;
+    EXPECT_EQ(beta.grad().raw_data(), flat.narrow(0, 2 * C + 64, C).raw_data()) << what;
+    expect_close(mul(fresh.dw, double(pass)), w.grad(), "dw " + what, -1, 1.0);
+    expect_close(mul(fresh.db, double(pass)), b.grad(), "db " + what, -1, 1.0);
+    expect_close(mul(fresh.dbeta, double(pass)), beta.grad(), "dbeta " + what, -1, 1.0);
+  }
+}
