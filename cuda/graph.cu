@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include <kiln/cuda/check.h>
@@ -218,7 +219,8 @@ void Graph::capture_end() {
   }
   g.graph = graph;
   // KILN_GRAPH_KEEP_MEMSETS=1 keeps them (for an A/B, or should a driver ever run them better)
-  if (!std::getenv("KILN_GRAPH_KEEP_MEMSETS")) g.fills_as_kernels = memset_nodes_to_kernels(graph);
+  const char* keep = std::getenv("KILN_GRAPH_KEEP_MEMSETS");
+  if (!keep || std::string_view(keep) != "1") g.fills_as_kernels = memset_nodes_to_kernels(graph);
   KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.nodes));
   KILN_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
 }
