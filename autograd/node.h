@@ -156,12 +156,11 @@ struct GradientDestination {
   bool holding = false;
 };
 GradientDestination gradient_destination(size_t input);
-// The pinned gradient of the running node's input `input` when one is offered to be written over (a leaf's
-// gradient in FlatParameters or a DDP bucket that nothing has arrived at yet) and has dtype `dtype`, else
-// undefined: the caller then makes its own tensor. For a backward that writes a whole gradient with a
-// kernel of its own (a bias's column sums, a norm's weight gradient), so that it lands where it is summed
-// without a copy.
-Tensor pinned_gradient(size_t input, DType dtype);
+// Where a backward that writes the whole gradient of its input `input` with a kernel of its own (a GEMM's
+// dW, a bias's column sums, a norm's weight gradient) writes it: the input's pinned gradient when one is
+// offered to be written over (a leaf's gradient in FlatParameters or a DDP bucket that nothing has arrived
+// at yet) in options' dtype, so that it lands where it is summed without a copy; else a new tensor.
+Tensor pinned_gradient_or_empty(size_t input, const Shape& shape, const TensorOptions& options);
 
 // Queues `callback` to run once the backward pass now running on this thread has finished, after every
 // gradient has been accumulated (PyTorch's queue_callback): where DDP waits for its last all-reduce. Call

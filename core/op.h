@@ -35,10 +35,10 @@ namespace kiln {
 // SavedTensor keeps a tensor for backward and checks on unpack that nothing modified it in place.
 // A backward whose gradient for an input can be written in place (a weight gradient from a GEMM, an
 // embedding's rows added into its table) asks gradient_destination(input) for where, and one that writes a
-// whole gradient, pinned_gradient(input, dtype) (autograd/node.h).
+// whole gradient, pinned_gradient_or_empty(input, shape, options) (autograd/node.h).
 using autograd::any_requires_grad;
 using autograd::gradient_destination;
-using autograd::pinned_gradient;
+using autograd::pinned_gradient_or_empty;
 using autograd::record;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;

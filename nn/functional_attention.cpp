@@ -380,8 +380,7 @@ Tensor packed_self_attention(const Tensor& x_in, const Tensor& w_in, const Tenso
              Tensor dbias;
              bool summed = false;
              if (rb && st.p == 0.0 && !st.bias.defined() && qkv.device().is_cuda()) {
-               dbias = pinned_gradient(2, DType::f32);
-               if (!dbias.defined()) dbias = empty({3 * E}, {.dtype = DType::f32, .device = qkv.device()});
+               dbias = pinned_gradient_or_empty(2, {3 * E}, {.dtype = DType::f32, .device = qkv.device()});
                summed = kernels::attention_backward_qkv_bias(dout, q, k, v, oo, st.lse, dq, dk, dv, keys, st.scale, dbias);
              }
              if (!summed)

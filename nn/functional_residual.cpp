@@ -80,12 +80,9 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& delta, c
            Tensor dd = want_delta ? empty({M, C}, {.dtype = low, .device = hh.device()}) : Tensor();
            // w, b and beta's gradients straight into their pinned gradients where offered (DDP's buckets:
            // no copy of each after the kernel; 74 copy nodes a GPT-2 step)
-           auto own = [&](size_t input) {
-             Tensor pinned = pinned_gradient(input, DType::f32);
-             return pinned.defined() ? pinned : empty({C}, f32);
-           };
-           Tensor dw = want_w ? own(2) : Tensor(), db = want_b ? own(3) : Tensor();
-           Tensor dbeta = want_beta ? own(4) : Tensor();
+           Tensor dw = want_w ? pinned_gradient_or_empty(2, {C}, f32) : Tensor();
+           Tensor db = want_b ? pinned_gradient_or_empty(3, {C}, f32) : Tensor();
+           Tensor dbeta = want_beta ? pinned_gradient_or_empty(4, {C}, f32) : Tensor();
            KILN_CHECK(kernels::add_layer_norm_backward(dy, hh, ww, mean, rstd, gh, dh, dd, dw, db, dbeta),
                       "add_layer_norm: the device ran the forward kernel but has no backward for ", hh.str());
            return Grads{in_place ? to.tensor : dh.reshape(shape), want_delta ? dd.reshape(shape) : Tensor(), dw, db, dbeta};

@@ -12,17 +12,14 @@ LinearGrads linear_layer_backward(const Tensor& dy, const Tensor& x, const Tenso
   const TensorOptions to{.dtype = gt, .device = dev};
   Tensor dx = want.dx ? empty({M, w.size(1)}, to) : Tensor();
   const Shape wshape = want.dw ? Shape{N, x.size(1)} : Shape{};
-  auto own = [](const Tensor& written, const Shape& shape, const TensorOptions& opt) {
-    return written.defined() ? written : empty(shape, opt);
-  };
   if ((gt == DType::bf16 || gt == DType::f16) && (!want.dw || wdt == DType::f32) && (!want.db || bdt == DType::f32)) {
     TensorOptions f32{.dtype = DType::f32, .device = dev};
-    Tensor dw = want.dw ? own(pinned_gradient(w_input, DType::f32), wshape, f32) : Tensor();
-    Tensor db = want.db ? own(pinned_gradient(w_input + 1, DType::f32), {N}, f32) : Tensor();
+    Tensor dw = want.dw ? pinned_gradient_or_empty(w_input, wshape, f32) : Tensor();
+    Tensor db = want.db ? pinned_gradient_or_empty(w_input + 1, {N}, f32) : Tensor();
     if (kernels::linear_backward_f32_params(dy, x, w, pre, ep, dx, dw, db)) return {dx, dw, db};
   }
-  Tensor dw = want.dw ? own(pinned_gradient(w_input, gt), wshape, to) : Tensor();
-  Tensor db = want.db ? own(pinned_gradient(w_input + 1, gt), {N}, to) : Tensor();
+  Tensor dw = want.dw ? pinned_gradient_or_empty(w_input, wshape, to) : Tensor();
+  Tensor db = want.db ? pinned_gradient_or_empty(w_input + 1, {N}, to) : Tensor();
   kernels::linear_backward(dy, x, w, pre, ep, dx, dw, db);
   return {dx, want.dw ? cast(dw, wdt) : Tensor(), want.db ? cast(db, bdt) : Tensor()};
 }
