@@ -52,13 +52,18 @@ struct BlockList {
   const int *row_ptr, *col_idx, *col_ptr, *row_idx;
   const bool* layout;
   int cols, block;
+  const int* query_tile_order;  // AttentionMask::query_tile_order (tiles of 128 rows), or nullptr
+  int query_tiles;              // its length
   KILN_HD bool live(int i, int j) const { return block == 0 || layout[(i / block) * cols + j / block]; }
 };
 inline BlockList block_list(const AttentionMask& m) {
-  if (m.block == 0) return {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0};
+  if (m.block == 0) return {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, nullptr, 0};
+  const bool ordered = m.query_tile_order.defined();
   return {static_cast<const int*>(m.row_ptr.raw_data()), static_cast<const int*>(m.col_idx.raw_data()),
           static_cast<const int*>(m.col_ptr.raw_data()), static_cast<const int*>(m.row_idx.raw_data()),
-          static_cast<const bool*>(m.layout.raw_data()), int(m.layout.size(1)), int(m.block)};
+          static_cast<const bool*>(m.layout.raw_data()), int(m.layout.size(1)), int(m.block),
+          ordered ? static_cast<const int*>(m.query_tile_order.raw_data()) : nullptr,
+          ordered ? int(m.query_tile_order.numel()) : 0};
 }
 
 // The tiles one tile of the other side visits, in order: tile n starts at position at<kTile>(n) (a key for a

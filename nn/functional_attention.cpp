@@ -87,6 +87,14 @@ void check_blocks(const AttentionMask& keys, const Tensor& q, const Tensor& k, c
              ": it must be [", (Tq + b - 1) / b, ", ", (Tk + b - 1) / b, "]");
   KILN_CHECK(keys.layout.device() == q.device(), op, ": the block-sparse layout is on ", keys.layout.device().str(),
              ", q on ", q.device().str());
+  // the forward's start order, when given (block_sparse_attention's): every query tile of 128 rows, on q's device
+  KILN_CHECK(!keys.query_tile_order.defined() ||
+                 (keys.query_tile_order.numel() == keys.layout.size(0) * (b / kAttentionOrderTile) &&
+                  keys.query_tile_order.dtype() == DType::i32 && keys.query_tile_order.device() == q.device()),
+             op, ": the block-sparse AttentionMask's query_tile_order ",
+             keys.query_tile_order.defined() ? keys.query_tile_order.str() : std::string(),
+             " does not list the layout's ", keys.layout.size(0) * (b / kAttentionOrderTile),
+             " query tiles as int32 on ", q.device().str(), ": build the mask with block_sparse_attention");
 }
 
 // Whether the mask needs a gradient, which the fused kernels do not give: the reference composite runs.

@@ -1,8 +1,8 @@
 // Sparse attention patterns (sliding window, block-sparse layouts) as the bool masks
 // scaled_dot_product_attention takes (nn/functional.h). Built on the host, where the pattern is a few loops,
 // and copied to the device once: callers that run every step (MultiheadAttention) keep the result.
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -81,6 +81,16 @@ AttentionMask block_sparse_attention(const Tensor& layout, int64_t block, bool c
     return t.to(layout.device());
   };
   m.row_ptr = upload(row_ptr), m.col_idx = upload(col_idx), m.col_ptr = upload(col_ptr), m.row_idx = upload(row_idx);
+  // the query tiles by their live key blocks, most first (the forward starts the longest first; ties by index)
+  const int64_t per_block = block / kAttentionOrderTile;
+  std::vector<int32_t> order(size_t(rows * per_block));
+  for (size_t t = 0; t < order.size(); ++t) order[t] = int32_t(t);
+  auto live_blocks = [&](int32_t tile) {
+    const size_t r = size_t(tile / per_block);
+    return row_ptr[r + 1] - row_ptr[r];
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return live_blocks(a) > live_blocks(b); });
+  m.query_tile_order = upload(order);
   return m;
 }
 

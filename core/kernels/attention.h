@@ -19,12 +19,16 @@ namespace kiln {
 // (ceil(Tq / block), ceil(Tk / block)) is true at (i / block, j / block); block is a power of two of at
 // least 128 (the kernels' tiles), and the kernels walk index lists of the live blocks (int32, on the layout's device):
 // key blocks of query block r: col_idx[row_ptr[r] .. row_ptr[r + 1]); query blocks of key block c:
-// row_idx[col_ptr[c] .. col_ptr[c + 1]).
+// row_idx[col_ptr[c] .. col_ptr[c + 1]). query_tile_order lists the layout's query tiles of
+// kAttentionOrderTile rows (block / 128 a block, the final block's whole) by their live key blocks, most
+// first (ties by index): the order in which the forward starts them, so that a grid does not end on a long
+// row (BigBird's global rows) started late.
+constexpr int64_t kAttentionOrderTile = 128;
 struct AttentionMask {
   bool causal = false;
   int64_t window = 0;
   int64_t block = 0;  // 0: no layout
-  Tensor layout, row_ptr, col_idx, col_ptr, row_idx;
+  Tensor layout, row_ptr, col_idx, col_ptr, row_idx, query_tile_order;
   // implicit from a bool: a plain causal flag, as the kernels took before windows
   AttentionMask(bool causal_ = false, int64_t window_ = 0)  // NOLINT(google-explicit-constructor)
       : causal(causal_), window(window_) {}

@@ -140,6 +140,49 @@ TEST(SparseAttention, KernelWindowEqualsTheWindowAsAMask) {
                    F::scaled_dot_product_attention(q, k, v, causal), 0.0, "a window past the sequence");
 }
 
+// The forward's start order of a layout's query tiles (128 rows): every tile of every block once (the final
+// block's whole), by the block's live key blocks, most first, ties by index.
+TEST(SparseAttention, QueryTileOrderIsEveryTileByItsLiveBlocksMostFirst) {
+  manual_seed(36);
+  for (int64_t block : {128, 256, 512})
+    for (bool causal : {false, true}) {
+      const int64_t rows = 7, cols = 9, per_block = block / 128;
+      Tensor layout = gt(rand({rows, cols}), full({}, 0.6));
+      layout.narrow(0, 2, 1).fill_(1.0);  // a global row
+      const AttentionMask keys = F::block_sparse_attention(layout, block, causal);
+      SCOPED_TRACE(keys.str());
+      ASSERT_TRUE(keys.query_tile_order.defined());
+      const Tensor order = keys.query_tile_order.to(Device::cpu()), row_ptr = keys.row_ptr.to(Device::cpu());
+      ASSERT_EQ(order.numel(), rows * per_block);
+      const int32_t* o = order.data_ptr<int32_t>();
+      const int32_t* rp = row_ptr.data_ptr<int32_t>();
+      auto live = [&](int32_t tile) { return rp[tile / per_block + 1] - rp[tile / per_block]; };
+      std::vector<int> seen(size_t(rows * per_block), 0);
+      for (int64_t i = 0; i < order.numel(); ++i) {
+        ASSERT_GE(o[i], 0);
+        ASSERT_LT(o[i], rows * per_block);
+        ++seen[size_t(o[i])];
+        if (i > 0) {
+          EXPECT_GE(live(o[i - 1]), live(o[i])) << "position " << i;
+          if (live(o[i - 1]) == live(o[i])) EXPECT_LT(o[i - 1], o[i]) << "position " << i;
+        }
+      }
+      for (int c : seen) EXPECT_EQ(c, 1);
+      if (!causal) EXPECT_EQ(o[0] / per_block, 2);  // the global row first
+      // a mask whose order does not list every tile is refused, not run with tiles left out
+      AttentionMask cut = keys;
+      cut.query_tile_order = keys.query_tile_order.narrow(0, 0, 1).clone();
+      const Tensor q = randn({1, 1, rows * block, 4}, {.dtype = DType::f64}),
+                   k = randn({1, 1, cols * block, 4}, {.dtype = DType::f64});
+      try {
+        F::scaled_dot_product_attention(q, k, k, Tensor(), cut);
+        ADD_FAILURE() << "a cut query_tile_order was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("query_tile_order"), std::string::npos) << e.what();
+      }
+    }
+}
+
 // Block-sparse attention inside the kernels (block_sparse_attention) equals the same layout given as a bool
 // mask (block_sparse_mask), in values and gradients, with partial final blocks, Tq != Tk, causal and a
 // window on top, and query blocks that see no key; the lists keep only the blocks the band touches; bad
