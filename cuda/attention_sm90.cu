@@ -374,6 +374,9 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
   const int live_groups = min(kGroups, (p.Tq - m0 + 63) / 64);
 
   if (tid == 0) {
+    tma::prefetch_map(&maps.q);
+    tma::prefetch_map(&maps.k);
+    tma::prefetch_map(&maps.v);
     tma::barrier_init(q_full, 1);
     for (int s = 0; s < kFwdStages; ++s) {
       tma::barrier_init(k_full(s), kBias == BiasKind::keys ? 2 : 1);  // K's bytes (and the key biases)
@@ -382,6 +385,15 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
       tma::barrier_init(v_empty(s), 128 * live_groups);
     }
     tma::fence_barrier_init();
+    // Q and the first K tile at once, by the thread that made their barriers: the CTA's first wait is for
+    // them (the producer issues the rest)
+    tma::arrive_expect_tx(q_full, kTileQ);
+    tma_tile<kFwdRows, D>(sQ, &maps.q, q_full, m0, h, b);
+    if (n_tiles > 0) {
+      tma::arrive_expect_tx(k_full(0), kTileK);
+      tma_tile<kFwdKeys, D>(sK0, &maps.k, k_full(0), keys.at<kFwdKeys>(0), h, b);
+    }
+    if (maps.o_tma) tma::prefetch_map(&maps.o);
   }
   __syncthreads();
 
@@ -389,13 +401,9 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
     wgmma::set_max_registers_dec<kProducerRegs>();
     const int lane = tid - kFwdConsumers;
     if (lane == 0 || (kBias == BiasKind::keys && lane < 32)) {
-      if (lane == 0) {
-        tma::arrive_expect_tx(q_full, kTileQ);
-        tma_tile<kFwdRows, D>(sQ, &maps.q, q_full, m0, h, b);
-      }
       for (int n = 0; n < n_tiles; ++n) {
         const int s = n % kFwdStages, use = n / kFwdStages;
-        if (lane == 0) {
+        if (lane == 0 && n > 0) {  // (tile 0's K: above)
           if (use > 0) tma::wait(k_empty(s), uint32_t(use - 1) & 1u);
           tma::arrive_expect_tx(k_full(s), kTileK);
           tma_tile<kFwdKeys, D>(sK0 + uint32_t(s) * kTileK, &maps.k, k_full(s), keys.at<kFwdKeys>(n), h, b);
