@@ -334,7 +334,8 @@ void run_attention_backward(const Tensor& dout_in, const Tensor& q, const Tensor
   const Tensor dout = tc && !rows_aligned(dout_in) ? dout_in.contiguous() : dout_in;
   const int64_t rows = int64_t(B) * H * Tq;
   // (a key-major Hopper backward grid holds the key tiles in y: at most 65535 of 128 keys)
-  const bool sm90 = tc && use_sm90() && tma_describable({&q, &k, &v, &dout}) && (Tk + 127) / 128 <= 65535;
+  const bool sm90 = tc && use_sm90() && tma_describable({&q, &k, &v, &dout}) &&
+                    (!bwd_key_major(key_band(mask), block_list(mask)) || (int64_t(Tk) + 127) / 128 <= 65535);
   const bool words = rows > 0 && tc && rows_aligned(out);  // bf16/f16, D = 64 or 128, aligned rows
   Tensor acc, stats;  // the tensor-core kernels' f32 dQ accumulator; the Hopper kernel's statistics
   if (tc) acc = empty({B, H, Tq, D}, {.dtype = DType::f32, .device = q.device()});

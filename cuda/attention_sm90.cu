@@ -12,7 +12,8 @@
 //
 //   forward: a CTA of 2 consumer warpgroups (3 at D = 64 without a per-score bias or a block list, each
 //     then walking only the key tiles its rows see) and 1 producer warpgroup owns 128 (192) query rows
-//     (64 per consumer) and walks the keys in 128-key tiles. One producer thread's TMA loads fill a K/V ring of
+//     (64 per consumer) and walks the keys in 128-key tiles. One producer thread's TMA loads (Q and the first K
+//     tile: the thread that initializes the barriers, at once) fill a K/V ring of
 //     3 (D = 128) or 4 (D = 64) stages with full/empty mbarriers (K freed once its scores are in, V after
 //     P V), so the consumers never wait on each other; the producer hands its registers to them
 //     (setmaxnreg). Per consumer, the scores of the next tile (S = Q Kᵀ, m64 x n128) run on the tensor
@@ -317,16 +318,6 @@ __device__ __forceinline__ GridTile ordered_grid_tile() {
   return {within / size, first + within % size};
 }
 
-// The backward grid's order. Key-major, (H, key tiles, B): CTAs start key tile by key tile across a batch's
-// heads, so under a causal band (no window) the first key tiles, which the most queries see, start first, and
-// a BigBird layout's global key blocks too; the grid does not end on a long tile started late (longest
-// processing time first). Otherwise tile-major, (key tiles, H, B): a head's tiles run side by side and share
-// its Q and dO in L2; their work is alike. Measured on an H200 against tile-major for all: causal D = 128,
-// N = 4096 forward+backward 0.935x the time, BigBird's 0.69x; windows, dense and key padding unchanged.
-__host__ __device__ inline bool bwd_key_major(const KeyBand& band, const BlockList& blocks) {
-  return (band.causal && band.window == 0) || blocks.block != 0;
-}
-
 template <class T, int D, BiasKind kBias, int kGroups>
 __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p, const __grid_constant__ FwdMaps maps) {
@@ -397,7 +388,7 @@ __global__ void __launch_bounds__(fwd_threads(kGroups), 1)
   }
   __syncthreads();
 
-  if (tid >= kFwdConsumers) {  // the producer group: one thread issues every load (a warp with key biases)
+  if (tid >= kFwdConsumers) {  // the producer group: one thread issues the other loads (a warp with key biases)
     wgmma::set_max_registers_dec<kProducerRegs>();
     const int lane = tid - kFwdConsumers;
     if (lane == 0 || (kBias == BiasKind::keys && lane < 32)) {
@@ -990,7 +981,8 @@ void bwd(const BwdParams& p, int B) {
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem(D)));
   const unsigned key_tiles = unsigned((p.Tk + kBwdKeys - 1) / kBwdKeys);
   const bool key_major = bwd_key_major(p.band, p.blocks);
-  const dim3 grid = key_major ? dim3(unsigned(p.H), key_tiles, unsigned(B)) : dim3(key_tiles, unsigned(p.H), unsigned(B));
+  const dim3 grid =
+      key_major ? dim3(unsigned(p.H), key_tiles, unsigned(B)) : dim3(key_tiles, unsigned(p.H), unsigned(B));
   kernel<<<grid, kBwdThreads, bwd_smem(D), current_stream()>>>(p, maps, stats_ptr, Tq_pad);
   KILN_LAUNCH_CHECK("flash_bwd_sm90_kernel", "attention_backward");
 }

@@ -107,6 +107,16 @@ KILN_HD TileWalk query_walk(const KeyBand& band, const BlockList& bl, int n0, in
                           band.query_end(walk_min(n0 + keys, Tk) - 1, Tq), Tq);
 }
 
+// The Hopper backward's grid order (cuda/attention_sm90.cu). Key-major, (H, key tiles, B): CTAs start key tile by key
+// tile across a batch's heads, so under a causal band (no window) the first key tiles, which the most queries see,
+// start first, and a BigBird layout's global key blocks too; the grid does not end on a long tile started late (longest
+// processing time first). Otherwise tile-major, (key tiles, H, B): a head's tiles run side by side and share its Q and
+// dO in L2; their work is alike. Measured on an H200 against tile-major for all: causal D = 128, N = 4096
+// forward+backward 0.935x the time, BigBird's 0.69x; windows, dense and key padding unchanged.
+KILN_HD bool bwd_key_major(const KeyBand& band, const BlockList& blocks) {
+  return (band.causal && band.window == 0) || blocks.block != 0;
+}
+
 // (a window past 2^30 sees every key of any sequence the kernels take)
 inline KeyBand key_band(const AttentionMask& m) {
   return {m.causal, m.window >= (int64_t(1) << 30) ? 0 : int(m.window)};

@@ -14,12 +14,13 @@ namespace kiln::cuda::tma {
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals));
 }
-// Makes initialized barriers visible to the async proxy (TMA); a __syncthreads must follow.
 // Fetches a TMA descriptor (a __grid_constant__ kernel parameter) into the descriptor cache ahead of its
 // first use, so that the first copy does not wait for it.
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// Makes initialized barriers visible to the async proxy (TMA); a __syncthreads must follow before other
+// threads use them (the initializing thread itself may issue copies at once).
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 // One arrival that also announces `bytes` of TMA traffic the phase must wait for.
 __device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {

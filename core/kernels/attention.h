@@ -22,7 +22,8 @@ namespace kiln {
 // row_idx[col_ptr[c] .. col_ptr[c + 1]). query_tile_order lists the layout's query tiles of
 // kAttentionOrderTile rows (block / 128 a block, the final block's whole) by their live key blocks, most
 // first (ties by index): the order in which the forward starts them, so that a grid does not end on a long
-// row (BigBird's global rows) started late.
+// row (BigBird's global rows) started late. The kernels trust the lists' and the order's entries (their
+// sizes, dtypes and devices are checked): build them with block_sparse_attention.
 constexpr int64_t kAttentionOrderTile = 128;
 struct AttentionMask {
   bool causal = false;

@@ -90,5 +90,18 @@ TEST(AttentionWalk, WalksCoverEveryVisibleTileOnceAndInOrder) {
   EXPECT_EQ(cases, 4 * 3 * 2 * 5);
 }
 
+// The Hopper backward starts key tiles longest first (key-major grid) where their work differs: a causal band
+// without a window and any block layout; a dense mask, key padding and windows keep a head's tiles together.
+TEST(AttentionWalk, BackwardGridIsKeyMajorWhereKeyTilesDifferInWork) {
+  const Tensor layout = full({2, 2}, 1.0, {.dtype = DType::boolean});
+  const AttentionMask blocks = nn::functional::block_sparse_attention(layout, 128);
+  EXPECT_TRUE(bwd_key_major(key_band(AttentionMask(true)), block_list(AttentionMask(true))));
+  EXPECT_TRUE(bwd_key_major(key_band(blocks), block_list(blocks)));
+  EXPECT_TRUE(bwd_key_major(key_band(AttentionMask(true, int64_t(1) << 40)), block_list(AttentionMask(true))));
+  EXPECT_FALSE(bwd_key_major(key_band(AttentionMask(false)), block_list(AttentionMask(false))));
+  EXPECT_FALSE(bwd_key_major(key_band(AttentionMask(true, 1024)), block_list(AttentionMask(true, 1024))));
+  EXPECT_FALSE(bwd_key_major(key_band(AttentionMask(false, 512)), block_list(AttentionMask(false, 512))));
+}
+
 }  // namespace
 }  // namespace kiln::cuda::flash
