@@ -110,6 +110,8 @@ void ZeroAdamW::step() {
   if (!graph) ++steps_;
 }
 
+void ZeroAdamW::agree_on_found_inf(const Tensor& found_inf) { group_->all_reduce(found_inf, ReduceOp::max); }
+
 void ZeroAdamW::consolidate_state() {
   NoGradGuard no_grad;
   release_consolidated_state();

@@ -44,6 +44,9 @@ class ZeroAdamW : public optim::Optimizer {
 
   void zero_grad();      // one fill of the flat gradient
   void step() override;  // reduce-scatter, this shard's AdamW step, all-gather
+  // The gradients a GradScaler unscales before step() are each rank's own (step() averages them), so their
+  // inf/NaN flags differ: all ranks take the max, and skip the same steps (one all-reduce of one element).
+  void agree_on_found_inf(const Tensor& found_inf) override;
 
   int64_t numel() const { return total_; }        // every parameter's elements
   int64_t shard_numel() const { return shard_; }  // this rank's share (the last rank's may end in padding)

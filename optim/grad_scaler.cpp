@@ -63,6 +63,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     found = found.defined() ? maximum(found, flag.to(found.device())) : flag;
   }
   st.found_inf = found.defined() ? found : zeros({}, {.dtype = DType::f32});
+  optimizer.agree_on_found_inf(st.found_inf);  // (data parallelism that reduces inside step(): every rank's flag)
   st.unscaled = true;
 }
 

@@ -47,10 +47,11 @@ class GradScaler : public Stateful {
   void update();
 
   // The flag unscale_ recorded for this optimizer since the last update(): an f32 scalar on the
-  // gradients' device, 1 if any gradient was inf or NaN. The tensor is the one step() and update() read,
-  // so whoever must agree on skipping a step can combine it in place first (data parallelism all-reduces
-  // it with max across ranks; a second-order optimizer can skip its statistics). Before unscale_ (or with
-  // the scaler disabled): a kiln::Error.
+  // gradients' device, 1 if any gradient was inf or NaN. The tensor is the one step() and update() read.
+  // Under data parallelism every rank's flag is the same: DistributedDataParallel's gradients are averaged
+  // before unscale_, and an optimizer that averages them inside step() (distributed::ZeroAdamW) combines
+  // the flags in unscale_ (Optimizer::agree_on_found_inf). A second-order optimizer can skip its statistics
+  // on it. Before unscale_ (or with the scaler disabled): a kiln::Error.
   Tensor found_inf(const Optimizer& optimizer) const;
   double get_scale() const { return state_.scale; }
   bool is_enabled() const { return options_.enabled; }

@@ -79,6 +79,12 @@ class Optimizer : public Stateful {
   void step_only(const std::vector<Tensor>& params);
   // Whether step_only is allowed: each parameter's update depends on its own gradient and state alone.
   virtual bool updates_parameters_independently() const { return false; }
+  // Makes a GradScaler's inf/NaN flag (optim::GradScaler::found_inf: an f32 scalar, 1 when a gradient was
+  // not finite) the same in every process that takes this optimizer's steps together, so that all skip the
+  // same steps. Nothing to do where the gradients are already the same everywhere (one process, or
+  // DistributedDataParallel's averaged gradients); an optimizer that reduces the gradients inside step()
+  // (distributed::ZeroAdamW) combines the flags (max). GradScaler::unscale_ calls it.
+  virtual void agree_on_found_inf(const Tensor& found_inf) { (void)found_inf; }
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

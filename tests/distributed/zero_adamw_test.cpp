@@ -3,6 +3,7 @@
 // its shard only.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include <kiln/core/ops.h>
@@ -13,6 +14,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/grad_scaler.h>
 
 #include "distributed_test_util.h"
 #include "test_mlp.h"
@@ -51,6 +53,48 @@ TEST(ZeroAdamW, MatchesDistributedDataParallelWithAdamW) {
     zero.zero_grad();
     F::mse_loss(b(x), y).backward();
     zero.step();
+  }
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
+    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
+  }
+}
+
+// With a GradScaler, a step whose gradients are not finite on one rank only is skipped on every rank (each
+// rank unscales its own gradients before ZeroAdamW::step averages them: the flags are combined), the scale
+// backs off everywhere, and the clean steps after it give DistributedDataParallel + AdamW's parameters.
+// Without the combined flag the rank with a finite gradient would step alone and wait in the reduce-scatter.
+TEST(ZeroAdamW, GradScalerSkipsTheSameStepsOnEveryRank) {
+  const auto& pg = world();
+  manual_seed(21 + uint64_t(pg->rank()));
+  testing::Mlp a(6, 8, 3), b(6, 8, 3);
+  DistributedDataParallel ddp(a, pg);
+  b.load_state_dict(a.state_dict());
+  optim::AdamW adamw({a.fc1.weight, a.fc1.bias, a.fc2.weight, a.fc2.bias}, {.lr = 0.02, .weight_decay = 0.1});
+  ZeroAdamW zero({{{b.fc1.weight, b.fc1.bias, b.fc2.weight, b.fc2.bias}, {.lr = 0.02, .weight_decay = 0.1}}}, pg);
+  optim::GradScaler scaler_a({.init_scale = 1024.0}), scaler_b({.init_scale = 1024.0});
+  const auto before = b.fc1.weight.clone();
+  Generator gen(5 + uint64_t(pg->rank()));
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = randn({5, 6}, {}, &gen), y = randn({5, 3}, {}, &gen);
+    // step 0: an inf in the last rank's batch only
+    if (step == 0 && pg->rank() == pg->size() - 1) x.narrow(0, 0, 1).fill_(INFINITY);
+    adamw.zero_grad();
+    scaler_a.scale(F::mse_loss(ddp(x), y)).backward();
+    const bool stepped_a = scaler_a.step(adamw);
+    scaler_a.update();
+    zero.zero_grad();
+    scaler_b.scale(F::mse_loss(b(x), y)).backward();
+    const bool stepped_b = scaler_b.step(zero);
+    scaler_b.update();
+    EXPECT_EQ(stepped_a, step > 0) << "step " << step;
+    EXPECT_EQ(stepped_b, step > 0) << "step " << step << " on rank " << pg->rank();
+    EXPECT_EQ(scaler_b.get_scale(), 512.0) << "step " << step;
+    if (step == 0) {
+      const auto u = before.to_vector<float>(), v = b.fc1.weight.contiguous().to_vector<float>();
+      for (size_t k = 0; k < u.size(); ++k) ASSERT_EQ(u[k], v[k]) << "the skipped step moved element " << k;
+    }
   }
   auto pa = a.named_parameters(), pb = b.named_parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
