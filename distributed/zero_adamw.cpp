@@ -1,6 +1,7 @@
 #include <kiln/distributed/zero_adamw.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
@@ -102,6 +103,16 @@ void ZeroAdamW::step() {
     });
   for (int64_t i = 0; i < num_params(); ++i) param(i).grad();  // the zeros of parameters backward did not reach
   group_->reduce_scatter(shard_grad_, grad_, ReduceOp::avg);  // in place: this rank's slice of grad_
+  if (max_grad_norm_ > 0.0) {
+    // ||g||² of the averaged gradient = the sum over ranks of their shards' (the last shard's padding is 0)
+    const Tensor shard = cast(shard_grad_, DType::f32);
+    Tensor squares = sum(mul(shard, shard));
+    group_->all_reduce(squares, ReduceOp::sum);
+    last_grad_norm_ = sqrt(squares);
+    const Tensor q = rdiv(add(last_grad_norm_, 1e-6), max_grad_norm_);  // max_norm / (norm + 1e-6)
+    const Tensor one = full({}, 1.0, {.dtype = DType::f32, .device = q.device()});
+    shard_grad_.mul_(cast(where(ge(q, one), one, q), shard_grad_.dtype()));  // min(1, q); NaN applied
+  }
   if (optimizer_) {
     hand_over_options();
     optimizer_->step();
@@ -111,6 +122,12 @@ void ZeroAdamW::step() {
 }
 
 void ZeroAdamW::agree_on_found_inf(const Tensor& found_inf) { group_->all_reduce(found_inf, ReduceOp::max); }
+
+void ZeroAdamW::set_max_grad_norm(double max_norm) {
+  KILN_CHECK(max_norm >= 0.0 && std::isfinite(max_norm), "ZeroAdamW::set_max_grad_norm: max_norm must be finite and ",
+             "non-negative (0: no clipping), got ", max_norm);
+  max_grad_norm_ = max_norm;
+}
 
 void ZeroAdamW::consolidate_state() {
   NoGradGuard no_grad;

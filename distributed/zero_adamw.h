@@ -47,6 +47,16 @@ class ZeroAdamW : public optim::Optimizer {
   // The gradients a GradScaler unscales before step() are each rank's own (step() averages them), so their
   // inf/NaN flags differ: all ranks take the max, and skip the same steps (one all-reduce of one element).
   void agree_on_found_inf(const Tensor& found_inf) override;
+  // Global-norm clipping of the averaged gradient inside step() (0, the default: none), where
+  // DistributedDataParallel + optim::clip_grad_norm would clip: before step() each rank holds only its own
+  // gradient. After the reduce-scatter the shards' sums of squares are all-reduced into the whole model's
+  // norm, and each shard is scaled by min(1, max_norm / (norm + 1e-6)) on the device (no host wait). A step
+  // captured in a CUDA graph keeps the max_norm of its capture.
+  void set_max_grad_norm(double max_norm);
+  double max_grad_norm() const { return max_grad_norm_; }
+  // The averaged gradient's 2-norm before clipping, from the last step that clipped (a 0-d f32 tensor on the
+  // parameters' device; undefined before one).
+  const Tensor& last_grad_norm() const { return last_grad_norm_; }
 
   int64_t numel() const { return total_; }        // every parameter's elements
   int64_t shard_numel() const { return shard_; }  // this rank's share (the last rank's may end in padding)
@@ -79,6 +89,8 @@ class ZeroAdamW : public optim::Optimizer {
   std::vector<size_t> inner_group_of_;    // global group of each inner group
   std::unique_ptr<optim::AdamW> optimizer_;
   int64_t steps_ = 0, consolidated_at_ = -1;
+  double max_grad_norm_ = 0.0;
+  Tensor last_grad_norm_;
 };
 
 }  // namespace kiln::distributed

@@ -14,6 +14,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/clip_grad.h>
 #include <kiln/optim/grad_scaler.h>
 
 #include "distributed_test_util.h"
@@ -96,6 +97,43 @@ TEST(ZeroAdamW, GradScalerSkipsTheSameStepsOnEveryRank) {
       for (size_t k = 0; k < u.size(); ++k) ASSERT_EQ(u[k], v[k]) << "the skipped step moved element " << k;
     }
   }
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
+    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
+  }
+}
+
+// set_max_grad_norm clips the averaged gradient by the whole model's norm inside step(): the same parameters
+// as DistributedDataParallel + clip_grad_norm + AdamW, on steps that clip and steps that do not.
+TEST(ZeroAdamW, ClipsTheAveragedGradientAsDistributedDataParallel) {
+  const auto& pg = world();
+  manual_seed(31 + uint64_t(pg->rank()));
+  testing::Mlp a(6, 8, 3), b(6, 8, 3);
+  DistributedDataParallel ddp(a, pg);
+  b.load_state_dict(a.state_dict());
+  const std::vector<Tensor> params_a{a.fc1.weight, a.fc1.bias, a.fc2.weight, a.fc2.bias};
+  optim::AdamW adamw(params_a, {.lr = 0.02, .weight_decay = 0.1});
+  ZeroAdamW zero({{{b.fc1.weight, b.fc1.bias, b.fc2.weight, b.fc2.bias}, {.lr = 0.02, .weight_decay = 0.1}}}, pg);
+  EXPECT_THROW(zero.set_max_grad_norm(-1.0), Error);
+  Generator gen(7 + uint64_t(pg->rank()));
+  int clipped = 0;
+  for (int step = 0; step < 6; ++step) {
+    const double max_norm = step < 3 ? 0.05 : 100.0;  // clipping, then not
+    zero.set_max_grad_norm(max_norm);
+    Tensor x = randn({5, 6}, {}, &gen), y = randn({5, 3}, {}, &gen);
+    adamw.zero_grad();
+    F::mse_loss(ddp(x), y).backward();
+    const double norm_a = optim::clip_grad_norm(params_a, max_norm);
+    adamw.step();
+    zero.zero_grad();
+    F::mse_loss(b(x), y).backward();
+    zero.step();
+    ASSERT_TRUE(zero.last_grad_norm().defined());
+    EXPECT_NEAR(zero.last_grad_norm().item<double>(), norm_a, 1e-5 * norm_a) << "step " << step;
+    clipped += norm_a > max_norm;
+  }
+  EXPECT_EQ(clipped, 3);  // the first three steps clipped, the others did not
   auto pa = a.named_parameters(), pb = b.named_parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
     auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
