@@ -2,9 +2,10 @@
 // Process groups: the ranks of a data-parallel job and the collectives between them, as
 // torch.distributed's ProcessGroup. One interface; backends:
 //   mpi   CPU tensors over MPI (OpenMPI), launched by mpirun: what CI runs with `mpirun -np 2`
-//   nccl  CUDA tensors over NCCL, one GPU a rank, launched by mpirun (distributed/nccl_process_group.h)
+//   nccl  CUDA tensors over NCCL, one GPU a rank, launched by mpirun, kilnrun or torchrun's variables
+//         (distributed/nccl_process_group.h)
 //
-//   auto pg = kiln::distributed::init_process_group();   // from mpirun's environment
+//   auto pg = kiln::distributed::init_process_group();   // from the launcher's environment
 //   Tensor t = ...;                                       // the same shape and dtype on every rank
 //   pg->all_reduce(t, ReduceOp::avg);                     // in place: every rank gets the mean
 //
