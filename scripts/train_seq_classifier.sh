@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds Kiln and trains the license-line classifier on the CPU (flags go to the
-# trainer: --device cuda --amp bf16 on a GPU build; --data DIR for another copy of the license texts).
+# Installs what is missing, builds Kiln and trains the sequence classifier (Fashion-MNIST images as
+# sequences of rows) on the CPU (flags go to the trainer: --device cuda --amp bf16 on a GPU build; --data DIR
+# for another copy of the idx files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
