@@ -82,7 +82,8 @@ ZeroAdamW::ZeroAdamW(std::vector<ZeroParamGroup> groups, std::shared_ptr<Process
 
 void ZeroAdamW::zero_grad() {
   // lazily (Tensor::zero_pinned_grad): backward copies each gradient into its view; step() fills the
-  // views backward did not reach. The padding is never written and stays zero.
+  // views backward did not reach. The padding is never written (step()'s clipping scales only parameter
+  // elements) and stays zero.
   for (int64_t i = 0; i < num_params(); ++i) param(i).zero_pinned_grad();
 }
 
@@ -111,7 +112,10 @@ void ZeroAdamW::step() {
     last_grad_norm_ = sqrt(squares);
     const Tensor q = rdiv(add(last_grad_norm_, 1e-6), max_grad_norm_);  // max_norm / (norm + 1e-6)
     const Tensor one = full({}, 1.0, {.dtype = DType::f32, .device = q.device()});
-    shard_grad_.mul_(cast(where(ge(q, one), one, q), shard_grad_.dtype()));  // min(1, q); NaN applied
+    // min(1, q) in f32 (a NaN factor applied, as clip_grad_norm's), on the shard's parameter elements only:
+    // a NaN must not reach the padding, which nothing zeroes again
+    const int64_t real = std::clamp<int64_t>(total_ - group_->rank() * shard_, 0, shard_);
+    if (real > 0) shard_grad_.narrow(0, 0, real).mul_(where(ge(q, one), one, q));
   }
   if (optimizer_) {
     hand_over_options();

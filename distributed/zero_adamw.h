@@ -2,7 +2,8 @@
 // ZeRO stage 1 (Rajbhandari et al. 2020) for AdamW: the optimizer state is split across the ranks instead of
 // repeated on each. Every rank holds the whole model; per step
 //   1. reduce-scatter (avg) the flat gradient: rank r receives the averaged gradient of its shard, elements
-//      [r·S, (r+1)·S) of the parameters laid end to end (S = ceil(total / ranks));
+//      [r·S, (r+1)·S) of the parameters laid end to end (S = ceil(total / ranks)); with set_max_grad_norm,
+//      clip it by the whole model's norm (one all-reduce of the shards' sums of squares);
 //   2. AdamW updates that shard of the parameters, with moments for that shard only (1/ranks of the state);
 //   3. all-gather the shards: every rank has every updated parameter again.
 // Each step is the same arithmetic, element by element, as DistributedDataParallel + optim::AdamW.
@@ -50,8 +51,9 @@ class ZeroAdamW : public optim::Optimizer {
   // Global-norm clipping of the averaged gradient inside step() (0, the default: none), where
   // DistributedDataParallel + optim::clip_grad_norm would clip: before step() each rank holds only its own
   // gradient. After the reduce-scatter the shards' sums of squares are all-reduced into the whole model's
-  // norm, and each shard is scaled by min(1, max_norm / (norm + 1e-6)) on the device (no host wait). A step
-  // captured in a CUDA graph keeps the max_norm of its capture.
+  // norm, and each shard is scaled by min(1, max_norm / (norm + 1e-6)) on the device (no host wait). Set the
+  // same value on every rank (clipping adds a collective). A step captured in a CUDA graph keeps the max_norm
+  // of its capture, and last_grad_norm() is then the tensor its replays write.
   void set_max_grad_norm(double max_norm);
   double max_grad_norm() const { return max_grad_norm_; }
   // The averaged gradient's 2-norm before clipping, from the last step that clipped (a 0-d f32 tensor on the

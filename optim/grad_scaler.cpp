@@ -62,7 +62,11 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     // Combine the device flags into one on the first device (a cross-device copy only with several GPUs).
     found = found.defined() ? maximum(found, flag.to(found.device())) : flag;
   }
-  st.found_inf = found.defined() ? found : zeros({}, {.dtype = DType::f32});
+  // (no gradient at all: a zero flag on the parameters' device, where agree_on_found_inf's collective runs)
+  st.found_inf = found.defined() ? found
+                                 : zeros({}, {.dtype = DType::f32,
+                                              .device = optimizer.num_params() > 0 ? optimizer.param(0).device()
+                                                                                   : Device::cpu()});
   optimizer.agree_on_found_inf(st.found_inf);  // (data parallelism that reduces inside step(): every rank's flag)
   st.unscaled = true;
 }
