@@ -164,8 +164,8 @@ TEST(Nccl, ZeroAdamWMatchesDistributedDataParallelWithAdamW) {
   }
 }
 
-// DDP's all-reduces, and ZeroAdamW's reduce-scatter and all-gather, captured with the whole step as one CUDA
-// graph: each replay leaves the parameters the eager step leaves (and a learning rate changed between
+// DDP's all-reduces, and ZeroAdamW's reduce-scatter, clipping and all-gather, captured with the whole step as
+// one CUDA graph: each replay leaves the parameters the eager step leaves (and a learning rate changed between
 // replays reaches both; ZeroAdamW counts the replays as steps).
 TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
   auto pg = group();
@@ -183,6 +183,7 @@ TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
             std::vector<ZeroParamGroup>{{{m.fc1.weight, m.fc2.weight}, {.lr = 0.02, .weight_decay = 0.1}},
                                         {{m.fc1.bias, m.fc2.bias}, {.lr = 0.02, .weight_decay = 0.0}}},
             pg);
+        static_cast<ZeroAdamW&>(*opt).set_max_grad_norm(0.05);  // (these batches' norms are larger: it clips)
       } else {
         ddp = std::make_unique<DistributedDataParallel>(m, pg, small);
         opt = std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 0.02, .weight_decay = 0.1});
@@ -218,6 +219,10 @@ TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
       for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
     }
     if (zero) {
+      const double norm_a = static_cast<ZeroAdamW&>(*opt_a).last_grad_norm().item<double>(),
+                   norm_b = static_cast<ZeroAdamW&>(*opt_b).last_grad_norm().item<double>();
+      EXPECT_GT(norm_a, 0.05);
+      EXPECT_NEAR(norm_b, norm_a, 1e-6 * norm_a) << "the last replay's norm";
       for (optim::Optimizer* o : {opt_a.get(), opt_b.get()}) static_cast<ZeroAdamW*>(o)->consolidate_state();
       EXPECT_EQ(opt_b->state(0).step, 6);
       EXPECT_EQ(opt_a->state(0).step, 6);
