@@ -25,7 +25,9 @@
 //
 // Layout: the constructor broadcasts rank 0's parameters and makes every parameter a view of one flat
 // buffer and its gradient a pinned view of another (as optim::FlatParameters), so backward accumulates into
-// the flat gradient that step() reduce-scatters. The parameters share one dtype and device (the group's).
+// the flat gradient that step() reduce-scatters. After step() a parameter's .grad holds the average only
+// inside this rank's shard; elsewhere it is still this rank's own gradient (read gradients before step(),
+// or through DistributedDataParallel, where every rank's are averaged). The parameters share one dtype and device (the group's).
 #include <memory>
 #include <vector>
 
