@@ -26,6 +26,16 @@ namespace {
 using testing::world;
 namespace F = kiln::nn::functional;
 
+// Every parameter of a equals b's, element by element, within 1e-6.
+void expect_same_parameters(testing::Mlp& a, testing::Mlp& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
+    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
+  }
+}
+
 TEST(ZeroAdamW, MatchesDistributedDataParallelWithAdamW) {
   const auto& pg = world();
   manual_seed(11 + uint64_t(pg->rank()));  // rank 0's weights win in both
@@ -55,11 +65,7 @@ TEST(ZeroAdamW, MatchesDistributedDataParallelWithAdamW) {
     F::mse_loss(b(x), y).backward();
     zero.step();
   }
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
-    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
-  }
+  expect_same_parameters(a, b);
 }
 
 // With a GradScaler, a step whose gradients are not finite on one rank only is skipped on every rank (each
@@ -102,11 +108,7 @@ TEST(ZeroAdamW, GradScalerSkipsTheSameStepsOnEveryRank) {
       for (size_t k = 0; k < u.size(); ++k) ASSERT_EQ(u[k], v[k]) << "the skipped step moved element " << k;
     }
   }
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
-    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
-  }
+  expect_same_parameters(a, b);
 }
 
 // set_max_grad_norm clips the averaged gradient by the whole model's norm inside step(): the same parameters
@@ -139,11 +141,7 @@ TEST(ZeroAdamW, ClipsTheAveragedGradientAsDistributedDataParallel) {
     clipped += norm_a > max_norm;
   }
   EXPECT_EQ(clipped, 3);  // the first three steps clipped, the others did not
-  auto pa = a.named_parameters(), pb = b.named_parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    auto u = pa[i].second.contiguous().to_vector<float>(), v = pb[i].second.contiguous().to_vector<float>();
-    for (size_t k = 0; k < u.size(); ++k) ASSERT_NEAR(u[k], v[k], 1e-6) << pa[i].first << " element " << k;
-  }
+  expect_same_parameters(a, b);
 }
 
 }  // namespace
