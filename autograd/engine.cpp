@@ -156,7 +156,9 @@ GradientDestination gradient_destination(size_t input) {
 
 Tensor pinned_gradient_or_empty(size_t input, const Shape& shape, const TensorOptions& options) {
   const GradientDestination d = gradient_destination(input);
-  return d.tensor.defined() && !d.holding && d.tensor.dtype() == options.dtype ? d.tensor : empty(shape, options);
+  return d.tensor.defined() && !d.holding && d.tensor.dtype() == options.dtype && d.tensor.sizes() == shape
+             ? d.tensor
+             : empty(shape, options);
 }
 
 void queue_callback(std::function<void()> callback) {

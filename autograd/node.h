@@ -159,7 +159,8 @@ GradientDestination gradient_destination(size_t input);
 // Where a backward that writes the whole gradient of its input `input` with a kernel of its own (a GEMM's
 // dW, a bias's column sums, a norm's weight gradient) writes it: the input's pinned gradient when one is
 // offered to be written over (a leaf's gradient in FlatParameters or a DDP bucket that nothing has arrived
-// at yet) in options' dtype, so that it lands where it is summed without a copy; else a new tensor.
+// at yet) of this shape and options' dtype, so that it lands where it is summed without a copy; else a new
+// tensor.
 Tensor pinned_gradient_or_empty(size_t input, const Shape& shape, const TensorOptions& options);
 
 // Queues `callback` to run once the backward pass now running on this thread has finished, after every

@@ -1,8 +1,8 @@
 // CUDA graphs (cuda/graph.h): stream capture into the caching allocator's private pool of the graph,
 // replay hooks, random draws whose seed and base offset each replay writes to the device.
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string_view>
