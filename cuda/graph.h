@@ -25,13 +25,15 @@
 //   hand over before each replay through replay hooks: random numbers (each replay draws fresh ones from
 //   the generators the capture drew from, advancing them as the uncaptured step would), AdamW's step count,
 //   learning rate and other hyper-parameters (read from its param groups at each replay, so a scheduler
-//   works).
+//   works), a GradScaler's scale (an f16 step with loss scaling captures whole: each replay skips on the
+//   device where its gradients were not finite, and the scaler's update follows each replay on the host;
+//   optim/grad_scaler.h).
 // - Not capturable, a kiln::Error naming the operation: anything that waits for the device or reads a
 //   value on the host (item(), to(cpu), copies from host memory, synchronize), an allocation on another
 //   stream than the capturing one, a captured step that creates optimizer state (run the step uncaptured
-//   first: `capture` does, `warmup` times), nesting captures, an enabled GradScaler (its scale and skip
-//   decision live on the host; f16 steps with loss scaling run without a graph). After such an error the capture is ended and
-//   the stream is usable again.
+//   first: `capture` does, `warmup` times), nesting captures, a GradScaler's step with an optimizer that
+//   decides on the host whether to step (Optimizer::step_unless: SGD, Shampoo). After such an error the
+//   capture is ended and the stream is usable again.
 // - The generators, optimizers and scalers a graph used must outlive it. Replays run on the stream that
 //   is current at replay(), in order with other work there.
 #include <cstdint>

@@ -84,11 +84,14 @@ __device__ __forceinline__ void store_copy(CopyKind kind, void* copy, int64_t i,
 
 // P: parameter (and gradient) type, S: state type (f32, or f64 for f64 parameters); arithmetic in S.
 // hyper (CUDA graphs): AdamWHyper's seven values in device memory, which replace a. copy_kind: the dtype
-// of this launch's kept copies (a tensor's list-4 pointer null where it has none).
+// of this launch's kept copies (a tensor's list-4 pointer null where it has none). found_inf (GradScaler's
+// flag, or null): nonzero, the step is skipped.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ TensorList tl, AdamWArgs a,
-                                                        const double* hyper, CopyKind copy_kind) {
+                                                        const double* hyper, CopyKind copy_kind,
+                                                        const float* found_inf) {
   using DP = device_t<P>;
+  if (found_inf && *found_inf != 0.0f) return;
   if (hyper) {  // lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2_sqrt
     const double lr = hyper[0];
     // rounded as the host rounds AdamWArgs (no fused multiply-add), so a replay equals the uncaptured step
@@ -382,7 +385,7 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
         for_each_launch(lists, [&](const TensorList& tl) {
           auto kernel = f64_state ? adamw_kernel<scalar_t, double> : adamw_kernel<scalar_t, float>;
           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(
-              tl, a, h.device_hyper, ck);
+              tl, a, h.device_hyper, ck, h.found_inf);
           KILN_LAUNCH_CHECK("adamw_kernel", "adamw_step");
         });
       });

@@ -57,6 +57,19 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
     : AdamW("Adam", false, std::move(params),
             {.lr = options.lr, .betas = options.betas, .eps = options.eps, .weight_decay = options.weight_decay}) {}
 
+void AdamW::step_unless(const Tensor& found_inf) {
+  if (!cuda::is_capturing()) return Optimizer::step_unless(found_inf);
+  KILN_CHECK(found_inf.defined() && found_inf.dtype() == DType::f32 && found_inf.numel() == 1 && found_inf.device().is_cuda(),
+             type(), "::step_unless: expected GradScaler's flag, an f32 scalar on the GPU, got ",
+             found_inf.defined() ? found_inf.str() : "none");
+  struct Reset {
+    Tensor& slot;
+    ~Reset() { slot = Tensor(); }
+  } reset{found_inf_};
+  found_inf_ = found_inf;
+  step();
+}
+
 void AdamW::step() {
   NoGradGuard no_grad;
   for (const auto& g : param_groups()) check_group(g, type());  // options may have been edited since construction
@@ -69,6 +82,7 @@ void AdamW::step() {
   // the group's lr, betas, eps, decay and the bias corrections where the captured kernel reads them.
   cuda::Graph* graph = cuda::capturing_graph();
   std::vector<int64_t> written_copies;  // parameters whose kept copy the update wrote
+  std::vector<int64_t> skippable;  // a captured step_unless: parameters whose update reads the flag
   int64_t index = 0;
   for (size_t group_index = 0; group_index < param_groups().size(); ++group_index) {
     auto& g = param_groups()[group_index];
@@ -118,6 +132,12 @@ void AdamW::step() {
           if (cs.back().defined()) written_copies.push_back(i);
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
+        if (found_inf_.defined()) {  // a captured step_unless: the replay's kernels skip on the flag
+          KILN_CHECK(found_inf_.device() == ps[0].device(), type(), "::step_unless: the flag ", found_inf_.str(),
+                     " is not on the device of parameter ", ps[0].str());
+          h.found_inf = static_cast<const float*>(found_inf_.raw_data());
+          skippable.insert(skippable.end(), ids.begin(), ids.end());
+        }
         if (graph && ps[0].device().is_cuda()) {
           uint64_t* hyper = graph->replay_words(7);
           h.device_hyper = reinterpret_cast<const double*>(hyper);
@@ -147,6 +167,13 @@ void AdamW::step() {
   // The copies hold the new values: current once every parameter's version moved (parameters that share a
   // storage, as FlatParameters' views, move one counter). A replay bumps the versions again (cuda::Graph),
   // so it marks them again after.
+  // A replay whose flag was set skipped: its step counts, advanced by the replay hooks before the launch, go
+  // back (read after the launch: waits for the replay).
+  if (!skippable.empty())
+    graph->after_replay([this, skippable, flag = found_inf_] {
+      if (flag.item<float>() != 0.0f)
+        for (int64_t i : skippable) --state(i).step;
+    });
   for (int64_t i : written_copies) amp::mark_kept_copy_current(param(i));
   if (graph && !written_copies.empty())
     graph->after_replay([this, written_copies] {

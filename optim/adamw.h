@@ -29,6 +29,10 @@ class AdamW : public Optimizer {
   using Optimizer::add_param_group;
   void step() override;
   bool updates_parameters_independently() const override { return true; }
+  // Inside a CUDA graph capture the update kernel reads the flag at each replay (a replay whose gradients
+  // were not finite writes nothing), and such a replay takes its step counts back after its launch (which
+  // reads the flag on the host: one synchronization a replay). Outside a capture: Optimizer's.
+  void step_unless(const Tensor& found_inf) override;
 
  protected:
   // Adam's constructor: decoupled = false adds weight_decay · p to the gradient instead (L2).
@@ -37,6 +41,7 @@ class AdamW : public Optimizer {
 
  private:
   bool decoupled_ = true;
+  Tensor found_inf_;  // during a captured step_unless: the flag its kernels read
 };
 
 // Adam (Kingma & Ba 2015) with PyTorch's torch.optim.Adam semantics: weight decay is L2 regularization,

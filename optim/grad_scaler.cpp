@@ -9,16 +9,6 @@
 
 namespace kiln::optim {
 
-namespace {
-// The scale lives on the host and step() decides there whether to step: a CUDA graph would keep the scale
-// of its capture and could not skip, so a captured scaler is refused rather than silently wrong.
-void refuse_capture(const char* what) {
-  KILN_CHECK(!cuda::is_capturing(), "GradScaler::", what, " inside a CUDA graph capture: the scaler keeps its scale "
-             "and its skip decision on the host, which a replay would not follow. Capture bf16 steps (no scaler), "
-             "or run f16 steps with a GradScaler without a graph");
-}
-}  // namespace
-
 GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
   KILN_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale), "GradScaler: init_scale must be positive, got ",
              options.init_scale);
@@ -29,16 +19,42 @@ GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
   state_.scale = options.init_scale;
 }
 
+Tensor GradScaler::device_scale(Device device, bool inverse) const {
+  KILN_CHECK(device.is_cuda(), "GradScaler: a device copy of the scale is for GPUs, not ", device.str());
+  DeviceScale& ds = device_scale_[device.index];
+  if (!ds.scale.defined()) {
+    KILN_CHECK(!cuda::is_capturing(), "GradScaler inside a CUDA graph capture before any step outside one on ",
+               device.str(), ": the scale's device copy must be made outside the capture's memory pool (run a step "
+               "without capture first: cuda::capture's warm-up steps do)");
+    ds.scale = full({}, state_.scale, {.dtype = DType::f32, .device = device});
+    ds.inverse = full({}, 1.0 / state_.scale, {.dtype = DType::f32, .device = device});
+  }
+  if (cuda::Graph* graph = cuda::capturing_graph(); graph && hooked_graph_ != graph->id()) {
+    // each replay sets the device copies from the host's scale (as update() left it) before its launch
+    hooked_graph_ = graph->id();
+    graph->on_replay([this, index = device.index] {
+      const DeviceScale& d = device_scale_.at(index);
+      Tensor(d.scale).fill_(state_.scale);
+      Tensor(d.inverse).fill_(1.0 / state_.scale);
+    });
+  }
+  return inverse ? ds.inverse : ds.scale;
+}
+
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
-  refuse_capture("scale");
   KILN_CHECK(is_floating(loss.dtype()), "GradScaler::scale: expected a floating-point loss, got ", loss.str());
-  return mul(loss, state_.scale);
+  if (loss.device().is_cuda()) device_scale(loss.device(), false);  // made outside a capture, for the next ones
+  if (!cuda::is_capturing()) return mul(loss, state_.scale);
+  // captured: the scale a replay reads from the device (f32; a 16-bit loss multiplied in f32 and rounded once)
+  const Tensor s = device_scale(loss.device(), false);
+  if (loss.dtype() == DType::f32 || loss.dtype() == DType::f64) return mul(loss, cast(s, loss.dtype()));
+  return cast(mul(cast(loss, DType::f32), s), loss.dtype());
 }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!options_.enabled) return;
-  refuse_capture("unscale_");
+  const bool captured = cuda::is_capturing();
   PerOptimizer& st = per_optimizer_[&optimizer];
   KILN_CHECK(!st.unscaled, "GradScaler::unscale_: already called for this optimizer since the last update()");
   KILN_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); call update() first");
@@ -55,7 +71,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   Tensor found;
   for (auto& [dev, grads] : by_device) {
     Device d{DeviceType(dev.first), dev.second};
-    Tensor inv = full({}, 1.0 / state_.scale, {.dtype = DType::f32, .device = d});
+    // (captured: the inverse each replay writes to the device before its launch)
+    Tensor inv = captured ? device_scale(d, true) : full({}, 1.0 / state_.scale, {.dtype = DType::f32, .device = d});
     Tensor flag = zeros({}, {.dtype = DType::f32, .device = d});
     kernels::amp_unscale(grads, inv, flag);
     for (auto& g : grads) g.bump_version();
@@ -84,10 +101,14 @@ bool GradScaler::step(Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  refuse_capture("step");
   PerOptimizer& st = per_optimizer_[&optimizer];
   KILN_CHECK(!st.stepped, "GradScaler::step: already called for this optimizer since the last update()");
   if (!st.unscaled) unscale_(optimizer);
+  if (cuda::is_capturing()) {  // each replay decides on the device (an error for optimizers that cannot)
+    optimizer.step_unless(st.found_inf);
+    st.stepped = true;
+    return true;
+  }
   st.found = st.found_inf.item<float>() != 0.0f;
   st.stepped = true;
   if (st.found) return false;
@@ -97,21 +118,36 @@ bool GradScaler::step(Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
-  refuse_capture("update");
+  KILN_CHECK(!per_optimizer_.empty(), "GradScaler::update: no unscale_() or step() since the last update()");
+  if (cuda::Graph* graph = cuda::capturing_graph()) {
+    // after each replay's launch: its flags read on the host (waiting for the replay), the scale updated
+    std::vector<Tensor> flags;
+    for (auto& [opt, st] : per_optimizer_) flags.push_back(st.found_inf);
+    graph->after_replay([this, flags] {
+      bool found = false;
+      for (const Tensor& f : flags) found |= f.item<float>() != 0.0f;
+      advance(found);
+    });
+    per_optimizer_.clear();
+    return;
+  }
   bool found = false;
   for (auto& [opt, st] : per_optimizer_) {
     if (st.unscaled && !st.stepped) st.found = st.found_inf.item<float>() != 0.0f;
     found |= st.found;
   }
-  KILN_CHECK(!per_optimizer_.empty(), "GradScaler::update: no unscale_() or step() since the last update()");
-  if (found) {
+  advance(found);
+  per_optimizer_.clear();
+}
+
+void GradScaler::advance(bool found_inf) {
+  if (found_inf) {
     state_.scale *= options_.backoff_factor;
     state_.growth_tracker = 0;
   } else if (++state_.growth_tracker == options_.growth_interval) {
     state_.scale *= options_.growth_factor;
     state_.growth_tracker = 0;
   }
-  per_optimizer_.clear();
 }
 
 void GradScaler::load_state_dict(const GradScalerState& state) {

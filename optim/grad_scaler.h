@@ -11,6 +11,15 @@
 //   clip_grad_norm(params, 1.0);
 //   scaler.step(opt);                   // skipped if an inf/NaN was found
 //   scaler.update();
+//
+// Inside a CUDA graph capture (cuda/graph.h) the same calls capture the scaled step: the scale and its
+// inverse are read from device memory that each replay's hook sets from the host's scale before the launch;
+// step() hands the flag to the optimizer, whose kernels skip on the device (Optimizer::step_unless: AdamW,
+// Adam and distributed::ZeroAdamW can; others are a kiln::Error); and after each launch update()'s hook
+// reads the replay's flag (waiting for the replay, as step() outside a graph waits for the flag) and backs
+// off or grows the scale, so the scaler's state, the optimizer's step counts and the parameters after N
+// replays are those of N uncaptured steps. Run one step outside a capture first (cuda::capture's warm-up
+// does): it makes the device copy of the scale.
 #include <cstdint>
 #include <map>
 
@@ -41,9 +50,11 @@ class GradScaler : public Stateful {
   // Divides the optimizer's gradients by the scale and records inf/NaN; once per optimizer per step.
   void unscale_(Optimizer& optimizer);
   // Unscales if not done yet, then runs optimizer.step() unless inf/NaN was found. Returns whether it
-  // stepped. Reads the found-inf flag: the one host synchronization per step.
+  // stepped. Reads the found-inf flag: the one host synchronization per step. Captured: the optimizer's
+  // step_unless (each replay skips or not on the device), and true.
   bool step(Optimizer& optimizer);
-  // Backs off after a skipped step, grows after growth_interval clean ones; ends the step.
+  // Backs off after a skipped step, grows after growth_interval clean ones; ends the step. Captured: each
+  // replay does it after its launch.
   void update();
 
   // The flag unscale_ recorded for this optimizer since the last update(): an f32 scalar on the
@@ -72,9 +83,19 @@ class GradScaler : public Stateful {
     Tensor found_inf;  // f32 scalar on the gradients' device, 1 if any gradient was not finite
     bool found = false;
   };
+  // CUDA graphs: the scale and its inverse on a GPU (f32 scalars), made outside a capture; the first use in
+  // a capture hooks the graph's replays to set them from state_.
+  struct DeviceScale {
+    Tensor scale, inverse;
+  };
+  Tensor device_scale(Device device, bool inverse) const;
+  void advance(bool found_inf);  // update()'s change of scale and growth_tracker
+
   GradScalerOptions options_;
   GradScalerState state_;
   std::map<const Optimizer*, PerOptimizer> per_optimizer_;
+  mutable std::map<int, DeviceScale> device_scale_;  // by GPU index
+  mutable uint64_t hooked_graph_ = 0;                // cuda::Graph::id of the capture whose replays set them
 };
 
 }  // namespace kiln::optim

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/cuda/graph.h>
 
 namespace kiln::optim {
 
@@ -52,6 +53,15 @@ void Optimizer::step_only(const std::function<bool(const Tensor&)>& include) {
   } reset{include_};
   include_ = &include;
   step();
+}
+
+void Optimizer::step_unless(const Tensor& found_inf) {
+  KILN_CHECK(found_inf.defined() && found_inf.dtype() == DType::f32 && found_inf.numel() == 1, type_,
+             "::step_unless: expected GradScaler's flag, an f32 scalar, got ", found_inf.defined() ? found_inf.str() : "none");
+  KILN_CHECK(!cuda::is_capturing(), type_, "::step_unless inside a CUDA graph capture: this optimizer decides on the "
+             "host whether to step, which a replay would not follow (AdamW, Adam and distributed::ZeroAdamW decide on "
+             "the device); run its f16 steps with a GradScaler without a graph, or capture bf16 steps (no scaler)");
+  if (found_inf.item<float>() == 0.0f) step();
 }
 
 void Optimizer::step_only(const std::vector<Tensor>& params) {

@@ -85,6 +85,12 @@ class Optimizer : public Stateful {
   // DistributedDataParallel's averaged gradients); an optimizer that reduces the gradients inside step()
   // (distributed::ZeroAdamW) combines the flags (max). GradScaler::unscale_ calls it.
   virtual void agree_on_found_inf(const Tensor& found_inf) { (void)found_inf; }
+  // step(), taken only where found_inf (an f32 scalar, optim::GradScaler::found_inf: 1 when a gradient was
+  // not finite) is 0: what GradScaler::step runs inside a CUDA graph capture, where the host cannot see the
+  // flag and each replay decides on the device. This default reads the flag on the host (a synchronization)
+  // and is a kiln::Error during a capture; optimizers that decide on the device override it (optim::AdamW
+  // and Adam, distributed::ZeroAdamW) and keep their step counts true: a replay that skipped does not count.
+  virtual void step_unless(const Tensor& found_inf);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

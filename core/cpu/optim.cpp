@@ -106,6 +106,7 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
                             const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                             const std::vector<Tensor>& copies, const AdamWHyper& h) {
   KILN_CHECK(!h.device_hyper, "adamw_step: device hyper-parameters (CUDA graphs) given to the CPU kernel");
+  if (h.found_inf && *h.found_inf != 0.0f) return;  // a skipped step
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor &p = params[i], &g = grads[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
     if (m.dtype() == DType::f64) {

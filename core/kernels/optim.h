@@ -13,6 +13,10 @@ struct AdamWHyper {
   // CUDA graphs: when set, the CUDA kernel reads the seven values above, in this order, from this device
   // memory at run time (a replay hook writes each replay's), instead of the ones captured.
   const double* device_hyper = nullptr;
+  // When set: an f32 in the tensors' memory (device memory for the CUDA kernel), GradScaler's inf/NaN flag;
+  // where it is nonzero the kernel writes nothing (the skipped step of a CUDA graph replay, decided on the
+  // device). Its value is read when the kernel runs.
+  const float* found_inf = nullptr;
 };
 // One Shampoo step's elementwise moments (optim::Shampoo): the filtered gradient and the grafted method's
 // direction; bias corrections computed on the host in double.

@@ -2,7 +2,7 @@
 // 6 heads, width 384, context 256, batch 64, dropout 0.2 (embeddings, residual branches and attention
 // weights), no biases; AdamW (lr 1e-3, betas (0.9, 0.99),
 // weight decay 0.1 on the 2-D weights only), 100 warmup iterations then cosine decay to 1e-4 at 5000,
-// gradient clipping at 1.0, 5000 iterations, bf16 autocast on a GPU.
+// gradient clipping at 1.0, 5000 iterations, bf16 autocast on a GPU (--amp f16: f16 with a GradScaler).
 //
 //   char_gpt --device cuda                                  # the full run (bf16 autocast on the GPU)
 //   char_gpt --device cuda --checkpoint ckpt.h5             # + checkpoints (ckpt.h5 latest, ckpt.best.h5 best)
@@ -41,7 +41,8 @@
 // --cuda-graph insists on it): after 3 ordinary iterations the training step (zero_grad, forward,
 // backward, clipping, AdamW) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
 // its batch into the graph's input tensors and replays it: one launch instead of hundreds. Dropout masks,
-// AdamW's step count and the scheduled lr advance per replay as they would without the graph.
+// AdamW's step count and the scheduled lr advance per replay as they would without the graph; under
+// --amp f16 the GradScaler's scale too, and a replay whose gradients were not finite skips its update.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -83,6 +84,7 @@
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/checkpoint.h>
 #include <kiln/optim/flat_parameters.h>
+#include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/lr_scheduler.h>
 #include <kiln/optim/shampoo.h>
 
@@ -127,13 +129,13 @@ struct Args {
   bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
   int cuda_graph = -1;  // the step as one CUDA graph after 3 ordinary iterations: 1 on, 0 off, -1 where it can
   bool cuda_graph_asked = false;  // --cuda-graph given: an error where it cannot be
-  bool fp8 = false;  // the blocks' Linear layers in FP8 (nn::Fp8Autocast); evaluation stays in bf16
+  bool fp8 = false;  // the blocks' Linear layers in FP8 (nn::Fp8Autocast); evaluation stays in --amp's dtype
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
   bool help = false;
 };
 
 void usage(std::ostream& os) {
-  os << "usage: char_gpt [--data FILE] [--device cpu|cuda[:i]] [--amp auto|none|bf16] [--iters N]\n"
+  os << "usage: char_gpt [--data FILE] [--device cpu|cuda[:i]] [--amp auto|none|bf16|f16] [--iters N]\n"
         "                [--eval-interval N] [--eval-iters N] [--batch-size B] [--block-size T]\n"
         "                [--n-layer L] [--n-head H] [--n-embd E] [--dropout P] [--attn-dropout P] [--bias]\n"
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
@@ -157,7 +159,9 @@ void usage(std::ostream& os) {
         "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
         "                on GPUs with AdamW)\n"
         "  --fp8: the blocks' Linear layers train in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
-        "         their scaling states go into the checkpoint; evaluation and sampling in bf16)\n";
+        "         their scaling states go into the checkpoint; evaluation and sampling in --amp's dtype)\n"
+        "  --amp f16: f16 autocast with dynamic loss scaling (optim::GradScaler: steps whose gradients are not\n"
+        "             finite are skipped, inside the CUDA graph too; its state goes into the checkpoint)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -210,8 +214,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
-  KILN_CHECK(a.amp == "auto" || a.amp == "none" || a.amp == "bf16", "char_gpt: --amp must be auto, none or bf16, got '",
-             a.amp, "'");
+  KILN_CHECK(a.amp == "auto" || a.amp == "none" || a.amp == "bf16" || a.amp == "f16",
+             "char_gpt: --amp must be auto, none, bf16 or f16, got '", a.amp, "'");
   KILN_CHECK(a.iters >= 1 && a.eval_interval >= 1 && a.eval_iters >= 1, "char_gpt: --iters, --eval-interval and "
              "--eval-iters must be at least 1");
   KILN_CHECK(a.batch_size >= 1 && a.block_size >= 1, "char_gpt: --batch-size and --block-size must be at least 1");
@@ -285,7 +289,11 @@ int run(const Args& args) {
                " CUDA device(s)");
     cuda::set_device(dev.index);
   }
-  const bool amp_on = args.amp == "bf16" || (args.amp == "auto" && dev.is_cuda());
+  const bool amp_on = args.amp == "bf16" || args.amp == "f16" || (args.amp == "auto" && dev.is_cuda());
+  KILN_CHECK(args.amp != "f16" || dev.is_cuda(), "char_gpt: --amp f16 needs --device cuda");
+  // f16 autocast needs loss scaling (a GradScaler, whose state goes into checkpoints); bf16 does not
+  const DType amp_dtype = args.amp == "f16" ? DType::f16 : DType::bf16;
+  optim::GradScaler scaler({.enabled = args.amp == "f16"});
   auto sync = [&] {
     if (dev.is_cuda()) cuda::synchronize();
   };
@@ -301,7 +309,7 @@ int run(const Args& args) {
                  .n_embd = args.n_embd, .dropout = args.dropout, .attn_dropout = args.attn_dropout, .bias = args.bias,
                  .checkpoint = args.grad_checkpoint, .device = dev});
   std::fprintf(stderr, "%s: %.2fM parameters (%s, amp %s%s)\n", model.repr().c_str(), double(model.num_params()) / 1e6,
-               dev.str().c_str(), amp_on ? "bf16" : "none", args.grad_checkpoint ? ", gradient checkpointing" : "");
+               dev.str().c_str(), amp_on ? dtype_name(amp_dtype) : "none", args.grad_checkpoint ? ", gradient checkpointing" : "");
 
   if (args.sketch.second > 0) {  // each block's MLP (fc, proj) as SKLinear initialised from its dense weights
     const nn::SketchReport report = nn::sketch(
@@ -360,6 +368,7 @@ int run(const Args& args) {
     } else {
       optim::LoadedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}};
       if (args.fp8) components["fp8"] = &fp8_state;
+      if (scaler.is_enabled()) components["scaler"] = &scaler;
       optim::CheckpointInfo info = optim::load_checkpoint(args.checkpoint, model, components);
       auto meta = [&](const char* key) -> const optim::MetadataValue& {
         auto found = info.metadata.find(key);
@@ -385,7 +394,7 @@ int run(const Args& args) {
   // batches go through the model at once (fewer, larger launches; the mean is the same).
   auto estimate_loss = [&](const data::WindowSampler& split, uint64_t stream, int64_t iter) {
     NoGradGuard no_grad;
-    amp::Autocast autocast(dev, DType::bf16, amp_on);
+    amp::Autocast autocast(dev, amp_dtype, amp_on);
     model.eval();
     Generator gen(args.seed * 1000003u + stream * 7919u + uint64_t(iter));
     constexpr int64_t kGroup = 4;
@@ -413,18 +422,20 @@ int run(const Args& args) {
     Tensor loss;
     timer.time("forward", [&] {
       nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
-      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      amp::Autocast autocast(dev, amp_dtype, amp_on);
       loss = model.loss(x, y);
     });
     timer.time("backward", [&] {
       flat.zero_grad();
-      loss.backward();
+      scaler.scale(loss).backward();  // (the scaler disabled: loss.backward())
     });
     timer.time("clip", [&] {
+      scaler.unscale_(opt);
       if (args.grad_clip > 0) flat.clip_grad_norm(args.grad_clip);
     });
     timer.time("step", [&] {
-      opt.step();
+      scaler.step(opt);  // f16: skipped where the gradients were not finite (on the device in a CUDA graph)
+      scaler.update();
       if (args.fp8) nn::fp8_step(model);
     });
     return loss;
@@ -512,6 +523,7 @@ int run(const Args& args) {
                              {"block_size", args.block_size}};
         optim::SavedComponents components{{"optimizer", &opt}, {"scheduler", &schedule}};
         if (args.fp8) components["fp8"] = &fp8_state;
+        if (scaler.is_enabled()) components["scaler"] = &scaler;
         auto save = [&](const std::string& to) {
           if (group)  // rank 0 writes, the others wait
             distributed::save_checkpoint(*group, to, model, components, meta, iter);
@@ -580,7 +592,7 @@ int run(const Args& args) {
     Tensor start = full({1, 1}, double(newline == std::string::npos ? 0 : newline), {.dtype = DType::i64, .device = dev});
     Tensor out;
     {
-      amp::Autocast autocast(dev, DType::bf16, amp_on);
+      amp::Autocast autocast(dev, amp_dtype, amp_on);
       out = model.generate(start, args.sample, 0.8, 200, &gen);
     }
     std::string text;

@@ -2,6 +2,7 @@
 // without capture; random draws inside a graph advance per replay exactly as uncaptured draws would;
 // operations a capture cannot hold fail with a kiln::Error and leave the stream usable; a graph's memory
 // pool goes back to the cache when the graph is destroyed.
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -472,12 +473,104 @@ TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsRefused) {
   EXPECT_FALSE(cuda::is_capturing());
 }
 
-TEST(CudaGraph, AGradScalerInsideACaptureIsRefused) {
+// f16 autocast with loss scaling, captured whole (scale, unscale_, clipping, the step, update): batches with
+// an inf make the step's gradients non-finite, so those replays must skip on the device and back off, and
+// clean ones grow the scale every 2 steps. Replays equal the uncaptured steps bit for bit: losses, the
+// scale after every step, the growth tracker, AdamW's step counts and the parameters.
+TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncluded) {
+  KILN_REQUIRE_GPU();
+  auto make = [] {
+    manual_seed(5);
+    auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 64), std::make_unique<nn::GELU>(),
+                                                std::make_unique<nn::Linear>(64, 8));
+    net->to(kGpu);
+    return net;
+  };
+  Generator gen(6);
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < 9; ++i) {
+    Tensor x = randn({16, 32}, {}, &gen);
+    if (i == 3 || i == 6 || i == 7) x.narrow(0, 2, 1).narrow(1, 5, 1).fill_(i == 6 ? NAN : INFINITY);
+    xs.push_back(x.to(kGpu));
+    ys.push_back(randn({16, 8}, {.device = kGpu}, &gen));
+  }
+  struct Run {
+    std::unique_ptr<nn::Sequential> net;
+    optim::AdamW opt;
+    optim::GradScaler scaler;
+    Tensor step(const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        amp::Autocast autocast(kGpu, DType::f16);
+        loss = nn::functional::mse_loss(cast(net->forward(x), DType::f32), y);
+      }
+      scaler.scale(loss).backward();
+      scaler.unscale_(opt);
+      optim::clip_grad_norm_async(net->parameters(), 1.0);
+      scaler.step(opt);
+      scaler.update();
+      return loss;
+    }
+  };
+  const optim::GradScalerOptions scaling{.init_scale = 256.0, .growth_interval = 2};
+  auto eager_net = make();
+  auto graph_net = make();
+  const auto eager_params = eager_net->parameters(), graph_params = graph_net->parameters();
+  Run eager{std::move(eager_net), optim::AdamW(eager_params, {.lr = 1e-2}), optim::GradScaler(scaling)};
+  Run replayed{std::move(graph_net), optim::AdamW(graph_params, {.lr = 1e-2}), optim::GradScaler(scaling)};
+  auto bits = [](double v) { return std::isnan(v) ? std::string("nan") : std::to_string(v); };
+  std::vector<std::string> eager_losses, graph_losses;
+  std::vector<double> eager_scales, graph_scales;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    eager_losses.push_back(bits(eager.step(xs[i], ys[i]).item<double>()));
+    eager_scales.push_back(eager.scaler.get_scale());
+  }
+  graph_losses.push_back(bits(replayed.step(xs[0], ys[0]).item<double>()));  // the warm-up step
+  graph_scales.push_back(replayed.scaler.get_scale());
+  Tensor x = xs[0].clone(), y = ys[0].clone(), loss;
+  cuda::Graph graph = cuda::capture([&] { loss = replayed.step(x, y); }, 0);
+  for (size_t i = 1; i < xs.size(); ++i) {
+    x.copy_(xs[i]);
+    y.copy_(ys[i]);
+    graph.replay();
+    graph_losses.push_back(bits(loss.item<double>()));
+    graph_scales.push_back(replayed.scaler.get_scale());  // the host's scale after the replay's update
+  }
+  EXPECT_EQ(graph_losses, eager_losses);
+  EXPECT_EQ(graph_scales, eager_scales);
+  // 256, doubled after each 2 clean steps in a row (indices 1, 5), halved at the bad batches 3, 6 and 7
+  EXPECT_EQ(eager_scales, (std::vector<double>{256, 512, 512, 256, 256, 512, 256, 128, 128}));
+  EXPECT_EQ(replayed.scaler.state_dict().growth_tracker, eager.scaler.state_dict().growth_tracker);
+  for (size_t i = 0; i < eager_params.size(); ++i) {
+    EXPECT_EQ(replayed.opt.state(int64_t(i)).step, 6) << "parameter " << i << ": 9 steps, 3 skipped";
+    EXPECT_EQ(eager.opt.state(int64_t(i)).step, 6);
+    expect_identical(graph_params[i], eager_params[i], "parameter " + std::to_string(i));
+  }
+}
+
+// A GradScaler's captured step needs an optimizer that skips on the device, and a device copy of the scale
+// made outside the capture: otherwise a kiln::Error, and the stream is usable again.
+TEST(CudaGraph, AGradScalerCaptureTheGraphCannotFollowIsAnError) {
   KILN_REQUIRE_GPU();
   Tensor w = ones({16}, {.device = kGpu, .requires_grad = true});
+  optim::GradScaler fresh;
+  std::string e = error_of([&] { cuda::capture([&] { fresh.scale(sum(w)).backward(); }, /*warmup=*/0); });
+  EXPECT_NE(e.find("GradScaler inside a CUDA graph capture before any step outside one"), std::string::npos) << e;
+  EXPECT_FALSE(cuda::is_capturing());
+  optim::SGD sgd({w}, {.lr = 0.1});
   optim::GradScaler scaler;
-  const std::string e = error_of([&] { cuda::capture([&] { scaler.scale(sum(w)).backward(); }, /*warmup=*/0); });
-  EXPECT_NE(e.find("GradScaler::scale inside a CUDA graph capture"), std::string::npos) << e;
+  e = error_of([&] {
+    cuda::capture(
+        [&] {
+          sgd.zero_grad();
+          scaler.scale(sum(w)).backward();
+          scaler.step(sgd);
+          scaler.update();
+        },
+        /*warmup=*/1);
+  });
+  EXPECT_NE(e.find("SGD::step_unless inside a CUDA graph capture"), std::string::npos) << e;
   EXPECT_FALSE(cuda::is_capturing());
 }
 

@@ -6,6 +6,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 #include <kiln/nn/functional.h>
@@ -192,6 +193,48 @@ TEST(AdamW, StepOnlyOverTwoPartsEqualsOneStep) {
     EXPECT_EQ(whole.state(i).tensors.at("exp_avg_sq").to_vector<float>(),
               parts.state(i).tensors.at("exp_avg_sq").to_vector<float>());
   }
+}
+
+// step_unless (GradScaler's step without a graph): a set flag leaves weights, moments and step counts as
+// they were; a clear one is step().
+TEST(AdamW, StepUnlessStepsOnlyWhereTheFlagIsClear) {
+  manual_seed(13);
+  Tensor w = randn({3, 4}).requires_grad_(true), twin = w.detach().clone().requires_grad_(true);
+  AdamW opt({w}, {.lr = 0.05}), plain({twin}, {.lr = 0.05});
+  const Tensor g = randn({3, 4});
+  w.set_grad(g.clone());
+  twin.set_grad(g.clone());
+  opt.step_unless(full({}, 0.0, {.dtype = DType::f32}));
+  plain.step();
+  const std::vector<float> after_one = w.to_vector<float>();
+  EXPECT_EQ(after_one, twin.to_vector<float>());
+  opt.step_unless(full({}, 1.0, {.dtype = DType::f32}));
+  EXPECT_EQ(w.to_vector<float>(), after_one);
+  EXPECT_EQ(opt.state(0).step, 1);
+  EXPECT_EQ(opt.state(0).tensors.at("exp_avg").to_vector<float>(), plain.state(0).tensors.at("exp_avg").to_vector<float>());
+  EXPECT_THROW(opt.step_unless(full({2}, 0.0, {.dtype = DType::f32})), Error);  // not a flag
+}
+
+// The update kernel's own skip (AdamWHyper::found_inf, what a CUDA graph replay reads): a set flag writes
+// nothing, parameters, moments and kept copy; a clear one takes the step.
+TEST(AdamW, TheUpdateKernelWritesNothingWhereTheFlagIsSet) {
+  manual_seed(14);
+  Tensor p = randn({257}), g = randn({257}), m = mul(randn({257}), 0.01), v = mul(abs(randn({257})), 1e-3);
+  Tensor copy = zeros({257}, {.dtype = DType::bf16});
+  const std::vector<std::vector<float>> before{p.to_vector<float>(), m.to_vector<float>(), v.to_vector<float>(),
+                                               copy.to_vector<float>()};
+  Tensor flag = full({}, 1.0, {.dtype = DType::f32});
+  AdamWHyper h{1e-2, 0.9, 0.999, 1e-8, 0.1, 1 - 0.9, std::sqrt(1 - 0.999)};
+  h.found_inf = flag.data_ptr<float>();
+  kernels::adamw_step({p}, {g}, {m}, {v}, {copy}, h);
+  EXPECT_EQ(p.to_vector<float>(), before[0]);
+  EXPECT_EQ(m.to_vector<float>(), before[1]);
+  EXPECT_EQ(v.to_vector<float>(), before[2]);
+  EXPECT_EQ(copy.to_vector<float>(), before[3]);
+  flag.zero_();
+  kernels::adamw_step({p}, {g}, {m}, {v}, {copy}, h);
+  EXPECT_NE(p.to_vector<float>(), before[0]);
+  EXPECT_EQ(copy.to_vector<float>(), cast(p, DType::bf16).to_vector<float>());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // `scripts/kilnrun --nproc-per-node 1` (the environment-variable rendezvous).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -22,6 +23,7 @@
 #include <kiln/nn/functional.h>
 #include <kiln/nn/linear.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/grad_scaler.h>
 
 #include "../collective_values.h"
 #include "../test_mlp.h"
@@ -166,11 +168,14 @@ TEST(Nccl, ZeroAdamWMatchesDistributedDataParallelWithAdamW) {
 
 // DDP's all-reduces, and ZeroAdamW's reduce-scatter, clipping and all-gather, captured with the whole step as
 // one CUDA graph: each replay leaves the parameters the eager step leaves (and a learning rate changed between
-// replays reaches both; ZeroAdamW counts the replays as steps).
+// replays reaches both; ZeroAdamW counts the replays as steps, except those a GradScaler skipped).
 TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
   auto pg = group();
-  for (bool zero : {false, true}) {
-    SCOPED_TRACE(zero ? "ZeroAdamW" : "DistributedDataParallel + AdamW");
+  // the third run: ZeroAdamW under a GradScaler, with an inf in rank 1's batch 2 (every rank skips that step:
+  // the flags agree through an all-reduce captured with the step)
+  for (auto [zero, scaled] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+    SCOPED_TRACE(!zero ? "DistributedDataParallel + AdamW" : scaled ? "ZeroAdamW + GradScaler" : "ZeroAdamW");
+    optim::GradScaler scaler_a({.init_scale = 1024.0}), scaler_b({.init_scale = 1024.0});
     manual_seed(41 + uint64_t(pg->rank()));  // rank 0's weights reach every rank through the broadcast
     testing::Mlp a(7, 9, 4, gpu()), b(7, 9, 4, gpu());
     b.load_state_dict(a.state_dict());
@@ -194,12 +199,21 @@ TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
     auto step = [&](testing::Mlp& m, DistributedDataParallel* ddp, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
       if (zero) static_cast<ZeroAdamW&>(opt).zero_grad();
       else opt.zero_grad();
-      nn::functional::mse_loss(ddp ? (*ddp)(x) : m(x), y).backward();
-      opt.step();
+      const Tensor loss = nn::functional::mse_loss(ddp ? (*ddp)(x) : m(x), y);
+      if (!scaled) {
+        loss.backward();
+        opt.step();
+        return;
+      }
+      optim::GradScaler& scaler = &opt == opt_a.get() ? scaler_a : scaler_b;
+      scaler.scale(loss).backward();
+      scaler.step(opt);
+      scaler.update();
     };
     Generator gen(9 + uint64_t(pg->rank()));  // each rank its own batches
     std::vector<std::pair<Tensor, Tensor>> batches;
     for (int k = 0; k < 6; ++k) batches.emplace_back(randn({5, 7}, {}, &gen).to(gpu()), randn({5, 4}, {}, &gen).to(gpu()));
+    if (scaled && pg->rank() == 1) batches[2].first.narrow(0, 1, 1).fill_(INFINITY);
     Tensor gx = empty({5, 7}, {.device = gpu()}), gy = empty({5, 4}, {.device = gpu()});
     // step 0 eager on both (the optimizer state, NCCL's connections), then b's step captured
     step(a, ddp_a.get(), *opt_a, batches[0].first, batches[0].second);
@@ -224,8 +238,12 @@ TEST(Nccl, DataParallelStepsCapturedInACudaGraphReplayToTheEagerSteps) {
       EXPECT_GT(norm_a, 0.05);
       EXPECT_NEAR(norm_b, norm_a, 1e-6 * norm_a) << "the last replay's norm";
       for (optim::Optimizer* o : {opt_a.get(), opt_b.get()}) static_cast<ZeroAdamW*>(o)->consolidate_state();
-      EXPECT_EQ(opt_b->state(0).step, 6);
-      EXPECT_EQ(opt_a->state(0).step, 6);
+      EXPECT_EQ(opt_b->state(0).step, scaled ? 5 : 6);
+      EXPECT_EQ(opt_a->state(0).step, scaled ? 5 : 6);
+    }
+    if (scaled) {
+      EXPECT_EQ(scaler_a.get_scale(), 512.0);  // backed off once
+      EXPECT_EQ(scaler_b.get_scale(), 512.0);
     }
   }
 }
