@@ -19,7 +19,7 @@
 // CUDA graph (default on GPUs with AdamW, DDP's and ZeRO-1's collectives captured with the step;
 // --no-cuda-graph turns it off, --cuda-graph insists): after the warm-up the step (forward, zero_grad,
 // backward, AdamW) is captured once as a CUDA graph (cuda/graph.h) and every timed step copies its batch
-// into the graph's inputs and replays it.
+// into the graph's inputs and replays it. --amp f16 adds a GradScaler to the step, captured with it.
 //
 // MFU is nanoGPT's estimate_mfu: FLOPs per token = 6N + 12 L H Q T (N = parameters without the position
 // embeddings, the tied token embedding counted once; L layers, H heads, Q head dim, T context: the
@@ -52,6 +52,7 @@
 #include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
 #include <kiln/optim/adamw.h>
+#include <kiln/optim/grad_scaler.h>
 #include <kiln/optim/step_in_backward.h>
 #include <kiln/optim/shampoo.h>
 
@@ -92,7 +93,7 @@ struct Args {
 
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
-        "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|none]\n"
+        "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|f16|none]\n"
         "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
         "                  [--shampoo-newton-tf32] [--shampoo-warm [--shampoo-warm-tolerance T]]\n"
         "                  [--shampoo-beta2 B]] [--fp8]\n"
@@ -115,6 +116,7 @@ void usage(std::ostream& os) {
         "  --no-autocast-cache: cast the weights to bf16 at every use (default: the casts are kept and AdamW\n"
         "                writes them with each update: amp::cast_parameter)\n"
         "  --shampoo F: optim::Shampoo (roots every F steps, Adam grafting) instead of AdamW\n"
+        "  --amp f16: f16 autocast with dynamic loss scaling (optim::GradScaler; captured with the step)\n"
         "  --fp8: the blocks' Linear layers in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16)\n"
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
         "                (default: on GPUs with AdamW or --zero)\n"
@@ -167,7 +169,11 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--help" || flag == "-h") a.help = true;
     else r.unknown();
   }
-  KILN_CHECK(a.amp == "bf16" || a.amp == "none", "gpt2_bench: --amp must be bf16 or none, got '", a.amp, "'");
+  KILN_CHECK(a.amp == "bf16" || a.amp == "f16" || a.amp == "none", "gpt2_bench: --amp must be bf16, f16 or none, got '",
+             a.amp, "'");
+  KILN_CHECK(a.amp != "f16" || (!a.step_in_backward && !a.overlap_step && a.shampoo == 0),
+             "gpt2_bench: --amp f16 (a GradScaler, which steps after checking every gradient) needs AdamW or --zero "
+             "stepping after backward (not --step-in-backward, --overlap-step or --shampoo)");
   KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
   KILN_CHECK(!a.overlap_step || !a.zero, "gpt2_bench: --overlap-step is DDP's (ZeRO-1 reduce-scatters instead)");
   KILN_CHECK(!a.step_in_backward || (!a.zero && a.shampoo == 0 && !a.overlap_step),
@@ -196,7 +202,9 @@ int run(const Args& args) {
   auto sync = [&] {
     if (dev.is_cuda()) cuda::synchronize();
   };
-  const bool amp_on = args.amp == "bf16";
+  const bool amp_on = args.amp != "none";
+  const DType amp_dtype = args.amp == "f16" ? DType::f16 : DType::bf16;
+  optim::GradScaler scaler({.enabled = args.amp == "f16"});  // f16: dynamic loss scaling, in the graph too
   const int64_t B = args.batch_size, T = args.seq_len;
 
   manual_seed(args.seed);
@@ -260,6 +268,12 @@ int run(const Args& args) {
   else if (args.step_in_backward) in_backward = std::make_unique<optim::StepInBackward>(*opt);
   auto optimizer_step = [&] {  // through DDP, which may update some parameters while an all-reduce runs
     if (args.step_in_backward) return;  // done inside backward
+    if (scaler.is_enabled()) {  // f16: every averaged gradient checked, then the step where all were finite
+      if (ddp) ddp->wait_for_gradients();
+      scaler.step(*opt);
+      scaler.update();
+      return;
+    }
     if (ddp) ddp->step(*opt);
     else opt->step();
   };
@@ -278,12 +292,12 @@ int run(const Args& args) {
     const auto& [x, y] = batches[size_t(i) % batches.size()];
     timer.time("forward", [&] {
       nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
-      amp::Autocast autocast(dev, DType::bf16, amp_on, args.autocast_cache);
+      amp::Autocast autocast(dev, amp_dtype, amp_on, args.autocast_cache);
       loss = model.loss(x, y);
     });
     timer.time("backward", [&] {
       zero_grad();
-      loss.backward();
+      scaler.scale(loss).backward();  // (bf16: loss.backward())
     });
     timer.time("optimizer", [&] {
       optimizer_step();
@@ -305,11 +319,11 @@ int run(const Args& args) {
         [&] {
           {
             nn::Fp8Autocast fp8({.history_len = 16}, args.fp8);
-            amp::Autocast autocast(dev, DType::bf16, amp_on, args.autocast_cache);
+            amp::Autocast autocast(dev, amp_dtype, amp_on, args.autocast_cache);
             loss = model.loss(gx, gy);
           }
           zero_grad();
-          loss.backward();
+          scaler.scale(loss).backward();
           optimizer_step();
           if (args.fp8) nn::fp8_step(model);  // the histories' positions live on the device: a replay moves them
         },
@@ -375,7 +389,7 @@ int run(const Args& args) {
                "GPT %lldx%lldx%lld, vocab %lld: N = %.2fM parameters (without wpe), %.3g FLOPs/token; B=%lld T=%lld, "
                "%s%s; final loss %.4f\n",
                (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
-               N / 1e6, flops_per_token, (long long)B, (long long)T, amp_on ? "bf16 autocast" : "f32",
+               N / 1e6, flops_per_token, (long long)B, (long long)T, !amp_on ? "f32" : args.amp == "f16" ? "f16 autocast + GradScaler" : "bf16 autocast",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
   if (shampoo_stats)
     std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept; "
