@@ -391,6 +391,9 @@ int run(const Args& args) {
                (long long)args.n_layer, (long long)args.n_head, (long long)args.n_embd, (long long)args.vocab_size,
                N / 1e6, flops_per_token, (long long)B, (long long)T, !amp_on ? "f32" : args.amp == "f16" ? "f16 autocast + GradScaler" : "bf16 autocast",
                args.grad_checkpoint ? ", gradient checkpointing" : "", loss.item<double>());
+  if (scaler.is_enabled())  // steps skipped while the scale backs off from 2^16 leave the loss behind bf16's
+    std::fprintf(stderr, "loss scale %g%s\n", scaler.get_scale(),
+                 zero ? "" : (", AdamW steps taken " + std::to_string(opt->state(0).step)).c_str());
   if (shampoo_stats)
     std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept; "
                 "in the timed steps %lld root updates, %lld eigendecomposed afresh\n",
