@@ -171,11 +171,13 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
 
 // Lists: 0 gradients (P), 1 filtered (S), 2 first moments, 3 grafting statistics, 4 grafted directions (S;
 // the lists a step does not use hold the filtered tensors, untouched: never read or written here). Arithmetic
-// in S; 4-element accesses where the tensor's pointers allow them.
+// in S; 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
+// memory, which replace a's.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
-                                                                  MomentsArgs a) {
+                                                                  MomentsArgs a, const double* hyper) {
   using DP = device_t<P>;
+  if (hyper) a.bc1 = hyper[0], a.bcg = hyper[1];
   const bool graft = a.grafting == 2 || a.grafting == 3;
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
     const int t = tl.chunk_tensor[c];
@@ -232,10 +234,13 @@ __device__ __forceinline__ S apply_update(S p, S d, S& b, const ApplyArgs& a) {
 }
 
 // Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no
-// momentum, then never written). 4-element accesses where the tensor's pointers allow them.
+// momentum, then never written). 4-element accesses where the tensor's pointers allow them. hyper (CUDA
+// graphs): {lr, weight_decay} in device memory, which replace a's (rounded as the host rounds them).
 template <class P, class S>
-__global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a) {
+__global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a,
+                                                                const double* hyper) {
   using DP = device_t<P>;
+  if (hyper) a.lr = hyper[0], a.decay = __dsub_rn(1.0, __dmul_rn(hyper[0], hyper[1]));
   const bool momentum = a.momentum > 0.0;
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
     const int t = tl.chunk_tensor[c];
@@ -448,7 +453,7 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
                         [&](auto p, auto st, const TensorList& tl) {
                           auto kernel = shampoo_moments_kernel<decltype(p), decltype(st)>;
                           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
-                                   current_stream()>>>(tl, a);
+                                   current_stream()>>>(tl, a, h.device_hyper);
                           KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
                         });
 }
@@ -469,7 +474,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
                         [&](auto p, auto st, const TensorList& tl) {
                           auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
                           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
-                                   current_stream()>>>(tl, a);
+                                   current_stream()>>>(tl, a, h.device_hyper);
                           KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
                         });
 }

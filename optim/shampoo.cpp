@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/kernels/reduce.h>
 #include <kiln/core/ops.h>
+#include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
 #include <kiln/optim/shampoo_blocks.h>
 
@@ -303,6 +305,9 @@ Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t,
     return true;
   };
   if (slot && linked(**slot)) return **slot;
+  KILN_CHECK(!cuda::is_capturing(), "Shampoo: the stacked factors and roots of the ", m, "x", n, " blocks are new "
+             "(loaded, moved or first made) while a CUDA graph is captured (a replay would stack the old ones again): "
+             "run a step without capture first");
   // (re)stack: the per-block tensors as they are (fresh, loaded or moved) into new stacked storage
   auto g = std::make_shared<MatrixGroup>();
   g->m = m, g->n = n, g->dtype = dtype, g->device = dev, g->beta2 = beta2, g->members = members;
@@ -326,10 +331,59 @@ Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t,
   return *g;
 }
 
+bool Shampoo::roots_due_next_step() const {
+  int64_t index = 0;
+  for (const ParamGroup& g : param_groups()) {
+    const int64_t start = int64_t(g.get("start_preconditioning_step")), every = int64_t(g.get("precondition_frequency"));
+    for (const Tensor& p : g.params) {
+      const int64_t t = state(index++).step + 1;
+      if (preconditioned(p.shape(), g) && t >= start && (t - start) % every == 0) return true;
+    }
+  }
+  return false;
+}
+
+bool Shampoo::capturable_next_step() const {
+  if (roots_due_next_step()) return false;
+  int64_t index = 0;
+  for (const ParamGroup& g : param_groups()) {
+    const int64_t start = int64_t(g.get("start_preconditioning_step"));
+    for (const Tensor& p : g.params) {
+      const int64_t t = state(index++).step;
+      if (preconditioned(p.shape(), g) && (t < 1 || t + 1 < start)) return false;
+    }
+  }
+  return true;
+}
+
 void Shampoo::step() {
   NoGradGuard no_grad;
   const cuda::AllowTf32Guard tf32_products(tf32, true);  // the statistics and preconditioning products below
   for (const auto& g : param_groups()) check_group(g);
+  // Under CUDA graph capture (a step without roots: those are decided and computed on the host) the step
+  // counts advance at each replay, whose hook also writes the bias corrections, lr and weight decay where the
+  // captured kernels read them (as AdamW's).
+  cuda::Graph* graph = cuda::capturing_graph();
+  KILN_CHECK(!graph || !roots_due_next_step(), "Shampoo: a step that computes roots (every precondition_frequency "
+             "steps) cannot be captured in a CUDA graph; capture a step without them (roots_due_next_step() false) "
+             "and run the steps that compute roots without the graph");
+  auto must_exist = [&](const Tensor& x, const char* name, int64_t index) {
+    KILN_CHECK(x.defined() || !graph, "Shampoo: parameter ", index, " has no ", name, " yet while a CUDA graph is "
+               "captured (it would be made again at every replay): run steps without capture first, past "
+               "start_preconditioning_step");
+  };
+  struct ReplayBatch {  // a fused moments launch of a captured step: its words and whom they follow
+    uint64_t* words;
+    std::vector<int64_t> params;
+    double beta1, grafting_beta2;
+  };
+  struct ReplayUpdate {
+    uint64_t* words;
+    size_t group;
+  };
+  std::vector<ReplayBatch> replay_batches;
+  std::vector<ReplayUpdate> replay_updates;
+  std::vector<int64_t> stepped;  // parameters whose step counts a replay advances
   // Pass 1: statistics, and the factors whose roots are due; pass 2 (after the batched roots): directions.
   struct Pending {
     ParamGroup* group;
@@ -359,6 +413,7 @@ void Shampoo::step() {
     struct Batch {
       std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted;
       ShampooMomentsHyper h;
+      std::vector<int64_t> params;
     };
     std::map<std::pair<const ParamGroup*, int64_t>, Batch> batches;
     for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
@@ -366,16 +421,19 @@ void Shampoo::step() {
       if (!grad.defined()) return;
       const DType sdt = state_dtype(p.dtype());
       ParamState& st = state(index);
-      const int64_t t = ++st.step;
+      const int64_t t = graph ? st.step + 1 : ++st.step;  // captured: counted at each replay
+      if (graph) stepped.push_back(index);
       const double b1 = g.get("beta1");
       const auto grafting = Grafting(int(g.get("grafting")));
       const bool graft = grafting == Grafting::adam || grafting == Grafting::adagrad;
       auto state_tensor = [&](const std::string& name) -> Tensor& {
         Tensor& x = st.tensors[name];
+        must_exist(x, name.c_str(), index);
         if (!x.defined()) x = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
         return x;
       };
       Batch& b = batches[{&g, t}];
+      b.params.push_back(index);
       b.h = {b1, 1.0 - std::pow(b1, double(t)), graft ? int(grafting) : 0, g.get("grafting_beta2"),
              1.0 - std::pow(g.get("grafting_beta2"), double(t)), g.get("grafting_epsilon")};
       Moments& mo = moments[index];
@@ -389,9 +447,18 @@ void Shampoo::step() {
         b.grafted.push_back(mo.grafted);
       }
     });
-    for (auto& [key, b] : batches)
+    for (auto& [key, b] : batches) {
+      if (graph && b.grads[0].device().is_cuda()) {
+        uint64_t* words = graph->replay_words(2);
+        b.h.device_hyper = reinterpret_cast<const double*>(words);
+        replay_batches.push_back({words, b.params, key.first->get("beta1"), key.first->get("grafting_beta2")});
+      }
       kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, b.h);
+    }
   }
+  std::map<int64_t, int64_t> step_of;  // this step's t of each parameter (captured: the next replay's)
+  for (const ReplayBatch& b : replay_batches)
+    for (int64_t i : b.params) step_of[i] = state(i).step + 1;
 
   for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
     const Tensor grad = p.grad();
@@ -400,9 +467,10 @@ void Shampoo::step() {
     const Tensor g32 = cast(grad, sdt).contiguous();
     const double b2 = g.get("beta2");
     ParamState& st = state(index);
-    const int64_t t = st.step;
+    const int64_t t = step_of.count(index) ? step_of.at(index) : st.step;
     auto state_tensor = [&](const std::string& name, const Shape& shape, bool identity = false) -> Tensor& {
       Tensor& s = st.tensors[name];
+      must_exist(s, name.c_str(), index);
       if (!s.defined())
         s = identity ? linalg::eye(shape[0], {.dtype = sdt, .device = p.device()})
                      : zeros(shape, {.dtype = sdt, .device = p.device()});
@@ -482,8 +550,13 @@ void Shampoo::step() {
   }
 
   auto started = [&](const Pending& w) {
-    return w.preconditioned && state(w.index).step >= int64_t(w.group->get("start_preconditioning_step"));
+    const int64_t t = step_of.count(w.index) ? step_of.at(w.index) : state(w.index).step;
+    return w.preconditioned && t >= int64_t(w.group->get("start_preconditioning_step"));
   };
+  for (const Pending& w : pending)
+    KILN_CHECK(!graph || !w.preconditioned || started(w), "Shampoo: parameter ", w.index, " starts preconditioning "
+               "at step ", w.group->get("start_preconditioning_step"), " (what a step does then changes): capture a "
+               "CUDA graph of a later step");
   for (Pending& w : pending)
     if (started(w)) w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
 
@@ -571,15 +644,42 @@ void Shampoo::step() {
     u.directions.push_back(direction.contiguous());
     if (g.get("momentum") > 0.0) {
       Tensor& buf = st.tensors["momentum_buffer"];
+      must_exist(buf, "momentum_buffer", w.index);
       if (!buf.defined()) buf = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
       u.buffers.push_back(buf);
     }
   }
   for (auto& [g, u] : updates) {
-    kernels::shampoo_apply(u.params, u.directions, u.buffers,
-                           {g->get("lr"), g->get("weight_decay"), g->get("momentum"), g->get("nesterov") != 0.0});
+    ShampooApplyHyper h{g->get("lr"), g->get("weight_decay"), g->get("momentum"), g->get("nesterov") != 0.0};
+    if (graph && u.params[0].device().is_cuda()) {
+      uint64_t* words = graph->replay_words(2);
+      h.device_hyper = reinterpret_cast<const double*>(words);
+      replay_updates.push_back({words, size_t(g - param_groups().data())});
+    }
+    kernels::shampoo_apply(u.params, u.directions, u.buffers, h);
     for (const Tensor& p : u.params) p.bump_version();  // written in place, as by any in-place op
   }
+  if (graph)
+    graph->on_replay([this, stepped, replay_batches, replay_updates] {
+      for (const auto& g : param_groups()) check_group(g);  // before anything changes
+      KILN_CHECK(!roots_due_next_step(), "Shampoo: roots are due at this step, which a CUDA graph replay cannot "
+                 "compute: run it without the graph (roots_due_next_step() says when)");
+      for (int64_t i : stepped) ++state(i).step;
+      for (const ReplayBatch& b : replay_batches) {
+        const double t = double(state(b.params[0]).step);
+        const double values[2] = {1.0 - std::pow(b.beta1, t), 1.0 - std::pow(b.grafting_beta2, t)};
+        uint64_t words[2];
+        std::memcpy(words, values, sizeof(words));
+        cuda::write_words(b.words, words, 2);
+      }
+      for (const ReplayUpdate& u : replay_updates) {
+        const ParamGroup& g = param_groups()[u.group];
+        const double values[2] = {g.get("lr"), g.get("weight_decay")};
+        uint64_t words[2];
+        std::memcpy(words, values, sizeof(words));
+        cuda::write_words(u.words, words, 2);
+      }
+    });
 }
 
 }  // namespace kiln::optim

@@ -69,6 +69,15 @@ class Shampoo : public Optimizer {
   void add_param_group(std::vector<Tensor> params, const ShampooOptions& options);
   using Optimizer::add_param_group;
   void step() override;
+  // Whether the next step() computes roots (a preconditioned parameter reaches a multiple of
+  // precondition_frequency from start_preconditioning_step). A step without roots can be captured in a CUDA
+  // graph (cuda/graph.h; after start_preconditioning_step, once its state exists): each replay advances the
+  // step counts and reads lr, weight decay and the bias corrections then. A loop replays it where this is
+  // false and runs the step without the graph where it is true; a replay at a root step is a kiln::Error.
+  bool roots_due_next_step() const;
+  // Whether the next step() can be captured: no roots due, and every preconditioned parameter has state and
+  // is past start_preconditioning_step.
+  bool capturable_next_step() const;
 
   linalg::RootMethod root_method = linalg::RootMethod::eigen;  // how the batched roots are computed
   int max_root_failures = 3;

@@ -74,6 +74,7 @@ void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
                               const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
+  KILN_CHECK(!h.device_hyper, "shampoo_moments: device hyper-parameters (CUDA graphs) given to the CPU kernel");
   const bool graft = h.grafting == 2 || h.grafting == 3;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor m = h.beta1 > 0.0 ? exp_avgs[i] : Tensor(), v = graft ? grafting_states[i] : Tensor();
@@ -90,6 +91,7 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
                             const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h) {
+  KILN_CHECK(!h.device_hyper, "shampoo_apply: device hyper-parameters (CUDA graphs) given to the CPU kernel");
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor b = h.momentum > 0.0 ? momentum_buffers[i] : Tensor();
     if (directions[i].dtype() == DType::f64) {

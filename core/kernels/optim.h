@@ -27,11 +27,16 @@ struct ShampooMomentsHyper {
   double grafting_beta2;     // Adam's
   double grafting_bias_correction;  // Adam's 1 - grafting_beta2^t
   double grafting_epsilon;
+  // CUDA graphs: when set, the CUDA kernel reads {bias_correction1, grafting_bias_correction} from this
+  // device memory at run time (a replay hook writes each replay's) instead of the captured ones.
+  const double* device_hyper = nullptr;
 };
 // The update of a Shampoo step from its directions.
 struct ShampooApplyHyper {
   double lr, weight_decay, momentum;
   bool nesterov;
+  // CUDA graphs: when set, the CUDA kernel reads {lr, weight_decay} from this device memory at run time.
+  const double* device_hyper = nullptr;
 };
 }  // namespace kiln
 

@@ -37,12 +37,14 @@
 // reduction for the clipping norm, which stays on the device), and each batch is one asynchronous copy from
 // page-locked memory (data::WindowSampler).
 //
-// CUDA graph (default on GPUs with AdamW, data-parallel ranks included; --no-cuda-graph turns it off, and
+// CUDA graph (default on GPUs, data-parallel ranks included; --no-cuda-graph turns it off, and
 // --cuda-graph insists on it): after 3 ordinary iterations the training step (zero_grad, forward,
-// backward, clipping, AdamW) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
+// backward, clipping, the optimizer's step) is captured as one CUDA graph (cuda/graph.h) and each later iteration copies
 // its batch into the graph's input tensors and replays it: one launch instead of hundreds. Dropout masks,
 // AdamW's step count and the scheduled lr advance per replay as they would without the graph; under
 // --amp f16 the GradScaler's scale too, and a replay whose gradients were not finite skips its update.
+// Shampoo: the step is captured past its first roots, and the iterations that compute roots (every
+// --shampoo-frequency) run without the graph (optim::Shampoo::roots_due_next_step).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -127,7 +129,7 @@ struct Args {
   int64_t sample = 500;
   int64_t profile = 0;
   bool print_loss = false;  // every iteration's training loss over the global batch (a host sync each)
-  int cuda_graph = -1;  // the step as one CUDA graph after 3 ordinary iterations: 1 on, 0 off, -1 where it can
+  int cuda_graph = -1;  // the step as one CUDA graph after 3 ordinary iterations: 1 on, 0 off, -1 on a GPU
   bool cuda_graph_asked = false;  // --cuda-graph given: an error where it cannot be
   bool fp8 = false;  // the blocks' Linear layers in FP8 (nn::Fp8Autocast); evaluation stays in --amp's dtype
   std::pair<int64_t, int64_t> sketch{0, 0};  // (L, k): the MLP layers as SKLinear; k = 0: dense
@@ -157,7 +159,7 @@ void usage(std::ostream& os) {
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
         "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
         "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
-        "                on GPUs with AdamW)\n"
+        "                on GPUs; Shampoo's iterations that compute roots run without it)\n"
         "  --fp8: the blocks' Linear layers train in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
         "         their scaling states go into the checkpoint; evaluation and sampling in --amp's dtype)\n"
         "  --amp f16: f16 autocast with dynamic loss scaling (optim::GradScaler: steps whose gradients are not\n"
@@ -227,11 +229,9 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
-  KILN_CHECK(a.cuda_graph != 1 || a.optimizer == "adamw", "char_gpt: --cuda-graph needs --optimizer adamw (Shampoo "
-             "decides on the host when to compute roots)");
   KILN_CHECK(shampoo_flag.empty() || a.optimizer == "shampoo", "char_gpt: ", shampoo_flag,
              " sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: ", a.optimizer, ")");
-  if (a.cuda_graph == -1) a.cuda_graph = a.optimizer == "adamw";  // and a GPU: in run()
+  if (a.cuda_graph == -1) a.cuda_graph = 1;  // on a GPU: in run()
   return a;
 }
 
@@ -344,6 +344,7 @@ int run(const Args& args) {
     optimizer = std::move(shampoo);
   }
   optim::Optimizer& opt = *optimizer;
+  const optim::Shampoo* shampoo = dynamic_cast<const optim::Shampoo*>(optimizer.get());
   optim::CosineWithWarmup schedule(opt, args.warmup_iters, args.lr_decay_iters, args.min_lr);
   optim::FlatParameters flat(model.parameters());
   std::unique_ptr<distributed::DistributedDataParallel> ddp;  // buckets are ranges of flat's gradient
@@ -446,7 +447,8 @@ int run(const Args& args) {
   auto train_step = [&](PhaseTimer& timer) {
     Tensor x, y, loss;
     timer.time("batch", [&] { std::tie(x, y) = train_batches.sample(batch_gen, rank, world); });
-    if (graph) {
+    // Shampoo: the steps that compute roots (every --shampoo-frequency) run without the graph
+    if (graph && !(shampoo && shampoo->roots_due_next_step())) {
       timer.time("graph", [&] {
         graph_x.copy_(x);
         graph_y.copy_(y);
@@ -493,7 +495,7 @@ int run(const Args& args) {
         const double ms_per_iter = segment_iters > 0 ? 1e3 * seg / double(segment_iters) : 0.0;
         std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter", (long long)iter, train_loss, val_loss,
                     schedule.get_last_lr()[0], ms_per_iter);
-        if (const auto* shampoo = dynamic_cast<const optim::Shampoo*>(optimizer.get()))  // roots so far
+        if (shampoo)  // roots so far
           std::printf("; Shampoo roots %lld, %lld eigendecomposed afresh", (long long)shampoo->root_updates(),
                       (long long)shampoo->eigen_refreshes());
         std::printf(")\n");
@@ -538,7 +540,8 @@ int run(const Args& args) {
     }
     if (last) break;
 
-    if (use_graph && !graph && trained_iters == 3) {  // warm: optimizer state, workspaces, heuristics
+    // warm: optimizer state, workspaces, heuristics (Shampoo: past its first roots, at a step without them)
+    if (use_graph && !graph && trained_iters >= 3 && (!shampoo || shampoo->capturable_next_step())) {
       graph_x = empty({args.batch_size, args.block_size}, {.dtype = DType::i64, .device = dev});
       graph_y = empty_like(graph_x);
       graph.emplace(cuda::capture([&] { graph_loss = compute_step(graph_x, graph_y, untimed); }, /*warmup=*/0));
