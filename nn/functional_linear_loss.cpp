@@ -10,6 +10,14 @@
 // scales dx and dw by s (not at all for loss.backward()'s own seed of 1). The (N, C) logits never exist
 // whole: GPT-2's lm_head at B·T = 16384 held 1.65 GB of bf16 logits until the backward; now two chunks
 // of 0.82 GB in turn, then dw in f32 (154 MB) and dx (25 MB).
+//
+// f16: the unit gradients live in the logits' buffer, in f16, before any loss scale reaches them, and
+// f16 ends at 6e-8. With the mean's 1/N row weight a probability p became p/N there, zero for p < 6e-8·N
+// (GPT-2's 16384 rows: every p below 1e-3, nearly all of a 50304-way softmax), which took the softmax's
+// side of every gradient through the head (the LayerNorm before it off by ~50% at initialization). So
+// under f16 each row's weight is kF16UnitScale instead (|dz| <= 2^15 < 65504: a probability stays a normal
+// f16 down to 2e-9), dx = dz · w is computed in f32 (it would reach 2^15·|w|), and the backward applies
+// (the mean's 1/N) / kF16UnitScale together with the upstream scalar. bf16 and f32 keep their range.
 #include <algorithm>
 
 #include <kiln/core/kernels/cross_entropy.h>
@@ -23,6 +31,7 @@ namespace kiln::nn::functional {
 
 namespace {
 constexpr int64_t kChunkBytes = int64_t(1) << 30;  // logits per chunk
+constexpr double kF16UnitScale = 32768.0;           // f16's row weight of the unit gradients (see above)
 }  // namespace
 
 Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const Tensor& target,
@@ -53,6 +62,7 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
   const bool rx = x_in.requires_grad(), rw = weight_in.requires_grad();
   const Device dev = x_in.device();
   Tensor dx, dw, result;
+  Tensor post_scale;  // f16: what the backward multiplies the unit gradients by besides the upstream scalar
   {
     NoGradGuard ng;
     const Tensor x2 = cast(x_in, t).reshape({N, K}).contiguous();
@@ -68,12 +78,17 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     // Each row's weight in the reduction: 1 for the sum, 1 / (rows that count) for the mean, computed on
     // the device (no synchronization).
     Tensor row_weight = ones({N}, stat), counted;
-    if (opt.reduction == Reduction::mean) {
+    if (opt.reduction == Reduction::mean)
       counted = sum(cast(ne(tgt, full({}, double(opt.ignore_index), {.dtype = DType::i64, .device = dev})), stat_dtype(t)));
+    if (t == DType::f16) {  // the unit gradients at 2^15 a row, the mean and 2^15 undone in the backward
+      row_weight = full({N}, kF16UnitScale, stat);
+      post_scale = full({}, 1.0 / kF16UnitScale, stat);
+      if (counted.defined()) post_scale = div(post_scale, counted);
+    } else if (counted.defined()) {
       row_weight = div(row_weight, counted);
     }
     Tensor loss = empty({N}, stat), lse = empty({N}, stat);
-    dx = rx ? empty({N, K}, {.dtype = t, .device = dev}) : Tensor();
+    dx = rx ? empty({N, K}, {.dtype = t == DType::f16 ? DType::f32 : t, .device = dev}) : Tensor();
     dw = rw ? (N > 0 && C > 0 ? empty({C, K}, {.dtype = acc, .device = dev}) : zeros({C, K}, {.dtype = acc, .device = dev}))
             : Tensor();
     // Equal chunks of at most kChunkBytes, in whole 128-row GEMM tiles. Each chunk after the first reads
@@ -90,24 +105,29 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
       const Tensor lc = loss.narrow(0, r0, rows), sc = lse.narrow(0, r0, rows);
       kernels::linear(xc, w2, Tensor(), Epilogue::none, z, Tensor());
       kernels::cross_entropy_in_place(z, tc, opt.ignore_index, opt.label_smoothing, row_weight.narrow(0, r0, rows), lc, sc);
-      if (rx) kernels::linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
+      if (rx && dx.dtype() == t)
+        kernels::linear_backward(z, Tensor(), w2, Tensor(), Epilogue::none, dx.narrow(0, r0, rows), Tensor(), Tensor());
+      else if (rx)  // f16: dz · w accumulated and kept in f32
+        kernels::gemm(z, w2, 1.0, Tensor(), dx.narrow(0, r0, rows));
       if (rw && !kernels::matmul_accumulate_f32(z.t(), xc, dw, r0 > 0)) {
-        Tensor part = cast(matmul(z.t(), xc), acc);
+        Tensor part = empty({C, K}, {.dtype = acc, .device = dev});  // (acc: never rounded to 16 bits)
+        kernels::gemm(z.t(), xc, 1.0, Tensor(), part);
         dw = r0 > 0 ? add(dw, part) : part;
       }
     }
     result = opt.reduction == Reduction::mean ? div(sum(loss), counted) : sum(loss);
   }
   record("linear_cross_entropy", {x_in, weight_in}, {result},
-         [dx, dw, rx, rw, xs = x_in.sizes(), xdt = x_in.dtype(), wdt = weight_in.dtype()](const Grads& g) {
-           if (autograd::is_implicit_seed(g[0]))  // loss.backward() with no gradient: s is exactly 1, and
+         [dx, dw, rx, rw, post_scale, xs = x_in.sizes(), xdt = x_in.dtype(), wdt = weight_in.dtype()](const Grads& g) {
+           if (autograd::is_implicit_seed(g[0]) && !post_scale.defined())  // loss.backward(): s is exactly 1, and
              // the unit gradients are the gradients (GPT-2: no pass over the head's 154 MB of f32 dw and 25 MB
              // of dx; the engine copies dw into a pinned gradient where there is one)
              return Grads{rx ? cast(dx, xdt).reshape(xs) : Tensor(), rw ? cast(dw, wdt) : Tensor()};
            // The upstream scalar s scales the unit gradients, in f32 (f64 for f64): a loss scaler's 65536
            // is not an f16 value, and the composition also rounds only the scaled gradient.
            const DType wide = dx.defined() && dx.dtype() == DType::f64 ? DType::f64 : DType::f32;
-           const Tensor s = cast(g[0], wide);
+           Tensor s = cast(g[0], wide);
+           if (post_scale.defined()) s = mul(s, cast(post_scale, wide));  // f16: the row weight undone
            Tensor dweight;
            if (rw) {
              // s · dw written over the weight's pinned gradient when this is its last producer (an untied

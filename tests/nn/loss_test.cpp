@@ -98,6 +98,37 @@ TEST(LinearCrossEntropy, EqualsTheComposition) {
             std::string::npos);
 }
 
+// f16 over a language model's vocabulary: with 1024 rows and 50304 classes each probability is ~2e-5 and
+// the mean's share of it ~2e-8, below f16's smallest subnormal. The classes no row targets get their whole
+// gradient from those probabilities (dw's row c = Σ_n p_nc x_n); they must match the f64 result on the same
+// (f16-rounded) inputs, as dx must, under loss.backward() and under a loss scaler's 65536.
+TEST(LinearCrossEntropy, F16KeepsTheSoftmaxSideOfTheGradientOverALargeVocabulary) {
+  manual_seed(4);
+  const int64_t N = 1024, C = 50304, K = 32;
+  const Tensor x = cast(randn({N, K}), DType::f16), w = cast(mul(randn({C, K}), 0.05), DType::f16);
+  const Tensor target = randint(0, 16, {N}, {.dtype = DType::i64});  // classes 16.. are nobody's target
+  for (double scale : {1.0, 65536.0}) {
+    SCOPED_TRACE("loss scale " + std::to_string(scale));
+    auto grads = [&](DType dt) {
+      Tensor xl = cast(x, dt).detach().requires_grad_(), wl = cast(w, dt).detach().requires_grad_();
+      Tensor loss = functional::linear_cross_entropy(xl, wl, target);
+      if (scale == 1.0) loss.backward();
+      else mul(loss, scale).backward();
+      return std::make_pair(cast(xl.grad(), DType::f64), cast(wl.grad(), DType::f64));
+    };
+    const auto [dx16, dw16] = grads(DType::f16);
+    const auto [dx64, dw64] = grads(DType::f64);
+    auto rel = [](const Tensor& a, const Tensor& b) {
+      return std::sqrt(sum(square(sub(a, b))).item<double>() / sum(square(b)).item<double>());
+    };
+    EXPECT_LT(rel(dx16, dx64), 1e-2);
+    EXPECT_LT(rel(dw16.narrow(0, 0, 16), dw64.narrow(0, 0, 16)), 1e-2) << "the targets' rows";
+    // (each row a sum of 1024 terms of either sign, each with f16's 5e-4: ~1.4e-2 of the sum; rounding the
+    // mean's share of each probability to f16 left 58% of it)
+    EXPECT_LT(rel(dw16.narrow(0, 16, C - 16), dw64.narrow(0, 16, C - 16)), 4e-2) << "the other rows";
+  }
+}
+
 // loss.backward() with no gradient skips the upstream scaling (its seed is exactly 1): the gradients equal
 // those of backward(ones) bit for bit, also for a head tied to the embedding whose rows then add into the
 // head's gradient in place, and a retained graph's second pass adds the same gradients again (nothing the
