@@ -119,25 +119,15 @@ void ZeroAdamW::step() {
   }
   if (optimizer_) {
     hand_over_options();
-    if (found_inf_.defined()) optimizer_->step_unless(found_inf_);
+    if (device_skip_flag().defined()) optimizer_->step_unless(device_skip_flag());
     else optimizer_->step();
   }
   group_->all_gather(data_, data_.narrow(0, group_->rank() * shard_, shard_));  // in place
   if (!graph) ++steps_;
-  if (graph && found_inf_.defined())  // a replay that skipped takes back the step its replay hook counted
-    graph->after_replay([this, flag = found_inf_] {
+  if (graph && device_skip_flag().defined())  // a replay that skipped takes back the step its hook counted
+    graph->after_replay([this, flag = device_skip_flag()] {
       if (flag.item<float>() != 0.0f) --steps_;
     });
-}
-
-void ZeroAdamW::step_unless(const Tensor& found_inf) {
-  if (!cuda::is_capturing()) return Optimizer::step_unless(found_inf);
-  struct Reset {
-    Tensor& slot;
-    ~Reset() { slot = Tensor(); }
-  } reset{found_inf_};
-  found_inf_ = found_inf;
-  step();
 }
 
 void ZeroAdamW::agree_on_found_inf(const Tensor& found_inf) { group_->all_reduce(found_inf, ReduceOp::max); }

@@ -50,10 +50,6 @@ class ZeroAdamW : public optim::Optimizer {
   // The gradients a GradScaler unscales before step() are each rank's own (step() averages them), so their
   // inf/NaN flags differ: all ranks take the max, and skip the same steps (one all-reduce of one element).
   void agree_on_found_inf(const Tensor& found_inf) override;
-  // Inside a CUDA graph capture (GradScaler::step there): the collectives run at every replay and the shard's
-  // AdamW skips on the device where the agreed flag is set (optim::AdamW::step_unless); a skipped replay
-  // does not count as a step. Outside a capture: Optimizer's (read the flag, step or not).
-  void step_unless(const Tensor& found_inf) override;
   // Global-norm clipping of the averaged gradient inside step() (0, the default: none), where
   // DistributedDataParallel + optim::clip_grad_norm would clip: before step() each rank holds only its own
   // gradient. After the reduce-scatter the shards' sums of squares are all-reduced into the whole model's
@@ -81,6 +77,9 @@ class ZeroAdamW : public optim::Optimizer {
  protected:
   std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void apply_state(const State& state) override;  // keeps this rank's shard of a whole AdamW state
+  // A captured step_unless (GradScaler::step in a CUDA graph): the collectives run at every replay and the
+  // shard's AdamW skips on the device where the agreed flag is set; a skipped replay does not count as a step.
+  bool skips_on_device() const override { return true; }
 
  private:
   struct Piece {
@@ -99,7 +98,6 @@ class ZeroAdamW : public optim::Optimizer {
   int64_t steps_ = 0, consolidated_at_ = -1;
   double max_grad_norm_ = 0.0;
   Tensor last_grad_norm_;
-  Tensor found_inf_;  // during a captured step_unless
 };
 
 }  // namespace kiln::distributed

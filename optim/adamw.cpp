@@ -57,19 +57,6 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
     : AdamW("Adam", false, std::move(params),
             {.lr = options.lr, .betas = options.betas, .eps = options.eps, .weight_decay = options.weight_decay}) {}
 
-void AdamW::step_unless(const Tensor& found_inf) {
-  if (!cuda::is_capturing()) return Optimizer::step_unless(found_inf);
-  KILN_CHECK(found_inf.defined() && found_inf.dtype() == DType::f32 && found_inf.numel() == 1 && found_inf.device().is_cuda(),
-             type(), "::step_unless: expected GradScaler's flag, an f32 scalar on the GPU, got ",
-             found_inf.defined() ? found_inf.str() : "none");
-  struct Reset {
-    Tensor& slot;
-    ~Reset() { slot = Tensor(); }
-  } reset{found_inf_};
-  found_inf_ = found_inf;
-  step();
-}
-
 void AdamW::step() {
   NoGradGuard no_grad;
   for (const auto& g : param_groups()) check_group(g, type());  // options may have been edited since construction
@@ -132,10 +119,10 @@ void AdamW::step() {
           if (cs.back().defined()) written_copies.push_back(i);
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
-        if (found_inf_.defined()) {  // a captured step_unless: the replay's kernels skip on the flag
-          KILN_CHECK(found_inf_.device() == ps[0].device(), type(), "::step_unless: the flag ", found_inf_.str(),
+        if (const Tensor& flag = device_skip_flag(); flag.defined()) {  // a captured step_unless
+          KILN_CHECK(flag.device() == ps[0].device(), type(), "::step_unless: the flag ", flag.str(),
                      " is not on the device of parameter ", ps[0].str());
-          h.found_inf = static_cast<const float*>(found_inf_.raw_data());
+          h.found_inf = static_cast<const float*>(flag.raw_data());
           skippable.insert(skippable.end(), ids.begin(), ids.end());
         }
         if (graph && ps[0].device().is_cuda()) {
@@ -170,7 +157,7 @@ void AdamW::step() {
   // A replay whose flag was set skipped: its step counts, advanced by the replay hooks before the launch, go
   // back (read after the launch: waits for the replay).
   if (!skippable.empty())
-    graph->after_replay([this, skippable, flag = found_inf_] {
+    graph->after_replay([this, skippable, flag = device_skip_flag()] {
       if (flag.item<float>() != 0.0f)
         for (int64_t i : skippable) --state(i).step;
     });

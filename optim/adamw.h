@@ -29,19 +29,18 @@ class AdamW : public Optimizer {
   using Optimizer::add_param_group;
   void step() override;
   bool updates_parameters_independently() const override { return true; }
-  // Inside a CUDA graph capture the update kernel reads the flag at each replay (a replay whose gradients
-  // were not finite writes nothing), and such a replay takes its step counts back after its launch (which
-  // reads the flag on the host: one synchronization a replay). Outside a capture: Optimizer's.
-  void step_unless(const Tensor& found_inf) override;
 
  protected:
   // Adam's constructor: decoupled = false adds weight_decay · p to the gradient instead (L2).
   AdamW(std::string type, bool decoupled, std::vector<Tensor> params, const AdamWOptions& options);
   std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  // A captured step_unless: the update kernel reads the flag at each replay (a replay whose gradients were
+  // not finite writes nothing), and such a replay takes its step counts back after its launch (which reads
+  // the flag on the host: one synchronization a replay).
+  bool skips_on_device() const override { return true; }
 
  private:
   bool decoupled_ = true;
-  Tensor found_inf_;  // during a captured step_unless: the flag its kernels read
 };
 
 // Adam (Kingma & Ba 2015) with PyTorch's torch.optim.Adam semantics: weight decay is L2 regularization,

@@ -58,10 +58,21 @@ void Optimizer::step_only(const std::function<bool(const Tensor&)>& include) {
 void Optimizer::step_unless(const Tensor& found_inf) {
   KILN_CHECK(found_inf.defined() && found_inf.dtype() == DType::f32 && found_inf.numel() == 1, type_,
              "::step_unless: expected GradScaler's flag, an f32 scalar, got ", found_inf.defined() ? found_inf.str() : "none");
-  KILN_CHECK(!cuda::is_capturing(), type_, "::step_unless inside a CUDA graph capture: this optimizer decides on the "
+  if (!cuda::is_capturing()) {
+    if (found_inf.item<float>() == 0.0f) step();
+    return;
+  }
+  KILN_CHECK(skips_on_device(), type_, "::step_unless inside a CUDA graph capture: this optimizer decides on the "
              "host whether to step, which a replay would not follow (AdamW, Adam and distributed::ZeroAdamW decide on "
              "the device); run its f16 steps with a GradScaler without a graph, or capture bf16 steps (no scaler)");
-  if (found_inf.item<float>() == 0.0f) step();
+  KILN_CHECK(found_inf.device().is_cuda(), type_, "::step_unless: the flag ", found_inf.str(), " is not on a GPU");
+  KILN_CHECK(!device_skip_flag_.defined(), type_, "::step_unless: called from inside step_unless");
+  struct Reset {
+    Tensor& slot;
+    ~Reset() { slot = Tensor(); }
+  } reset{device_skip_flag_};
+  device_skip_flag_ = found_inf;
+  step();
 }
 
 void Optimizer::step_only(const std::vector<Tensor>& params) {

@@ -86,11 +86,12 @@ class Optimizer : public Stateful {
   // (distributed::ZeroAdamW) combines the flags (max). GradScaler::unscale_ calls it.
   virtual void agree_on_found_inf(const Tensor& found_inf) { (void)found_inf; }
   // step(), taken only where found_inf (an f32 scalar, optim::GradScaler::found_inf: 1 when a gradient was
-  // not finite) is 0: what GradScaler::step runs inside a CUDA graph capture, where the host cannot see the
-  // flag and each replay decides on the device. This default reads the flag on the host (a synchronization)
-  // and is a kiln::Error during a capture; optimizers that decide on the device override it (optim::AdamW
-  // and Adam, distributed::ZeroAdamW) and keep their step counts true: a replay that skipped does not count.
-  virtual void step_unless(const Tensor& found_inf);
+  // not finite) is 0: what GradScaler::step runs. Outside a CUDA graph capture the flag is read on the host
+  // (a synchronization). Inside one, where the host cannot see it and each replay decides on the device, it
+  // is step() with device_skip_flag() set, for an optimizer whose kernels read it (skips_on_device():
+  // optim::AdamW and Adam, distributed::ZeroAdamW; they also keep their step counts true, a replay that
+  // skipped not counting); for others a kiln::Error.
+  void step_unless(const Tensor& found_inf);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -118,6 +119,12 @@ class Optimizer : public Stateful {
   std::vector<std::string> check_state(const State& state) const override;
 
  protected:
+  // Whether step() honours device_skip_flag() inside a CUDA graph capture (see step_unless).
+  virtual bool skips_on_device() const { return false; }
+  // During a captured step_unless: GradScaler's flag, which this step's update kernels must read and skip
+  // on where it is nonzero (undefined otherwise).
+  const Tensor& device_skip_flag() const { return device_skip_flag_; }
+
   // Calls fn(group, param, global index) for every parameter of every group.
   template <class Fn>
   void for_each_param(Fn&& fn) {
@@ -141,6 +148,7 @@ class Optimizer : public Stateful {
 
  private:
   const std::function<bool(const Tensor&)>* include_ = nullptr;  // step_only's selection, while it runs
+  Tensor device_skip_flag_;  // step_unless's flag, while a captured step runs
   std::string type_;
   Options defaults_;
   std::vector<ParamGroup> groups_;

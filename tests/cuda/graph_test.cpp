@@ -87,6 +87,15 @@ struct Trainer {
   optim::CosineWithWarmup schedule;
 };
 
+// A small MLP on the GPU (32 -> hidden -> 8, GELU between), its weights drawn from seed.
+std::unique_ptr<nn::Sequential> gpu_mlp(uint64_t seed, int64_t hidden) {
+  manual_seed(seed);
+  auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, hidden), std::make_unique<nn::GELU>(),
+                                              std::make_unique<nn::Linear>(hidden, 8));
+  net->to(kGpu);
+  return net;
+}
+
 std::vector<std::pair<Tensor, Tensor>> batches(int n) {
   Generator gen(99);
   std::vector<std::pair<Tensor, Tensor>> b;
@@ -481,13 +490,7 @@ TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsRefused) {
 // scale after every step, the growth tracker, AdamW's step counts and the parameters.
 TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncluded) {
   KILN_REQUIRE_GPU();
-  auto make = [] {
-    manual_seed(5);
-    auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 64), std::make_unique<nn::GELU>(),
-                                                std::make_unique<nn::Linear>(64, 8));
-    net->to(kGpu);
-    return net;
-  };
+  auto make = [] { return gpu_mlp(5, 64); };
   Generator gen(6);
   std::vector<Tensor> xs, ys;
   for (int i = 0; i < 9; ++i) {
@@ -557,13 +560,7 @@ TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncl
 // a replay at a root step is an error that changes nothing.
 TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
   KILN_REQUIRE_GPU();
-  auto make = [] {
-    manual_seed(7);
-    auto net = std::make_unique<nn::Sequential>(std::make_unique<nn::Linear>(32, 48), std::make_unique<nn::GELU>(),
-                                                std::make_unique<nn::Linear>(48, 8));
-    net->to(kGpu);
-    return net;
-  };
+  auto make = [] { return gpu_mlp(7, 48); };
   Generator gen(8);
   std::vector<Tensor> xs, ys;
   for (int i = 0; i < 11; ++i) {
