@@ -83,7 +83,8 @@ Tensor linear_cross_entropy(const Tensor& x_in, const Tensor& weight_in, const T
     if (t == DType::f16) {  // the unit gradients at 2^15 a row, the mean and 2^15 undone in the backward
       row_weight = full({N}, kF16UnitScale, stat);
       post_scale = full({}, 1.0 / kF16UnitScale, stat);
-      if (counted.defined()) post_scale = div(post_scale, counted);
+      // (no row counted: the kernel wrote exact zeros, and zeros stay, as under bf16)
+      if (counted.defined()) post_scale = div(post_scale, maximum(counted, ones({}, stat)));
     } else if (counted.defined()) {
       row_weight = div(row_weight, counted);
     }

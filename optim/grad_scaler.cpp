@@ -55,7 +55,9 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!options_.enabled) return;
   const bool captured = cuda::is_capturing();
+  drop_state_of_ended_captures();
   PerOptimizer& st = per_optimizer_[&optimizer];
+  if (cuda::Graph* graph = cuda::capturing_graph()) st.capture = graph->id();
   KILN_CHECK(!st.unscaled, "GradScaler::unscale_: already called for this optimizer since the last update()");
   KILN_CHECK(!st.stepped, "GradScaler::unscale_: called after step(); call update() first");
   NoGradGuard no_grad;
@@ -90,7 +92,9 @@ void GradScaler::unscale_(Optimizer& optimizer) {
 
 Tensor GradScaler::found_inf(const Optimizer& optimizer) const {
   auto it = per_optimizer_.find(&optimizer);
-  KILN_CHECK(options_.enabled && it != per_optimizer_.end() && it->second.unscaled,
+  const cuda::Graph* graph = cuda::capturing_graph();
+  const bool current = it != per_optimizer_.end() && (it->second.capture == 0 || (graph && it->second.capture == graph->id()));
+  KILN_CHECK(options_.enabled && current && it->second.unscaled,
              "GradScaler::found_inf: no unscale_() for this optimizer since the last update()",
              options_.enabled ? "" : " (the scaler is disabled)");
   return it->second.found_inf;
@@ -101,7 +105,9 @@ bool GradScaler::step(Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  drop_state_of_ended_captures();
   PerOptimizer& st = per_optimizer_[&optimizer];
+  if (cuda::Graph* graph = cuda::capturing_graph()) st.capture = graph->id();
   KILN_CHECK(!st.stepped, "GradScaler::step: already called for this optimizer since the last update()");
   if (!st.unscaled) unscale_(optimizer);
   if (cuda::is_capturing()) {  // each replay decides on the device (an error for optimizers that cannot)
@@ -116,8 +122,15 @@ bool GradScaler::step(Optimizer& optimizer) {
   return true;
 }
 
+void GradScaler::drop_state_of_ended_captures() {
+  const cuda::Graph* graph = cuda::capturing_graph();
+  const uint64_t now = graph ? graph->id() : 0;
+  std::erase_if(per_optimizer_, [now](const auto& entry) { return entry.second.capture != 0 && entry.second.capture != now; });
+}
+
 void GradScaler::update() {
   if (!options_.enabled) return;
+  drop_state_of_ended_captures();
   KILN_CHECK(!per_optimizer_.empty(), "GradScaler::update: no unscale_() or step() since the last update()");
   if (cuda::Graph* graph = cuda::capturing_graph()) {
     // after each replay's launch: its flags read on the host (waiting for the replay), the scale updated

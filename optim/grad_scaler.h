@@ -82,7 +82,11 @@ class GradScaler : public Stateful {
     bool stepped = false;
     Tensor found_inf;  // f32 scalar on the gradients' device, 1 if any gradient was not finite
     bool found = false;
+    uint64_t capture = 0;  // cuda::Graph::id of the capture that recorded this step (0: none)
   };
+  // Drops the per-step state a capture recorded once that capture is over without its update() (it failed,
+  // or its code did not call update()): the next step starts clean, as after an update().
+  void drop_state_of_ended_captures();
   // CUDA graphs: the scale and its inverse on a GPU (f32 scalars), made outside a capture; the first use in
   // a capture hooks the graph's replays to set them from state_.
   struct DeviceScale {

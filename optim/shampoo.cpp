@@ -336,8 +336,9 @@ bool Shampoo::roots_due_next_step() const {
   for (const ParamGroup& g : param_groups()) {
     const int64_t start = int64_t(g.get("start_preconditioning_step")), every = int64_t(g.get("precondition_frequency"));
     for (const Tensor& p : g.params) {
-      const int64_t t = state(index++).step + 1;
-      if (preconditioned(p.shape(), g) && t >= start && (t - start) % every == 0) return true;
+      const int64_t stepped = state(index++).step;  // (a parameter no step has reached yet: none of its roots)
+      const int64_t t = stepped + 1;
+      if (stepped > 0 && preconditioned(p.shape(), g) && t >= start && (t - start) % every == 0) return true;
     }
   }
   return false;
@@ -346,14 +347,18 @@ bool Shampoo::roots_due_next_step() const {
 bool Shampoo::capturable_next_step() const {
   if (roots_due_next_step()) return false;
   int64_t index = 0;
+  bool stepped = false;
   for (const ParamGroup& g : param_groups()) {
     const int64_t start = int64_t(g.get("start_preconditioning_step"));
     for (const Tensor& p : g.params) {
       const int64_t t = state(index++).step;
-      if (preconditioned(p.shape(), g) && (t < 1 || t + 1 < start)) return false;
+      // (a parameter that never had a gradient is left out: frozen ones would block the graph for ever;
+      // one that gets its first gradient inside the capture is then an error naming it)
+      if (t > 0 && preconditioned(p.shape(), g) && t + 1 < start) return false;
+      stepped = stepped || t > 0;
     }
   }
-  return true;
+  return stepped;
 }
 
 void Shampoo::step() {
@@ -368,9 +373,9 @@ void Shampoo::step() {
              "steps) cannot be captured in a CUDA graph; capture a step without them (roots_due_next_step() false) "
              "and run the steps that compute roots without the graph");
   auto must_exist = [&](const Tensor& x, const char* name, int64_t index) {
-    KILN_CHECK(x.defined() || !graph, "Shampoo: parameter ", index, " has no ", name, " yet while a CUDA graph is "
-               "captured (it would be made again at every replay): run steps without capture first, past "
-               "start_preconditioning_step");
+    KILN_CHECK(x.defined() || !graph, "Shampoo: parameter ", index, " ", param(index).str(), " has no ", name,
+               " yet while a CUDA graph is captured (it would be made again at every replay): run steps without "
+               "capture first, past start_preconditioning_step");
   };
   struct ReplayBatch {  // a fused moments launch of a captured step: its words and whom they follow
     uint64_t* words;
@@ -554,8 +559,8 @@ void Shampoo::step() {
     return w.preconditioned && t >= int64_t(w.group->get("start_preconditioning_step"));
   };
   for (const Pending& w : pending)
-    KILN_CHECK(!graph || !w.preconditioned || started(w), "Shampoo: parameter ", w.index, " starts preconditioning "
-               "at step ", w.group->get("start_preconditioning_step"), " (what a step does then changes): capture a "
+    KILN_CHECK(!graph || !w.preconditioned || started(w), "Shampoo: parameter ", w.index, " ", w.param.str(),
+               " starts preconditioning at step ", w.group->get("start_preconditioning_step"), " (what a step does then changes): capture a "
                "CUDA graph of a later step");
   for (Pending& w : pending)
     if (started(w)) w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
@@ -605,6 +610,8 @@ void Shampoo::step() {
     kernels::matrix_sum_squares(from, p2);
     Tensor scale = div(sqrt(d2), add(sqrt(p2), 1e-16));
     if (std::find(grafts.begin(), grafts.end(), 0.0) != grafts.end()) {  // members of groups without grafting
+      KILN_CHECK(!graph, "Shampoo: parameter groups with and without grafting share ", group->m, "x", group->n,
+                 " blocks, whose mask comes from host memory: such a step cannot be captured in a CUDA graph");
       const Tensor one = full({1}, 1.0, o);
       const Tensor mask = from_vector(grafts, {int64_t(grafts.size())}, {.dtype = pb.dtype(), .device = pb.device()});
       scale = where(eq(mask, one), scale, one);  // 1 where a block does not graft, whatever its norms

@@ -75,8 +75,9 @@ class Shampoo : public Optimizer {
   // step counts and reads lr, weight decay and the bias corrections then. A loop replays it where this is
   // false and runs the step without the graph where it is true; a replay at a root step is a kiln::Error.
   bool roots_due_next_step() const;
-  // Whether the next step() can be captured: no roots due, and every preconditioned parameter has state and
-  // is past start_preconditioning_step.
+  // Whether the next step() can be captured: no roots due, some parameter stepped, and every preconditioned
+  // parameter that did is past start_preconditioning_step (parameters no gradient reached yet are left out
+  // of both answers).
   bool capturable_next_step() const;
 
   linalg::RootMethod root_method = linalg::RootMethod::eigen;  // how the batched roots are computed

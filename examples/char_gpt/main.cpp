@@ -159,11 +159,13 @@ void usage(std::ostream& os) {
         "  --print-loss: each iteration's training loss, the mean over all ranks' batches (\"iter N loss X\"; reads\n"
         "                the loss every iteration: for checks such as a resume at another world size, not speed)\n"
         "  --cuda-graph, --no-cuda-graph: the training step captured once as a CUDA graph and replayed (default:\n"
-        "                on GPUs; Shampoo's iterations that compute roots run without it)\n"
+        "                on GPUs, except Shampoo under --amp f16; Shampoo's iterations that compute roots run\n"
+        "                without it)\n"
         "  --fp8: the blocks' Linear layers train in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16;\n"
         "         their scaling states go into the checkpoint; evaluation and sampling in --amp's dtype)\n"
         "  --amp f16: f16 autocast with dynamic loss scaling (optim::GradScaler: steps whose gradients are not\n"
-        "             finite are skipped, inside the CUDA graph too; its state goes into the checkpoint)\n";
+        "             finite are skipped, inside the CUDA graph too with AdamW; Shampoo runs f16 without the graph;\n"
+        "             the scaler's state goes into the checkpoint)\n";
 }
 
 Args parse_args(int argc, char** argv) {
@@ -231,7 +233,11 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
   KILN_CHECK(shampoo_flag.empty() || a.optimizer == "shampoo", "char_gpt: ", shampoo_flag,
              " sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: ", a.optimizer, ")");
-  if (a.cuda_graph == -1) a.cuda_graph = 1;  // on a GPU: in run()
+  // Shampoo under f16: its step decides on the host, which a GradScaler's captured step cannot follow
+  KILN_CHECK(a.cuda_graph != 1 || a.optimizer != "shampoo" || a.amp != "f16", "char_gpt: --cuda-graph with "
+             "--optimizer shampoo needs --amp bf16 or none (a GradScaler's captured step needs an optimizer that "
+             "skips on the device: AdamW)");
+  if (a.cuda_graph == -1) a.cuda_graph = !(a.optimizer == "shampoo" && a.amp == "f16");  // on a GPU: in run()
   return a;
 }
 

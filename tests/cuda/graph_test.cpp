@@ -637,6 +637,13 @@ TEST(CudaGraph, AGradScalerCaptureTheGraphCannotFollowIsAnError) {
   });
   EXPECT_NE(e.find("SGD::step_unless inside a CUDA graph capture"), std::string::npos) << e;
   EXPECT_FALSE(cuda::is_capturing());
+  // the failed capture left no half step in the scaler: an uncaptured step unscales and steps (the warm-up
+  // step took w from 1 to 0.9)
+  sgd.zero_grad();
+  scaler.scale(sum(w)).backward();
+  EXPECT_TRUE(scaler.step(sgd));
+  scaler.update();
+  for (float v : w.cpu().to_vector<float>()) EXPECT_NEAR(v, 0.8f, 1e-6);
 }
 
 // Fills that are memsets (zeros; one-byte dtypes) become kernels inside a graph when small (cuda/graph.cu:

@@ -127,6 +127,11 @@ TEST(LinearCrossEntropy, F16KeepsTheSoftmaxSideOfTheGradientOverALargeVocabulary
     // mean's share of each probability to f16 left 58% of it)
     EXPECT_LT(rel(dw16.narrow(0, 16, C - 16), dw64.narrow(0, 16, C - 16)), 4e-2) << "the other rows";
   }
+  // every row ignored: exact zeros (no row weight to undo), as under bf16
+  Tensor xl = x.narrow(0, 0, 8).detach().requires_grad_(), wl = w.detach().requires_grad_();
+  functional::linear_cross_entropy(xl, wl, full({8}, -100.0, {.dtype = DType::i64})).backward();
+  EXPECT_EQ(sum(abs(cast(xl.grad(), DType::f32))).item<double>(), 0.0);
+  EXPECT_EQ(sum(abs(cast(wl.grad(), DType::f32))).item<double>(), 0.0);
 }
 
 // loss.backward() with no gradient skips the upstream scaling (its seed is exactly 1): the gradients equal

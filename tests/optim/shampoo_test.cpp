@@ -382,5 +382,25 @@ TEST(Shampoo, StepOnlyIsRefused) {
   EXPECT_EQ(w.to_vector<float>(), before);
 }
 
+// What a training loop with a CUDA graph asks before each step (the graph itself: tests/cuda/graph_test.cpp):
+// roots are due at steps 3, 6, 9 (every 3 from step 3), and the step can be captured once past the first
+// roots, where none are due. A frozen parameter (no gradient ever) is left out of both answers.
+TEST(Shampoo, SaysWhenRootsAreDueAndWhenAStepCanBeCaptured) {
+  manual_seed(15);
+  Tensor w = randn({4, 4}).requires_grad_(true), frozen = randn({4, 4}).requires_grad_(true);
+  Shampoo opt({w, frozen}, {.lr = 0.01, .precondition_frequency = 3});
+  std::vector<int> due, capturable;
+  for (int t = 1; t <= 9; ++t) {  // before step t
+    if (opt.roots_due_next_step()) due.push_back(t);
+    if (opt.capturable_next_step()) capturable.push_back(t);
+    opt.zero_grad();
+    sum(mul(w, w)).backward();
+    opt.step();
+  }
+  EXPECT_EQ(due, (std::vector<int>{3, 6, 9}));
+  EXPECT_EQ(capturable, (std::vector<int>{4, 5, 7, 8}));
+  EXPECT_EQ(opt.state(1).step, 0);
+}
+
 }  // namespace
 }  // namespace kiln::optim

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # An optimizer's flags given without that optimizer are an error naming the flag, before any data is read
-# (they used to be ignored silently). Usage: example_flags_test.sh FASHION_MNIST CHAR_GPT
+# (they used to be ignored silently); so is a CUDA graph asked for where the optimizer cannot follow it. Usage: example_flags_test.sh FASHION_MNIST CHAR_GPT
 set -u
 fashion=$1 char=$2
 fail=0
@@ -16,5 +16,7 @@ expect_error "--kfac-kl-clip sets K-FAC, which runs only with --optimizer kfac (
   "$fashion" --optimizer sgd --kfac-kl-clip 0.01
 expect_error "--shampoo-warm sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: adamw)" \
   "$char" --shampoo-warm
+expect_error "--cuda-graph with --optimizer shampoo needs --amp bf16 or none" \
+  "$char" --optimizer shampoo --amp f16 --cuda-graph
 [ $fail = 0 ] && echo PASS
 exit $fail
