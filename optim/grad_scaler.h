@@ -19,7 +19,8 @@
 // reads the replay's flag (waiting for the replay, as step() outside a graph waits for the flag) and backs
 // off or grows the scale, so the scaler's state, the optimizer's step counts and the parameters after N
 // replays are those of N uncaptured steps. Run one step outside a capture first (cuda::capture's warm-up
-// does): it makes the device copy of the scale.
+// does): it makes the device copy of the scale. Capture update() with the step: a capture that ends without
+// it (or fails) leaves nothing behind, and its replays would never change the scale.
 #include <cstdint>
 #include <map>
 
