@@ -44,10 +44,11 @@ Tensor GradScaler::device_scale(Device device, bool inverse) const {
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
   KILN_CHECK(is_floating(loss.dtype()), "GradScaler::scale: expected a floating-point loss, got ", loss.str());
-  if (loss.device().is_cuda()) device_scale(loss.device(), false);  // made outside a capture, for the next ones
+  // the device copy: made outside a capture, for the captures to come; read by the captured product
+  const Tensor s = loss.device().is_cuda() ? device_scale(loss.device(), false) : Tensor();
   if (!cuda::is_capturing()) return mul(loss, state_.scale);
   // captured: the scale a replay reads from the device (f32; a 16-bit loss multiplied in f32 and rounded once)
-  const Tensor s = device_scale(loss.device(), false);
+  KILN_CHECK(s.defined(), "GradScaler::scale inside a CUDA graph capture: the loss ", loss.str(), " is not on a GPU");
   if (loss.dtype() == DType::f32 || loss.dtype() == DType::f64) return mul(loss, cast(s, loss.dtype()));
   return cast(mul(cast(loss, DType::f32), s), loss.dtype());
 }
