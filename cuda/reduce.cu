@@ -276,27 +276,40 @@ constexpr int kMaxViews = 512;
 struct MatrixViews {
   const void* ptr[kMaxViews];
   int64_t rows[kMaxViews], cols[kMaxViews], ld[kMaxViews];
+  int64_t rows_per_chunk[kMaxViews];
+  int64_t first_chunk[kMaxViews + 1];  // matrix k's chunks are blocks first_chunk[k] .. first_chunk[k + 1] - 1
   bool vec[kMaxViews];  // the start, the row length and the row stride allow 16-byte loads
 };
 static_assert(sizeof(MatrixViews) < 32000, "kernel parameters are limited to 32 KiB");
-constexpr int kSquaresThreads = 1024;
+constexpr int kSquaresThreads = 256;
+constexpr int64_t kSquaresChunk = 32768;  // elements a block sums (whole rows; one row where rows are longer)
 
-// Block k: Σ x² of matrix k, a warp a row (rows w, w + warps, ...), lanes along it in 16-byte units where
-// the matrix allows, accumulated in f64; the block's partials summed in a fixed order (the same result
-// every run).
+// Pass 1, block b: Σ x² over one chunk of rows of one matrix (a warp a row, lanes along it in 16-byte units
+// where the matrix allows), accumulated in f64, into partial[b]. Chunks rather than a block a matrix: a
+// group of a few large matrices (Shampoo's blocks of one shape) still fills the GPU.
 template <class T>
-__global__ void __launch_bounds__(kSquaresThreads) matrix_sum_squares_kernel(const __grid_constant__ MatrixViews m,
-                                                                              T* out) {
+__global__ void __launch_bounds__(kSquaresThreads) matrix_sum_squares_partial_kernel(
+    const __grid_constant__ MatrixViews m, int count, double* partial) {
   constexpr int kPer = 16 / int(sizeof(T));
   struct alignas(16) Unit {
     T v[kPer];
   };
-  __shared__ double partial[kSquaresThreads / 32];
-  const int k = int(blockIdx.x), warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  __shared__ double warps[kSquaresThreads / 32];
+  const int64_t b = int64_t(blockIdx.x);
+  int lo = 0, hi = count - 1;  // the matrix k with first_chunk[k] <= b < first_chunk[k + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (m.first_chunk[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const int k = lo;
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
   const T* x = static_cast<const T*>(m.ptr[k]);
+  const int64_t r0 = (b - m.first_chunk[k]) * m.rows_per_chunk[k];
+  const int64_t r1 = min(m.rows[k], r0 + m.rows_per_chunk[k]);
   double acc = 0;
   if (m.vec[k]) {
-    for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32) {
+    for (int64_t r = r0 + warp; r < r1; r += kSquaresThreads / 32) {
       const Unit* row = reinterpret_cast<const Unit*>(x + r * m.ld[k]);
       for (int64_t c = lane; c < m.cols[k] / kPer; c += 32) {
         const Unit u = row[c];
@@ -305,14 +318,27 @@ __global__ void __launch_bounds__(kSquaresThreads) matrix_sum_squares_kernel(con
       }
     }
   } else {
-    for (int64_t r = warp; r < m.rows[k]; r += kSquaresThreads / 32)
+    for (int64_t r = r0 + warp; r < r1; r += kSquaresThreads / 32)
       for (int64_t c = lane; c < m.cols[k]; c += 32) {
         const double v = double(x[r * m.ld[k] + c]);
         acc += v * v;
       }
   }
-  acc = group_allreduce(acc, kSquaresThreads, partial, SumOp{});
-  if (threadIdx.x == 0) out[k] = T(acc);
+  acc = group_allreduce(acc, kSquaresThreads, warps, SumOp{});
+  if (threadIdx.x == 0) partial[b] = acc;
+}
+
+// Pass 2, warp k: matrix k's partials summed in a fixed order (lane-strided, then the warp's butterfly), so
+// the result is the same every run.
+template <class T>
+__global__ void matrix_sum_squares_finish_kernel(const __grid_constant__ MatrixViews m, int count,
+                                                 const double* partial, T* out) {
+  const int k = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x >> 5), lane = int(threadIdx.x) & 31;
+  if (k >= count) return;
+  double acc = 0;
+  for (int64_t c = m.first_chunk[k] + lane; c < m.first_chunk[k + 1]; c += 32) acc += partial[c];
+  acc = warp_allreduce(acc, SumOp{});
+  if (lane == 0) out[k] = T(acc);
 }
 
 }  // namespace
@@ -327,6 +353,7 @@ void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& 
   auto views = std::make_unique<MatrixViews>();
   for (size_t first = 0; first < mats.size(); first += kMaxViews) {
     const int count = int(std::min<size_t>(kMaxViews, mats.size() - first));
+    int64_t chunks = 0;
     for (int j = 0; j < count; ++j) {
       const Tensor& t = mats[first + size_t(j)];
       KILN_CHECK(t.dim() == 2 && t.dtype() == out.dtype() && t.device() == out.device() &&
@@ -340,14 +367,29 @@ void kernels::matrix_sum_squares(const std::vector<Tensor>& mats, const Tensor& 
       const int64_t per = 16 / int64_t(t.element_size());
       views->vec[j] = reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0 && views->cols[j] % per == 0 &&
                       views->ld[j] % per == 0;
+      views->rows_per_chunk[j] = std::max<int64_t>(1, kSquaresChunk / std::max<int64_t>(views->cols[j], 1));
+      views->first_chunk[j] = chunks;
+      // an empty matrix keeps one chunk (of no rows): its block writes the 0 its sum is
+      chunks += std::max<int64_t>(1, (views->rows[j] + views->rows_per_chunk[j] - 1) / views->rows_per_chunk[j]);
     }
-    if (out.dtype() == DType::f32)
-      matrix_sum_squares_kernel<float><<<count, kSquaresThreads, 0, current_stream()>>>(
-          *views, static_cast<float*>(out.raw_data()) + first);
-    else
-      matrix_sum_squares_kernel<double><<<count, kSquaresThreads, 0, current_stream()>>>(
-          *views, static_cast<double*>(out.raw_data()) + first);
-    KILN_LAUNCH_CHECK("matrix_sum_squares_kernel", "matrix_sum_squares");
+    views->first_chunk[count] = chunks;
+    const Tensor partial = empty({chunks}, {.dtype = DType::f64, .device = out.device()});
+    auto* partials = static_cast<double*>(partial.raw_data());
+    const int finish_blocks = (count + 7) / 8;  // 8 warps a block, a warp a matrix
+    if (out.dtype() == DType::f32) {
+      matrix_sum_squares_partial_kernel<float><<<unsigned(chunks), kSquaresThreads, 0, current_stream()>>>(
+          *views, count, partials);
+      KILN_LAUNCH_CHECK("matrix_sum_squares_partial_kernel", "matrix_sum_squares");
+      matrix_sum_squares_finish_kernel<float><<<finish_blocks, 256, 0, current_stream()>>>(
+          *views, count, partials, static_cast<float*>(out.raw_data()) + first);
+    } else {
+      matrix_sum_squares_partial_kernel<double><<<unsigned(chunks), kSquaresThreads, 0, current_stream()>>>(
+          *views, count, partials);
+      KILN_LAUNCH_CHECK("matrix_sum_squares_partial_kernel", "matrix_sum_squares");
+      matrix_sum_squares_finish_kernel<double><<<finish_blocks, 256, 0, current_stream()>>>(
+          *views, count, partials, static_cast<double*>(out.raw_data()) + first);
+    }
+    KILN_LAUNCH_CHECK("matrix_sum_squares_finish_kernel", "matrix_sum_squares");
   }
 }
 

@@ -149,3 +149,32 @@ TEST(CudaCopy, ScaleMatricesAndMatrixSumSquaresMatchTheCpu) {
     EXPECT_THROW(kernels::scale_matrices({src[0]}, {dst[0]}, empty({2}, {.dtype = t, .device = gpu()})), Error);
   }
 }
+
+// kernels::matrix_sum_squares over matrices many blocks share (Shampoo's 1024 x 384 blocks; rows longer than a
+// block's chunk; one column of many rows; an empty one between): each against its definition in f64, and
+// the same bits on a second call (the partial sums are added in a fixed order).
+TEST(CudaCopy, MatrixSumSquaresOfLargeMatricesAddsEveryChunkInAFixedOrder) {
+  KILN_REQUIRE_GPU();
+  manual_seed(33);
+  for (DType t : {DType::f32, DType::f64}) {
+    const Tensor wide = randn({1030, 400}, {.dtype = t}), long_rows = randn({3, 70001}, {.dtype = t}),
+                 column = randn({70003, 1}, {.dtype = t}), none = randn({0, 7}, {.dtype = t});
+    const std::vector<Tensor> cpu = {wide.narrow(0, 3, 1024).narrow(1, 8, 384), long_rows, column, none,
+                                     wide.narrow(1, 1, 383)};
+    std::vector<Tensor> gpu_mats;
+    for (const Tensor& m : cpu) gpu_mats.push_back(m.to(gpu()));
+    gpu_mats[0] = wide.to(gpu()).narrow(0, 3, 1024).narrow(1, 8, 384);  // a strided view on the GPU too
+    gpu_mats[4] = wide.to(gpu()).narrow(1, 1, 383);                     // unaligned rows: the element path
+    Tensor sums = empty({5}, {.dtype = t, .device = gpu()}), again = empty({5}, {.dtype = t, .device = gpu()});
+    kernels::matrix_sum_squares(gpu_mats, sums);
+    kernels::matrix_sum_squares(gpu_mats, again);
+    const std::vector<double> got = cast(sums.cpu(), DType::f64).to_vector<double>(),
+                              got_again = cast(again.cpu(), DType::f64).to_vector<double>();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const double definition = sum(square(cast(cpu[i], DType::f64))).item<double>();
+      EXPECT_NEAR(got[i], definition, 1e-6 * definition) << i;
+      EXPECT_EQ(got[i], got_again[i]) << i;
+    }
+    EXPECT_EQ(got[3], 0.0);
+  }
+}
