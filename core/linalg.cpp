@@ -195,7 +195,16 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
     KILN_CHECK(options.fallback, op, ": the newton iteration left ", failed.size(), " of ", b,
                " matrices above the tolerance ", tolerance, " after ", it, " iterations (matrix ", failed[0],
                ": residual ", r[size_t(failed[0])], "); fallback = true computes them by the eigen method");
-    for (int64_t i : failed) x.narrow(0, i, 1).copy_(eigen_root(op, a3.narrow(0, i, 1), p, options.epsilon));
+    // one batched eigen job for all of them: one by one, each would pay the solver's latency (milliseconds
+    // a matrix on a GPU)
+    if (int64_t(failed.size()) == b) {
+      x = eigen_root(op, a3, p, options.epsilon);
+    } else {
+      std::vector<Tensor> rows;
+      for (int64_t i : failed) rows.push_back(a3.select(0, i));
+      const Tensor redone = eigen_root(op, stack(rows), p, options.epsilon);
+      for (size_t j = 0; j < failed.size(); ++j) x.select(0, failed[j]).copy_(redone.select(0, int64_t(j)));
+    }
     out.fallbacks = int64_t(failed.size());
   }
   out.root = x.reshape(a.sizes());

@@ -183,6 +183,30 @@ TEST(LinalgInverseRoot, NewtonThatDoesNotConvergeFallsBackOrFails) {
                     "linalg::inverse_root", "newton", "2 of 2", "tolerance");
 }
 
+// A batch where the iteration brings some matrices within the tolerance and not others: those others (and
+// only those) are redone by the eigen method, together; every root matches the eigen method's.
+TEST(LinalgInverseRoot, NewtonFallsBackOnlyForTheMatricesThatDidNotConverge) {
+  Generator gen(8);
+  const Tensor well = spd({3, 12, 12}, gen);
+  // eigenvalues from 1 down to 1e-14: the smallest grows ~2.4x an iteration, far from converged after 20
+  std::vector<double> spread(12);
+  for (int64_t i = 0; i < 12; ++i) spread[size_t(i)] = std::pow(10.0, -double(i) * 14.0 / 11.0);
+  const Tensor ill = with_eigenvalues(spread, gen), ill2 = with_eigenvalues(spread, gen);
+  const Tensor a = stack({well.select(0, 0), ill, well.select(0, 1), ill2, well.select(0, 2)});
+  const auto r = linalg::inverse_root_ex(a, 4, {.method = RootMethod::newton, .max_iterations = 20});
+  EXPECT_EQ(r.fallbacks, 2);
+  const std::vector<double> residual = r.residual.contiguous().to_vector<double>();
+  const Tensor eigen = linalg::inverse_root(a, 4);
+  for (int64_t i : {0, 2, 4}) {  // the iteration's own roots
+    EXPECT_LE(residual[size_t(i)], 1e-10) << i;
+    EXPECT_LT(max_abs(sub(r.root.select(0, i), eigen.select(0, i))) / max_abs(eigen.select(0, i)), 1e-9) << i;
+  }
+  for (int64_t i : {1, 3}) {  // the eigen method's
+    EXPECT_GT(residual[size_t(i)], 1e-3) << i;
+    EXPECT_LT(max_abs(sub(r.root.select(0, i), eigen.select(0, i))) / max_abs(eigen.select(0, i)), 1e-12) << i;
+  }
+}
+
 // The relative Frobenius distance of x from y.
 double relative(const Tensor& x, const Tensor& y) {
   return std::sqrt(sum(square(sub(x, y))).item<double>() / sum(square(y)).item<double>());
