@@ -107,6 +107,9 @@ struct Args {
   std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
   bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
+  bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
+  int64_t shampoo_max_dim = 1024;  // Shampoo's max_preconditioner_dim
+  int64_t shampoo_start = -1;  // Shampoo's start_preconditioning_step (-1: the frequency)
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
   double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
   int64_t eval_interval = 250;
@@ -143,13 +146,18 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
+        "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-newton-tf32] [--shampoo-max-dim D]\n"
+        "                [--shampoo-start S] [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
         "                [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S] [--print-loss]\n"
         "                [--cuda-graph|--no-cuda-graph]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
+        "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
+        "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
+        "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"
+        "  --shampoo-start S: its first step with roots (start_preconditioning_step; default: the frequency)\n"
         "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
         "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
@@ -200,6 +208,9 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64(), shampoo_flag = flag;
     else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true, shampoo_flag = flag;
+    else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true, shampoo_flag = flag;
+    else if (flag == "--shampoo-max-dim") a.shampoo_max_dim = r.i64(), shampoo_flag = flag;
+    else if (flag == "--shampoo-start") a.shampoo_start = r.i64(), shampoo_flag = flag;
     else if (flag == "--shampoo-warm") a.shampoo_warm = true, shampoo_flag = flag;
     else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64(), shampoo_flag = flag;
     else if (flag == "--run-dir") a.run_dir = r.value();
@@ -340,11 +351,17 @@ int run(const Args& args) {
     optimizer = std::move(adamw);
   } else {
     optim::ShampooOptions o{.lr = args.lr, .betas = betas, .epsilon = 1e-8, .weight_decay = args.weight_decay,
-                            .precondition_frequency = args.shampoo_frequency, .grafting_beta2 = args.beta2};
+                            .max_preconditioner_dim = args.shampoo_max_dim,
+                            .precondition_frequency = args.shampoo_frequency,
+                            .start_preconditioning_step = args.shampoo_start, .grafting_beta2 = args.beta2};
     auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, o);
     o.weight_decay = 0.0;
     shampoo->add_param_group(groups.no_decay, o);
     shampoo->tf32 = args.shampoo_tf32;
+    if (args.shampoo_newton_tf32) {
+      shampoo->root_method = linalg::RootMethod::newton;
+      shampoo->root_tf32 = true;
+    }
     if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
     shampoo->warm_tolerance = args.shampoo_warm_tolerance;
     optimizer = std::move(shampoo);
