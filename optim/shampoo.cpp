@@ -566,6 +566,13 @@ void Shampoo::step() {
     if (started(w)) w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
 
   // the order-2 blocks' directions, one batched product per group: P = R_0 · Ḡ · R_1ᵀ, grafted per block
+  std::vector<Tensor> products;  // each group's P (B, m, n), alive until scattered below
+  struct Scatter {                // by state dtype and device (the kernels take one of each)
+    std::vector<Tensor> copy_from, copy_to;    // blocks of groups without grafting: P as it is
+    std::vector<Tensor> graft_from, graft_to;  // blocks of grafting groups: P scaled to the grafted step's size
+    std::vector<Tensor> graft_directions;      // ... and that grafted direction D
+  };
+  std::map<std::pair<int, std::string>, Scatter> scatters;
   for (auto& [group, members] : groups) {
     bool all_started = true;
     for (const Member& mb : *members) all_started = all_started && started(pending[mb.pending]);
@@ -573,50 +580,45 @@ void Shampoo::step() {
     for (size_t j = 0; j < members->size(); ++j)
       if (started(pending[(*members)[j].pending])) rows.push_back(j);
     if (rows.empty()) continue;
-    std::vector<Tensor> filtered, grafted;
+    std::vector<Tensor> filtered;
     Tensor r0 = group->roots[0], r1 = group->roots[1];
     if (!all_started) {  // some parameters have not reached start_preconditioning_step: their rows only
       std::vector<Tensor> a, b;
       for (size_t j : rows) a.push_back(r0.select(0, int64_t(j))), b.push_back(r1.select(0, int64_t(j)));
       r0 = stack(a), r1 = stack(b);
     }
-    bool graft = false;
     for (size_t j : rows) {
       const Member& mb = (*members)[j];
       const Pending& w = pending[mb.pending];
       filtered.push_back(w.blocks.block(w.filtered, mb.block));
-      grafted.push_back(w.blocks.block(w.grafted, mb.block));
-      graft = graft || Grafting(int(w.group->get("grafting"))) != Grafting::none;
     }
-    const Tensor pb = matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2));
-    std::vector<Tensor> from, to;  // each block's direction into its parameter's, one launch
-    std::vector<double> grafts;    // 1 where the block's group grafts, else 0
+    products.push_back(matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2)));
+    const Tensor& pb = products.back();
+    Scatter& sc = scatters[{int(pb.dtype()), pb.device().str()}];
     for (size_t r = 0; r < rows.size(); ++r) {
       const Member& mb = (*members)[rows[r]];
       Pending& w = pending[mb.pending];
-      from.push_back(pb.select(0, int64_t(r)));
-      to.push_back(w.blocks.block(w.direction, mb.block));
-      grafts.push_back(Grafting(int(w.group->get("grafting"))) != Grafting::none ? 1.0 : 0.0);
+      if (Grafting(int(w.group->get("grafting"))) == Grafting::none) {
+        sc.copy_from.push_back(pb.select(0, int64_t(r)));
+        sc.copy_to.push_back(w.blocks.block(w.direction, mb.block));
+      } else {
+        sc.graft_from.push_back(pb.select(0, int64_t(r)));
+        sc.graft_to.push_back(w.blocks.block(w.direction, mb.block));
+        sc.graft_directions.push_back(w.blocks.block(w.grafted, mb.block));
+      }
     }
-    if (!graft) {
-      kernels::copy_matrices(from, to);
-      continue;
-    }
-    // the grafted method's step size, block by block, ‖D_b‖ / (‖P_b‖ + 1e-16): the sums of squares read the
-    // blocks where they are (no gathered copy of D), the scale applied as the blocks are scattered back
-    const TensorOptions o{.dtype = pb.dtype(), .device = pb.device()};
-    Tensor d2 = empty({int64_t(rows.size())}, o), p2 = empty({int64_t(rows.size())}, o);
-    kernels::matrix_sum_squares(grafted, d2);
-    kernels::matrix_sum_squares(from, p2);
-    Tensor scale = div(sqrt(d2), add(sqrt(p2), 1e-16));
-    if (std::find(grafts.begin(), grafts.end(), 0.0) != grafts.end()) {  // members of groups without grafting
-      KILN_CHECK(!graph, "Shampoo: parameter groups with and without grafting share ", group->m, "x", group->n,
-                 " blocks, whose mask comes from host memory: such a step cannot be captured in a CUDA graph");
-      const Tensor one = full({1}, 1.0, o);
-      const Tensor mask = from_vector(grafts, {int64_t(grafts.size())}, {.dtype = pb.dtype(), .device = pb.device()});
-      scale = where(eq(mask, one), scale, one);  // 1 where a block does not graft, whatever its norms
-    }
-    kernels::scale_matrices(from, to, scale.contiguous());
+  }
+  // each block's direction into its parameter's, one launch for all blocks of all groups (and one pair of
+  // sums of squares for the grafting's step sizes, ‖D_b‖ / (‖P_b‖ + 1e-16): read where the blocks are, no
+  // gathered copy; the scale applied as the blocks are scattered back)
+  for (auto& [where, sc] : scatters) {
+    if (!sc.copy_from.empty()) kernels::copy_matrices(sc.copy_from, sc.copy_to);
+    if (sc.graft_from.empty()) continue;
+    const TensorOptions o{.dtype = sc.graft_from[0].dtype(), .device = sc.graft_from[0].device()};
+    Tensor d2 = empty({int64_t(sc.graft_from.size())}, o), p2 = empty({int64_t(sc.graft_from.size())}, o);
+    kernels::matrix_sum_squares(sc.graft_directions, d2);
+    kernels::matrix_sum_squares(sc.graft_from, p2);
+    kernels::scale_matrices(sc.graft_from, sc.graft_to, div(sqrt(d2), add(sqrt(p2), 1e-16)).contiguous());
   }
 
   // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled
