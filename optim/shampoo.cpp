@@ -203,8 +203,9 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
     bool done = false;
     try {
       const bool warm = root_method == linalg::RootMethod::warm_eigen;
-      const linalg::InverseRootOptions options{
-          .epsilon = eps, .method = root_method, .tf32 = root_tf32, .warm_tolerance = warm_tolerance};
+      const linalg::InverseRootOptions options{.epsilon = eps, .method = root_method,
+                                               .max_iterations = newton_max_iterations, .tf32 = root_tf32,
+                                               .warm_tolerance = warm_tolerance};
       std::vector<Tensor> bases;
       if (warm)
         for (Factor* f : group) bases.push_back(f->basis);
@@ -217,7 +218,10 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         eigen_refreshes_ += r.refreshed;
         bases_changed = r.refreshed > 0;
       } else {
-        roots = linalg::inverse_root(stacked, p, options);
+        linalg::InverseRoot r = linalg::inverse_root_ex(stacked, p, options);
+        roots = r.root;
+        newton_iterations_ += r.iterations;
+        newton_fallbacks_ += r.fallbacks;
       }
       if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
         std::vector<Tensor> from, to, from_bases;

@@ -90,6 +90,9 @@ class Shampoo : public Optimizer {
   // tf32; tolerance 2e-3). GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566 ms by f32
   // Newton; about 1% from the eigen roots (relative Frobenius distance). Off by default.
   bool root_tf32 = false;
+  // With root_method newton: the iteration's limit (linalg::InverseRootOptions::max_iterations); the factors
+  // still above the tolerance after it are computed by the eigen method, in one batched job.
+  int newton_max_iterations = 100;
   // With root_method warm_eigen (linalg::inverse_root_warm): each factor keeps its eigenbasis (state
   // "eigenbasis.b.i") and a refresh reuses it while its coupling ρ (each off-diagonal entry of QᵀAQ against
   // the eigenvalues it couples; the root, corrected to first order in the kept basis, is ~ρ²/8 off) is at
@@ -100,6 +103,10 @@ class Shampoo : public Optimizer {
   int64_t f64_retries() const { return f64_retries_; }
   int64_t kept_roots() const { return kept_roots_; }
   int64_t eigen_refreshes() const { return eigen_refreshes_; }  // warm_eigen: factors eigendecomposed afresh
+  // newton: the iterations run (a root job's batch iterates together: its count once per job) and the
+  // factors the iteration left above its tolerance, computed by the eigen method instead
+  int64_t newton_iterations() const { return newton_iterations_; }
+  int64_t newton_fallbacks() const { return newton_fallbacks_; }
 
  protected:
   std::vector<std::string> state_tensor_names() const override;
@@ -113,6 +120,7 @@ class Shampoo : public Optimizer {
                             const Device& device, double beta2);
   std::vector<std::shared_ptr<MatrixGroup>> groups_;
   int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0, eigen_refreshes_ = 0;
+  int64_t newton_iterations_ = 0, newton_fallbacks_ = 0;
 };
 
 }  // namespace kiln::optim

@@ -110,6 +110,8 @@ struct Args {
   bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
   int64_t shampoo_max_dim = 1024;  // Shampoo's max_preconditioner_dim
   int64_t shampoo_start = -1;  // Shampoo's start_preconditioning_step (-1: the frequency)
+  double shampoo_epsilon = 1e-8;  // Shampoo's ε (the roots' ridge)
+  int64_t shampoo_newton_iterations = 100;  // Shampoo::newton_max_iterations
   bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
   double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
   int64_t eval_interval = 250;
@@ -147,7 +149,8 @@ void usage(std::ostream& os) {
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
         "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-newton-tf32] [--shampoo-max-dim D]\n"
-        "                [--shampoo-start S] [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
+        "                [--shampoo-start S] [--shampoo-epsilon E] [--shampoo-newton-iterations N]\n"
+        "                [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
         "                [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S] [--print-loss]\n"
         "                [--cuda-graph|--no-cuda-graph]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
@@ -158,6 +161,8 @@ void usage(std::ostream& os) {
         "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
         "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"
         "  --shampoo-start S: its first step with roots (start_preconditioning_step; default: the frequency)\n"
+        "  --shampoo-epsilon E: its roots' ridge ε (default 1e-8)\n"
+        "  --shampoo-newton-iterations N: the Newton iteration's limit, then the eigen method (default 100)\n"
         "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
         "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
@@ -211,6 +216,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true, shampoo_flag = flag;
     else if (flag == "--shampoo-max-dim") a.shampoo_max_dim = r.i64(), shampoo_flag = flag;
     else if (flag == "--shampoo-start") a.shampoo_start = r.i64(), shampoo_flag = flag;
+    else if (flag == "--shampoo-epsilon") a.shampoo_epsilon = r.f64(), shampoo_flag = flag;
+    else if (flag == "--shampoo-newton-iterations") a.shampoo_newton_iterations = r.i64(), shampoo_flag = flag;
     else if (flag == "--shampoo-warm") a.shampoo_warm = true, shampoo_flag = flag;
     else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64(), shampoo_flag = flag;
     else if (flag == "--run-dir") a.run_dir = r.value();
@@ -350,7 +357,8 @@ int run(const Args& args) {
     adamw->add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
     optimizer = std::move(adamw);
   } else {
-    optim::ShampooOptions o{.lr = args.lr, .betas = betas, .epsilon = 1e-8, .weight_decay = args.weight_decay,
+    optim::ShampooOptions o{.lr = args.lr, .betas = betas, .epsilon = args.shampoo_epsilon,
+                            .weight_decay = args.weight_decay,
                             .max_preconditioner_dim = args.shampoo_max_dim,
                             .precondition_frequency = args.shampoo_frequency,
                             .start_preconditioning_step = args.shampoo_start, .grafting_beta2 = args.beta2};
@@ -362,6 +370,7 @@ int run(const Args& args) {
       shampoo->root_method = linalg::RootMethod::newton;
       shampoo->root_tf32 = true;
     }
+    shampoo->newton_max_iterations = int(args.shampoo_newton_iterations);
     if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
     shampoo->warm_tolerance = args.shampoo_warm_tolerance;
     optimizer = std::move(shampoo);
@@ -519,8 +528,9 @@ int run(const Args& args) {
         std::printf("iter %lld train %.4f val %.4f (lr %.3g, %.1f ms/iter", (long long)iter, train_loss, val_loss,
                     schedule.get_last_lr()[0], ms_per_iter);
         if (shampoo)  // roots so far
-          std::printf("; Shampoo roots %lld, %lld eigendecomposed afresh", (long long)shampoo->root_updates(),
-                      (long long)shampoo->eigen_refreshes());
+          std::printf("; Shampoo roots %lld, %lld eigendecomposed afresh, Newton %lld iterations %lld fallbacks",
+                      (long long)shampoo->root_updates(), (long long)shampoo->eigen_refreshes(),
+                      (long long)shampoo->newton_iterations(), (long long)shampoo->newton_fallbacks());
         std::printf(")\n");
         std::fflush(stdout);
         if (metrics) {

@@ -92,6 +92,35 @@ TEST(Shampoo, MatrixWithoutGraftingMatchesTheDirectReference) {
   EXPECT_EQ(opt.root_updates(), 10);
 }
 
+// root_method newton: the same steps as the direct reference (to the iteration's tolerance), the iterations
+// counted; with an iteration limit too low to converge, every factor is computed by the eigen method (the
+// reference's roots exactly) and counted as a fallback.
+TEST(Shampoo, NewtonRootsMatchTheReferenceAndCountTheirFallbacks) {
+  for (int limit : {100, 1}) {
+    Generator gen(1);
+    Tensor w = randn({5, 3}, kF64, &gen).requires_grad_();
+    Tensor ref = w.detach().clone();
+    Shampoo opt({w}, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 5,
+                      .precondition_frequency = 1, .grafting = Grafting::none});
+    opt.root_method = linalg::RootMethod::newton;
+    opt.newton_max_iterations = limit;
+    Tensor L = zeros({5, 5}, kF64), R = zeros({3, 3}, kF64);
+    for (int step = 0; step < 5; ++step) {
+      const Tensor g = randn({5, 3}, kF64, &gen);
+      w.set_grad(g.clone());
+      opt.step();
+      L = add(L, matmul(g, g.transpose(0, 1)));
+      R = add(R, matmul(g.transpose(0, 1), g));
+      ref = sub(ref, mul(matmul(matmul(reference_root(L, 4, 1e-6), g), reference_root(R, 4, 1e-6)), 0.1));
+    }
+    EXPECT_LT(max_abs(sub(w.detach(), ref)), limit == 1 ? 1e-10 : 1e-6) << limit;
+    EXPECT_EQ(opt.root_updates(), 10);
+    // two root jobs a step (sizes 5 and 3), each iterating until its matrix converged or the limit
+    EXPECT_GE(opt.newton_iterations(), limit == 1 ? 10 : 20) << limit;
+    EXPECT_EQ(opt.newton_fallbacks(), limit == 1 ? 10 : 0) << limit;
+  }
+}
+
 // Blocks of a (6, 4) matrix at max dim 3 (2 x 2 blocks of 3 x 3 and 3 x 1), β1 and β2 averages with bias
 // correction, Adam grafting per block, roots every 2 steps from step 2, decoupled decay and momentum.
 TEST(Shampoo, BlockedAdamGraftedMatchesTheDirectReference) {
