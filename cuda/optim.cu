@@ -238,7 +238,7 @@ __device__ __forceinline__ S apply_update(S p, S d, S& b, const ApplyArgs& a) {
 // graphs): {lr, weight_decay} in device memory, which replace a's (rounded as the host rounds them).
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a,
-                                                                const double* hyper) {
+                                                                const double* hyper, CopyKind copy_kind) {
   using DP = device_t<P>;
   if (hyper) a.lr = hyper[0], a.decay = __dsub_rn(1.0, __dmul_rn(hyper[0], hyper[1]));
   const bool momentum = a.momentum > 0.0;
@@ -249,6 +249,9 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
     DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
     const S* d = static_cast<const S*>(tl.ptr[1][t]) + base;
     S* b = static_cast<S*>(tl.ptr[2][t]) + base;
+    const CopyKind ck = tl.ptr[3][t] ? copy_kind : CopyKind::none;
+    void* copy = ck == CopyKind::bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(tl.ptr[3][t]) + base)
+                 : ck == CopyKind::f16 ? static_cast<void*>(static_cast<__half*>(tl.ptr[3][t]) + base) : nullptr;
     int64_t i = 0;
     if (tl.vec[t])
       for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
@@ -260,11 +263,13 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
 #pragma unroll
         for (int e = 0; e < 4; ++e) pv.v[e] = convert<DP>(apply_update(convert<S>(pv.v[e]), dv.v[e], bv.v[e], a));
         *reinterpret_cast<Four<DP>*>(p + j) = pv;
+        if (copy) store_copy(ck, copy, j, pv);
         if (momentum) *reinterpret_cast<Four<S>*>(b + j) = bv;
       }
     for (i += threadIdx.x; i < n; i += kThreads) {
       S bi = momentum ? b[i] : S(0);
       p[i] = convert<DP>(apply_update(convert<S>(p[i]), d[i], bi, a));
+      if (copy) store_copy(ck, copy, i, p[i]);
       if (momentum) b[i] = bi;
     }
   }
@@ -459,24 +464,47 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
 }
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
-                            const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h) {
+                            const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
+                            const ShampooApplyHyper& h) {
   NvtxRange range("shampoo_apply");
   if (params.empty()) return;
   const bool momentum = h.momentum > 0.0;
   for (const auto* l : {&params, &directions}) check_list(*l, "shampoo_apply");
   if (momentum) check_list(momentum_buffers, "shampoo_apply");
+  KILN_CHECK(copies.empty() || copies.size() == params.size(), "shampoo_apply: ", copies.size(), " copies for ",
+             params.size(), " parameters");
   DeviceGuard guard(params[0].device().index);
   const ApplyArgs a{1.0 - h.lr * h.weight_decay, h.lr, h.momentum, h.nesterov};
-  auto entry = [&](size_t i, size_t k) -> const Tensor& {
-    return k == 0 ? params[i] : k == 1 || !momentum ? directions[i] : momentum_buffers[i];
-  };
-  launch_by_param_dtype("shampoo_apply", params.size(), 3, [&](size_t i) { return params[i].dtype(); }, entry, 1,
-                        [&](auto p, auto st, const TensorList& tl) {
-                          auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
-                          kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
-                                   current_stream()>>>(tl, a, h.device_hyper);
-                          KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
-                        });
+  // one launch sequence per kept copies' dtype present (as adamw_step)
+  for (CopyKind ck : {CopyKind::none, CopyKind::bf16, CopyKind::f16}) {
+    std::vector<size_t> ids;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor copy = copies.empty() ? Tensor() : copies[i];
+      const CopyKind kind = !copy.defined() ? CopyKind::none : copy.dtype() == DType::bf16 ? CopyKind::bf16
+                                                                                           : CopyKind::f16;
+      if (kind != ck) continue;
+      KILN_CHECK(!copy.defined() || (params[i].dtype() == DType::f32 &&
+                                     (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+                                     copy.is_contiguous() && copy.device() == params[i].device() &&
+                                     copy.sizes() == params[i].sizes()),
+                 "shampoo_apply: a kept copy ", copy.str(), " does not fit parameter ", params[i].str());
+      ids.push_back(i);
+    }
+    if (ids.empty()) continue;
+    auto entry = [&](size_t j, size_t k) -> Tensor {
+      const size_t i = ids[j];
+      if (k == 0) return params[i];
+      if (k == 3) return copies.empty() ? Tensor() : copies[i];
+      return k == 1 || !momentum ? directions[i] : momentum_buffers[i];
+    };
+    launch_by_param_dtype("shampoo_apply", ids.size(), 4, [&](size_t j) { return params[ids[j]].dtype(); }, entry, 1,
+                          [&](auto p, auto st, const TensorList& tl) {
+                            auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
+                            kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
+                                     current_stream()>>>(tl, a, h.device_hyper, ck);
+                            KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
+                          });
+  }
 }
 
 void kernels::amp_unscale(const std::vector<Tensor>& tensors, const Tensor& inv_scale, const Tensor& found_inf) {

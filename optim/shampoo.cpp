@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/gemm.h>
@@ -628,8 +629,9 @@ void Shampoo::step() {
   // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled
   // weight decay, the step along the direction
   struct Update {
-    std::vector<Tensor> params, directions, buffers;
+    std::vector<Tensor> params, directions, buffers, copies;
   };
+  std::vector<int64_t> written_copies;  // parameters whose kept half-precision copy the update writes
   std::map<const ParamGroup*, Update> updates;
   for (Pending& w : pending) {
     ParamGroup& g = *w.group;
@@ -655,6 +657,13 @@ void Shampoo::step() {
     Update& u = updates[&g];
     u.params.push_back(p);
     u.directions.push_back(direction.contiguous());
+    // a kept half-precision copy (amp::cast_parameter's) is written along with the update, as AdamW does:
+    // the next forward pass does not cast the parameter again
+    const Tensor copy = amp::kept_copy(p);
+    const bool writes_copy = copy.defined() && p.dtype() == DType::f32 && p.is_contiguous() &&
+                             (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16);
+    u.copies.push_back(writes_copy ? copy : Tensor());
+    if (writes_copy) written_copies.push_back(w.index);
     if (g.get("momentum") > 0.0) {
       Tensor& buf = st.tensors["momentum_buffer"];
       must_exist(buf, "momentum_buffer", w.index);
@@ -669,9 +678,17 @@ void Shampoo::step() {
       h.device_hyper = reinterpret_cast<const double*>(words);
       replay_updates.push_back({words, size_t(g - param_groups().data())});
     }
-    kernels::shampoo_apply(u.params, u.directions, u.buffers, h);
+    kernels::shampoo_apply(u.params, u.directions, u.buffers, u.copies, h);
     for (const Tensor& p : u.params) p.bump_version();  // written in place, as by any in-place op
   }
+  // the copies hold the new values once every parameter's version moved; a replay bumps the versions again
+  // (cuda::Graph), so it marks them again after
+  for (int64_t i : written_copies) amp::mark_kept_copy_current(param(i));
+  if (graph && !written_copies.empty())
+    graph->after_replay([this, written_copies] {
+      for (int64_t i : written_copies)
+        if (amp::kept_copy(param(i)).defined()) amp::mark_kept_copy_current(param(i));
+    });
   if (graph)
     graph->on_replay([this, stepped, replay_batches, replay_updates] {
       for (const auto& g : param_groups()) check_group(g);  // before anything changes

@@ -90,8 +90,11 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
 }
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
-                            const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h) {
+                            const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
+                            const ShampooApplyHyper& h) {
   KILN_CHECK(!h.device_hyper, "shampoo_apply: device hyper-parameters (CUDA graphs) given to the CPU kernel");
+  KILN_CHECK(copies.empty() || copies.size() == params.size(), "shampoo_apply: ", copies.size(), " copies for ",
+             params.size(), " parameters");
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor b = h.momentum > 0.0 ? momentum_buffers[i] : Tensor();
     if (directions[i].dtype() == DType::f64) {
@@ -101,6 +104,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
       KILN_DISPATCH_FLOATING(params[i].dtype(), "shampoo_apply",
                              shampoo_apply_typed<scalar_t, float>(params[i], directions[i], b, h));
     }
+    if (!copies.empty() && copies[i].defined()) Tensor(copies[i]).copy_(params[i]);  // rounded as cast rounds
   }
 }
 

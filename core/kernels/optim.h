@@ -67,7 +67,9 @@ KILN_KERNEL(shampoo_moments, void(const std::vector<Tensor>& grads, const std::v
 // Shampoo's update over many tensors: with d = directions[i] (state dtype),
 //   momentum μ > 0:  b ← μ b + d (momentum_buffers[i]);  d ← nesterov ? d + μ b : b
 //   p ← p (1 - lr·wd) - lr·d        computed in the state dtype, rounded once into p's dtype
-// momentum_buffers is empty when μ = 0.
+// momentum_buffers is empty when μ = 0. copies as adamw_step's (amp::cast_parameter's kept copies, written
+// with the new p in the same pass).
 KILN_KERNEL(shampoo_apply, void(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
-                                const std::vector<Tensor>& momentum_buffers, const ShampooApplyHyper& h));
+                                const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
+                                const ShampooApplyHyper& h));
 

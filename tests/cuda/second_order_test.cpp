@@ -193,8 +193,8 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
         kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, h);
         kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, h);
         const ShampooApplyHyper a{0.01, 0.1, 0.5, true};
-        kernels::shampoo_apply(p, gr, b, a);
-        kernels::shampoo_apply(pg, grg, bg, a);
+        kernels::shampoo_apply(p, gr, b, {}, a);
+        kernels::shampoo_apply(pg, grg, bg, {}, a);
         for (size_t i = 0; i < g.size(); ++i) {
           EXPECT_LT(rel_err(fg[i].cpu(), f[i]), 1e-6);
           EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6);
@@ -207,11 +207,25 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
         }
         // without momentum (the buffer list then holds the directions, never written)
         const ShampooApplyHyper plain{0.01, 0.1, 0.0, false};
-        kernels::shampoo_apply(p, gr, {}, plain);
-        kernels::shampoo_apply(pg, grg, {}, plain);
+        // f32 parameters: kept half-precision copies written with the update (bf16, f16, none; the aligned and
+        // the scalar path), each the new parameter rounded as a cast rounds it
+        std::vector<Tensor> copies, copies_gpu;
+        if (pd == DType::f32)
+          for (size_t i = 0; i < p.size(); ++i) {
+            const int kind = int(i % 3);  // 0 bf16, 1 f16, 2 none
+            copies.push_back(kind == 2 ? Tensor() : zeros(p[i].shape(), {.dtype = kind == 0 ? DType::bf16 : DType::f16}));
+            copies_gpu.push_back(kind == 2 ? Tensor() : copies.back().to(gpu()));
+          }
+        kernels::shampoo_apply(p, gr, {}, copies, plain);
+        kernels::shampoo_apply(pg, grg, {}, copies_gpu, plain);
         for (size_t i = 0; i < g.size(); ++i) {
           EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6) << "no momentum, tensor " << i;
           EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6) << "no momentum, tensor " << i;
+          if (!copies.empty() && copies[i].defined()) {
+            const Tensor want = cast(pg[i].cpu(), copies[i].dtype());  // the GPU's own parameter, cast
+            EXPECT_TRUE(all_true(eq(copies_gpu[i].cpu(), want))) << "copy " << i;
+            EXPECT_TRUE(all_true(eq(copies[i], cast(p[i], copies[i].dtype())))) << "cpu copy " << i;
+          }
         }
       }
     }

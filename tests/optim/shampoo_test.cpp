@@ -11,9 +11,11 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
+#include <kiln/nn/functional.h>
 #include <kiln/optim/adamw.h>
 #include <kiln/optim/shampoo.h>
 #include <kiln/optim/shampoo_blocks.h>
@@ -397,6 +399,31 @@ TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
 
 // Shampoo computes the roots of all its blocks at once on a shared schedule and does not offer a partial
 // step: step_only refuses with an error that says to call step(), and nothing changes.
+// Shampoo writes a parameter's kept half-precision copy (amp::cast_parameter's) along with its update, as
+// AdamW does: after each step (grafted only, then preconditioned) the copy is the new weight rounded, and the
+// next forward under autocast takes it as it is (no cast).
+TEST(Shampoo, WritesTheKeptCopyWithTheUpdate) {
+  Generator gen(12);
+  Tensor w = randn({4, 6}, {}, &gen).requires_grad_(true), b = randn({4}, {}, &gen).requires_grad_(true);
+  const Tensor x = randn({3, 6}, {}, &gen);
+  Shampoo opt({w, b}, {.lr = 0.1, .precondition_frequency = 2});
+  for (int step = 0; step < 4; ++step) {
+    Tensor y;
+    {
+      amp::Autocast ac(Device::cpu(), DType::bf16);
+      y = nn::functional::linear(x, w, b);
+    }
+    opt.zero_grad();
+    sum(y).backward();
+    const Tensor copy = amp::kept_copy(w);
+    ASSERT_TRUE(copy.defined()) << "step " << step;
+    opt.step();
+    EXPECT_EQ(amp::kept_copy(w).to_vector<float>(), w.detach().to(DType::bf16).to_vector<float>()) << "step " << step;
+    EXPECT_TRUE(amp::cast_parameter(w, DType::bf16).is_same(copy)) << "current after the step: no cast, step " << step;
+  }
+  EXPECT_GT(opt.root_updates(), 0);
+}
+
 TEST(Shampoo, StepOnlyIsRefused) {
   Tensor w = randn({3, 3}).requires_grad_(true);
   Shampoo opt({w}, {.lr = 0.1});
