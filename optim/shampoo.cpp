@@ -370,6 +370,8 @@ void Shampoo::step() {
   NoGradGuard no_grad;
   const cuda::AllowTf32Guard tf32_products(tf32, true);  // the statistics and preconditioning products below
   for (const auto& g : param_groups()) check_group(g);
+  KILN_CHECK(newton_max_iterations >= 0, "Shampoo: newton_max_iterations must be non-negative, got ",
+             newton_max_iterations);
   // Under CUDA graph capture (a step without roots: those are decided and computed on the host) the step
   // counts advance at each replay, whose hook also writes the bias corrections, lr and weight decay where the
   // captured kernels read them (as AdamW's).
@@ -571,13 +573,33 @@ void Shampoo::step() {
     if (started(w)) w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
 
   // the order-2 blocks' directions, one batched product per group: P = R_0 · Ḡ · R_1ᵀ, grafted per block
-  std::vector<Tensor> products;  // each group's P (B, m, n), alive until scattered below
-  struct Scatter {                // by state dtype and device (the kernels take one of each)
+  // Each block's direction goes into its parameter's in one launch for the blocks of many groups (and one
+  // pair of sums of squares for the grafting's step sizes, ‖D_b‖ / (‖P_b‖ + 1e-16): read where the blocks
+  // are, no gathered copy; the scale applied as the blocks are scattered back). The groups' products P wait
+  // for it: flushed once they hold kFlushBytes, so the wait costs at most that much memory.
+  constexpr int64_t kFlushBytes = int64_t(256) << 20;
+  std::vector<Tensor> products;  // groups' P (B, m, n), alive until scattered
+  int64_t product_bytes = 0;
+  struct Scatter {  // by state dtype and device (the kernels take one of each)
     std::vector<Tensor> copy_from, copy_to;    // blocks of groups without grafting: P as it is
     std::vector<Tensor> graft_from, graft_to;  // blocks of grafting groups: P scaled to the grafted step's size
     std::vector<Tensor> graft_directions;      // ... and that grafted direction D
   };
   std::map<std::pair<int, std::string>, Scatter> scatters;
+  auto scatter = [&] {
+    for (auto& [where, sc] : scatters) {
+      if (!sc.copy_from.empty()) kernels::copy_matrices(sc.copy_from, sc.copy_to);
+      if (sc.graft_from.empty()) continue;
+      const TensorOptions o{.dtype = sc.graft_from[0].dtype(), .device = sc.graft_from[0].device()};
+      Tensor d2 = empty({int64_t(sc.graft_from.size())}, o), p2 = empty({int64_t(sc.graft_from.size())}, o);
+      kernels::matrix_sum_squares(sc.graft_directions, d2);
+      kernels::matrix_sum_squares(sc.graft_from, p2);
+      kernels::scale_matrices(sc.graft_from, sc.graft_to, div(sqrt(d2), add(sqrt(p2), 1e-16)).contiguous());
+    }
+    scatters.clear();
+    products.clear();
+    product_bytes = 0;
+  };
   for (auto& [group, members] : groups) {
     bool all_started = true;
     for (const Member& mb : *members) all_started = all_started && started(pending[mb.pending]);
@@ -598,7 +620,8 @@ void Shampoo::step() {
       filtered.push_back(w.blocks.block(w.filtered, mb.block));
     }
     products.push_back(matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2)));
-    const Tensor& pb = products.back();
+    const Tensor pb = products.back();
+    product_bytes += pb.numel() * int64_t(pb.element_size());
     Scatter& sc = scatters[{int(pb.dtype()), pb.device().str()}];
     for (size_t r = 0; r < rows.size(); ++r) {
       const Member& mb = (*members)[rows[r]];
@@ -612,19 +635,9 @@ void Shampoo::step() {
         sc.graft_directions.push_back(w.blocks.block(w.grafted, mb.block));
       }
     }
+    if (product_bytes >= kFlushBytes) scatter();
   }
-  // each block's direction into its parameter's, one launch for all blocks of all groups (and one pair of
-  // sums of squares for the grafting's step sizes, ‖D_b‖ / (‖P_b‖ + 1e-16): read where the blocks are, no
-  // gathered copy; the scale applied as the blocks are scattered back)
-  for (auto& [where, sc] : scatters) {
-    if (!sc.copy_from.empty()) kernels::copy_matrices(sc.copy_from, sc.copy_to);
-    if (sc.graft_from.empty()) continue;
-    const TensorOptions o{.dtype = sc.graft_from[0].dtype(), .device = sc.graft_from[0].device()};
-    Tensor d2 = empty({int64_t(sc.graft_from.size())}, o), p2 = empty({int64_t(sc.graft_from.size())}, o);
-    kernels::matrix_sum_squares(sc.graft_directions, d2);
-    kernels::matrix_sum_squares(sc.graft_from, p2);
-    kernels::scale_matrices(sc.graft_from, sc.graft_to, div(sqrt(d2), add(sqrt(p2), 1e-16)).contiguous());
-  }
+  scatter();
 
   // the update, one fused multi-tensor kernel per group (kernels::shampoo_apply): momentum, decoupled
   // weight decay, the step along the direction

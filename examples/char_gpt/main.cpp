@@ -249,6 +249,12 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
+  KILN_CHECK(!(a.shampoo_warm && a.shampoo_newton_tf32), "char_gpt: --shampoo-warm and --shampoo-newton-tf32 "
+             "choose two root methods: give one");
+  KILN_CHECK(a.shampoo_newton_iterations == 100 || a.shampoo_newton_tf32, "char_gpt: --shampoo-newton-iterations "
+             "limits the Newton iteration, which runs only with --shampoo-newton-tf32");
+  KILN_CHECK(a.shampoo_newton_iterations >= 0 && a.shampoo_newton_iterations <= 100000,
+             "char_gpt: --shampoo-newton-iterations must be in [0, 100000], got ", a.shampoo_newton_iterations);
   KILN_CHECK(shampoo_flag.empty() || a.optimizer == "shampoo", "char_gpt: ", shampoo_flag,
              " sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: ", a.optimizer, ")");
   // Shampoo under f16: its step decides on the host, which a GradScaler's captured step cannot follow

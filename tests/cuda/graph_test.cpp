@@ -558,8 +558,10 @@ TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncl
 // where no roots are due and runs the root steps without it. The parameters, losses and step counts equal
 // the all-uncaptured run's bit for bit, with the learning rate changed at every step (read at each replay);
 // a replay at a root step is an error that changes nothing.
-TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
-  KILN_REQUIRE_GPU();
+// bf16: under autocast, whose kept copies of the weights the updates write (in the replays too), equal to
+// the eager run's and to the new weights rounded.
+namespace {
+void check_shampoo_graph_steps(bool bf16) {
   auto make = [] { return gpu_mlp(7, 48); };
   Generator gen(8);
   std::vector<Tensor> xs, ys;
@@ -571,9 +573,12 @@ TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
                                       .momentum = 0.5, .precondition_frequency = 3};
   auto eager_net = make(), graph_net = make();
   optim::Shampoo eager_opt(eager_net->parameters(), options), graph_opt(graph_net->parameters(), options);
-  auto step = [](nn::Module& net, optim::Shampoo& opt, const Tensor& x, const Tensor& y) {
+  auto step = [bf16](nn::Module& net, optim::Shampoo& opt, const Tensor& x, const Tensor& y) {
     opt.zero_grad();
+    std::optional<amp::Autocast> autocast;  // bf16: the weights' kept copies, written by Shampoo's update
+    if (bf16) autocast.emplace(kGpu, DType::bf16);
     Tensor loss = nn::functional::mse_loss(net.forward(x), y);
+    autocast.reset();
     loss.backward();
     opt.step();
     return loss;
@@ -606,12 +611,27 @@ TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
   for (size_t i = 0; i < pe.size(); ++i) {
     EXPECT_EQ(graph_opt.state(int64_t(i)).step, 10);
     expect_identical(pg[i], pe[i], "parameter " + std::to_string(i));
+    if (bf16) {  // the copies the replays wrote: the new weights rounded, as the eager run's
+      const Tensor kept = amp::kept_copy(pg[i]);
+      ASSERT_TRUE(kept.defined()) << "parameter " << i;
+      expect_identical(kept, amp::kept_copy(pe[i]), "kept copy " + std::to_string(i));
+      expect_identical(kept, cast(pg[i].detach(), DType::bf16), "kept copy " + std::to_string(i) + " is the weight");
+    }
   }
   graph->replay();  // step 11
   EXPECT_TRUE(graph_opt.roots_due_next_step());
   const std::string e = error_of([&] { graph->replay(); });
   EXPECT_NE(e.find("roots are due at this step"), std::string::npos) << e;
   EXPECT_EQ(graph_opt.state(0).step, 11);
+}
+}  // namespace
+
+TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
+  KILN_REQUIRE_GPU();
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
+    check_shampoo_graph_steps(bf16);
+  }
 }
 
 // A GradScaler's captured step needs an optimizer that skips on the device, and a device copy of the scale

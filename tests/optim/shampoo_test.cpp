@@ -393,12 +393,15 @@ TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
   EXPECT_KILN_ERROR(Shampoo({w}, {.max_preconditioner_dim = 0}), "Shampoo", "max_preconditioner_dim");
   EXPECT_KILN_ERROR(Shampoo({w}, {.nesterov = true}), "Shampoo", "nesterov");
   Shampoo opt({w}, {.max_preconditioner_dim = 3, .precondition_frequency = 1});
+  opt.newton_max_iterations = -1;
+  w.set_grad(ones({3, 3}));
+  EXPECT_KILN_ERROR(opt.step(), "Shampoo", "newton_max_iterations", "-1");
+  EXPECT_EQ(opt.root_updates(), 0);  // refused before anything changed
+  opt.newton_max_iterations = 100;
   w.set_grad(full({3, 3}, NAN));
   EXPECT_KILN_ERROR(opt.step(), "Shampoo", "factor", "parameter 0", "[3, 3]", "non-finite");
 }
 
-// Shampoo computes the roots of all its blocks at once on a shared schedule and does not offer a partial
-// step: step_only refuses with an error that says to call step(), and nothing changes.
 // Shampoo writes a parameter's kept half-precision copy (amp::cast_parameter's) along with its update, as
 // AdamW does: after each step (grafted only, then preconditioned) the copy is the new weight rounded, and the
 // next forward under autocast takes it as it is (no cast).
@@ -419,11 +422,15 @@ TEST(Shampoo, WritesTheKeptCopyWithTheUpdate) {
     ASSERT_TRUE(copy.defined()) << "step " << step;
     opt.step();
     EXPECT_EQ(amp::kept_copy(w).to_vector<float>(), w.detach().to(DType::bf16).to_vector<float>()) << "step " << step;
-    EXPECT_TRUE(amp::cast_parameter(w, DType::bf16).is_same(copy)) << "current after the step: no cast, step " << step;
+    const uint64_t written = copy.version();  // marked current: cast_parameter takes it as it is, no cast into it
+    EXPECT_TRUE(amp::cast_parameter(w, DType::bf16).is_same(copy)) << "step " << step;
+    EXPECT_EQ(copy.version(), written) << "cast again after the step " << step;
   }
   EXPECT_GT(opt.root_updates(), 0);
 }
 
+// Shampoo computes the roots of all its blocks at once on a shared schedule and does not offer a partial
+// step: step_only refuses with an error that says to call step(), and nothing changes.
 TEST(Shampoo, StepOnlyIsRefused) {
   Tensor w = randn({3, 3}).requires_grad_(true);
   Shampoo opt({w}, {.lr = 0.1});
