@@ -73,14 +73,10 @@ TEST(ShampooBlocks, SqueezesMergesAndSplits) {
   EXPECT_EQ(p.block(t, 3).contiguous().to_vector<double>(), (std::vector<double>{15, 19, 23}));
 }
 
-// Plain Shampoo on one matrix: β1 = 0, sums of GGᵀ and GᵀG, roots every step, no grafting.
-TEST(Shampoo, MatrixWithoutGraftingMatchesTheDirectReference) {
-  Generator gen(1);
-  Tensor w = randn({5, 3}, kF64, &gen).requires_grad_();
+// Plain Shampoo on one matrix: β1 = 0, sums of GGᵀ and GᵀG, roots every step, no grafting. Five steps of
+// `opt` (made by the caller for the (5, 3) parameter w) against the direct reference: the largest difference.
+double plain_shampoo_against_the_reference(Shampoo& opt, Tensor& w, Generator& gen) {
   Tensor ref = w.detach().clone();
-  // max dim 5 keeps the dims apart (5 · 3 > 5): one block, two factors
-  Shampoo opt({w}, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 5,
-                    .precondition_frequency = 1, .grafting = Grafting::none});
   Tensor L = zeros({5, 5}, kF64), R = zeros({3, 3}, kF64);
   for (int step = 0; step < 5; ++step) {
     const Tensor g = randn({5, 3}, kF64, &gen);
@@ -90,7 +86,17 @@ TEST(Shampoo, MatrixWithoutGraftingMatchesTheDirectReference) {
     R = add(R, matmul(g.transpose(0, 1), g));
     ref = sub(ref, mul(matmul(matmul(reference_root(L, 4, 1e-6), g), reference_root(R, 4, 1e-6)), 0.1));
   }
-  EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
+  return max_abs(sub(w.detach(), ref));
+}
+// max dim 5 keeps the dims apart (5 · 3 > 5): one block, two factors
+const ShampooOptions kPlain{.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 5,
+                            .precondition_frequency = 1, .grafting = Grafting::none};
+
+TEST(Shampoo, MatrixWithoutGraftingMatchesTheDirectReference) {
+  Generator gen(1);
+  Tensor w = randn({5, 3}, kF64, &gen).requires_grad_();
+  Shampoo opt({w}, kPlain);
+  EXPECT_LT(plain_shampoo_against_the_reference(opt, w, gen), 1e-10);
   EXPECT_EQ(opt.root_updates(), 10);
 }
 
@@ -101,21 +107,10 @@ TEST(Shampoo, NewtonRootsMatchTheReferenceAndCountTheirFallbacks) {
   for (int limit : {100, 1}) {
     Generator gen(1);
     Tensor w = randn({5, 3}, kF64, &gen).requires_grad_();
-    Tensor ref = w.detach().clone();
-    Shampoo opt({w}, {.lr = 0.1, .betas = {0.0, 1.0}, .epsilon = 1e-6, .max_preconditioner_dim = 5,
-                      .precondition_frequency = 1, .grafting = Grafting::none});
+    Shampoo opt({w}, kPlain);
     opt.root_method = linalg::RootMethod::newton;
     opt.newton_max_iterations = limit;
-    Tensor L = zeros({5, 5}, kF64), R = zeros({3, 3}, kF64);
-    for (int step = 0; step < 5; ++step) {
-      const Tensor g = randn({5, 3}, kF64, &gen);
-      w.set_grad(g.clone());
-      opt.step();
-      L = add(L, matmul(g, g.transpose(0, 1)));
-      R = add(R, matmul(g.transpose(0, 1), g));
-      ref = sub(ref, mul(matmul(matmul(reference_root(L, 4, 1e-6), g), reference_root(R, 4, 1e-6)), 0.1));
-    }
-    EXPECT_LT(max_abs(sub(w.detach(), ref)), limit == 1 ? 1e-10 : 1e-6) << limit;
+    EXPECT_LT(plain_shampoo_against_the_reference(opt, w, gen), limit == 1 ? 1e-10 : 1e-6) << limit;
     EXPECT_EQ(opt.root_updates(), 10);
     // two root jobs a step (sizes 5 and 3), each iterating until its matrix converged or the limit
     EXPECT_GE(opt.newton_iterations(), limit == 1 ? 10 : 20) << limit;
