@@ -91,6 +91,7 @@
 #include <kiln/optim/shampoo.h>
 
 #include "../common/cli.h"
+#include "../common/shampoo_flags.h"
 
 using namespace kiln;
 
@@ -106,14 +107,7 @@ struct Args {
   double gpu_monitor = 5;  // seconds between NVML samples into the metrics log (0: off)
   std::string run_dir = "runs/char_gpt";  // metrics.jsonl, metrics.csv and loss.png; "none": no logging
   int64_t shampoo_frequency = 10;
-  bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
-  bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
-  int64_t shampoo_max_dim = 1024;  // Shampoo's max_preconditioner_dim
-  int64_t shampoo_start = -1;  // Shampoo's start_preconditioning_step (-1: the frequency)
-  double shampoo_epsilon = 1e-8;  // Shampoo's ε (the roots' ridge)
-  int64_t shampoo_newton_iterations = 100;  // Shampoo::newton_max_iterations
-  bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
-  double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
+  examples::ShampooFlags shampoo;  // the other --shampoo-* flags
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t batch_size = 64;
@@ -148,23 +142,15 @@ void usage(std::ostream& os) {
         "                [--lr LR] [--min-lr LR] [--warmup-iters N] [--lr-decay-iters N] [--beta1 B] [--beta2 B]\n"
         "                [--weight-decay WD] [--grad-clip C] [--checkpoint FILE [--resume]] [--grad-checkpoint]\n"
         "                [--seed S] [--sample N] [--profile N] [--sketch L,k] [--optimizer adamw|shampoo]\n"
-        "                [--shampoo-frequency F] [--shampoo-tf32] [--shampoo-newton-tf32] [--shampoo-max-dim D]\n"
-        "                [--shampoo-start S] [--shampoo-epsilon E] [--shampoo-newton-iterations N]\n"
-        "                [--shampoo-warm] [--shampoo-warm-tolerance T]\n"
-        "                [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S] [--print-loss]\n"
+        "                [--shampoo-frequency F] "
+     << examples::ShampooFlags::synopsis(std::string(16, ' ')) << "\n"
+     << "                [--run-dir DIR|none] [--trace FILE] [--gpu-monitor S] [--print-loss]\n"
         "                [--cuda-graph|--no-cuda-graph]\n"
         "  defaults: nanoGPT's shakespeare-char (6x6x384, T 256, B 64, dropout 0.2, lr 1e-3 -> 1e-4, 5000 iters)\n"
         "  --profile N: after training, N more iterations timed phase by phase (stderr)\n"
         "  --sketch L,k: each block's MLP layers as nn::SKLinear (L terms of rank k), from the dense init\n"
         "  --optimizer shampoo: optim::Shampoo (betas, lr, decay as given; Adam grafting; roots every F steps)\n"
-        "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
-        "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
-        "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"
-        "  --shampoo-start S: its first step with roots (start_preconditioning_step; default: the frequency)\n"
-        "  --shampoo-epsilon E: its roots' ridge ε (default 1e-8)\n"
-        "  --shampoo-newton-iterations N: the Newton iteration's limit, then the eigen method (default 100)\n"
-        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
-        "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
+     << examples::ShampooFlags::kHelp <<
         "  --trace FILE: after training, 3 iterations under the profiler as a Chrome trace (Perfetto), a table\n"
         "  --run-dir: where the evaluations' metrics (JSONL, CSV) and the loss-curve PNG go (default runs/char_gpt)\n"
         "  --gpu-monitor S: on a GPU, its utilization, memory, power, temperature and clocks (NVML) every S seconds\n"
@@ -212,14 +198,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--sketch") a.sketch = r.i64_pair();
     else if (flag == "--optimizer") a.optimizer = r.value();
     else if (flag == "--shampoo-frequency") a.shampoo_frequency = r.i64(), shampoo_flag = flag;
-    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true, shampoo_flag = flag;
-    else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true, shampoo_flag = flag;
-    else if (flag == "--shampoo-max-dim") a.shampoo_max_dim = r.i64(), shampoo_flag = flag;
-    else if (flag == "--shampoo-start") a.shampoo_start = r.i64(), shampoo_flag = flag;
-    else if (flag == "--shampoo-epsilon") a.shampoo_epsilon = r.f64(), shampoo_flag = flag;
-    else if (flag == "--shampoo-newton-iterations") a.shampoo_newton_iterations = r.i64(), shampoo_flag = flag;
-    else if (flag == "--shampoo-warm") a.shampoo_warm = true, shampoo_flag = flag;
-    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64(), shampoo_flag = flag;
+    else if (a.shampoo.read(r)) shampoo_flag = flag;
     else if (flag == "--run-dir") a.run_dir = r.value();
     else if (flag == "--gpu-monitor") a.gpu_monitor = r.f64();
     else if (flag == "--trace") a.trace = r.value();
@@ -249,12 +228,7 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.grad_clip >= 0, "char_gpt: --grad-clip must be non-negative (0: no clipping)");
   KILN_CHECK(a.sample >= 0, "char_gpt: --sample must be non-negative");
   KILN_CHECK(!a.resume || !a.checkpoint.empty(), "char_gpt: --resume needs --checkpoint FILE");
-  KILN_CHECK(!(a.shampoo_warm && a.shampoo_newton_tf32), "char_gpt: --shampoo-warm and --shampoo-newton-tf32 "
-             "choose two root methods: give one");
-  KILN_CHECK(a.shampoo_newton_iterations == 100 || a.shampoo_newton_tf32, "char_gpt: --shampoo-newton-iterations "
-             "limits the Newton iteration, which runs only with --shampoo-newton-tf32");
-  KILN_CHECK(a.shampoo_newton_iterations >= 0 && a.shampoo_newton_iterations <= 100000,
-             "char_gpt: --shampoo-newton-iterations must be in [0, 100000], got ", a.shampoo_newton_iterations);
+  a.shampoo.check("char_gpt");
   KILN_CHECK(shampoo_flag.empty() || a.optimizer == "shampoo", "char_gpt: ", shampoo_flag,
              " sets Shampoo, which runs only with --optimizer shampoo (this run's optimizer: ", a.optimizer, ")");
   // Shampoo under f16: its step decides on the host, which a GradScaler's captured step cannot follow
@@ -363,22 +337,13 @@ int run(const Args& args) {
     adamw->add_param_group(groups.no_decay, {.lr = args.lr, .betas = betas, .weight_decay = 0.0});
     optimizer = std::move(adamw);
   } else {
-    optim::ShampooOptions o{.lr = args.lr, .betas = betas, .epsilon = args.shampoo_epsilon,
-                            .weight_decay = args.weight_decay,
-                            .max_preconditioner_dim = args.shampoo_max_dim,
-                            .precondition_frequency = args.shampoo_frequency,
-                            .start_preconditioning_step = args.shampoo_start, .grafting_beta2 = args.beta2};
+    optim::ShampooOptions o{.lr = args.lr, .betas = betas, .weight_decay = args.weight_decay,
+                            .precondition_frequency = args.shampoo_frequency, .grafting_beta2 = args.beta2};
+    args.shampoo.apply(o);
     auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, o);
     o.weight_decay = 0.0;
     shampoo->add_param_group(groups.no_decay, o);
-    shampoo->tf32 = args.shampoo_tf32;
-    if (args.shampoo_newton_tf32) {
-      shampoo->root_method = linalg::RootMethod::newton;
-      shampoo->root_tf32 = true;
-    }
-    shampoo->newton_max_iterations = int(args.shampoo_newton_iterations);
-    if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
-    shampoo->warm_tolerance = args.shampoo_warm_tolerance;
+    args.shampoo.apply(*shampoo);
     optimizer = std::move(shampoo);
   }
   optim::Optimizer& opt = *optimizer;

@@ -57,6 +57,7 @@
 #include <kiln/optim/shampoo.h>
 
 #include "../common/cli.h"
+#include "../common/shampoo_flags.h"
 
 using namespace kiln;
 
@@ -70,10 +71,7 @@ struct Args {
   bool grad_checkpoint = false;
   bool zero = false;
   int64_t shampoo = 0;  // > 0: Shampoo with this precondition_frequency instead of AdamW
-  bool shampoo_tf32 = false;  // Shampoo's statistics and preconditioning products in TF32
-  bool shampoo_newton_tf32 = false;  // Shampoo's roots by the Newton iteration on TF32 tensor cores
-  bool shampoo_warm = false;  // Shampoo's roots warm-started from each factor's eigenbasis
-  double shampoo_warm_tolerance = 0.1;  // ... reused while its coupling ρ is at most this
+  examples::ShampooFlags shampoo_flags;  // the other --shampoo-* flags
   double shampoo_beta2 = 0.95;  // Shampoo's factor average (AdamW's β2 by default)
   bool timeline = false;
   bool comm_bf16 = false;  // DDP all-reduces bf16 copies of the gradient buckets
@@ -94,10 +92,10 @@ struct Args {
 void usage(std::ostream& os) {
   os << "usage: gpt2_bench [--batch-size B] [--seq-len T] [--n-layer L] [--n-head H] [--n-embd E] [--vocab-size V]\n"
         "                  [--warmup N] [--steps N] [--grad-checkpoint] [--device cuda[:i]|cpu] [--amp bf16|f16|none]\n"
-        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--shampoo F [--shampoo-tf32]\n"
-        "                  [--shampoo-newton-tf32] [--shampoo-warm [--shampoo-warm-tolerance T]]\n"
-        "                  [--shampoo-beta2 B]] [--fp8]\n"
-        "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step]\n"
+        "                  [--seed S] [--profile N] [--zero] [--timeline] [--comm-bf16] [--fp8]\n"
+        "                  [--shampoo F [--shampoo-beta2 B] "
+     << examples::ShampooFlags::synopsis(std::string(18, ' ')) << "]\n"
+     << "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step]\n"
         "                  [--step-in-backward] [--trace FILE] [--[no-]cuda-graph]\n"
         "                  [--no-autocast-cache]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
@@ -120,10 +118,7 @@ void usage(std::ostream& os) {
         "  --fp8: the blocks' Linear layers in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16)\n"
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
         "                (default: on GPUs with AdamW or --zero)\n"
-        "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
-        "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32)\n"
-        "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (RootMethod::warm_eigen), reused\n"
-        "                while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (default 0.1)\n"
+     << examples::ShampooFlags::kHelp <<
         "  --shampoo-beta2 B: its factors' average (default 0.95, AdamW's β2 here)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
         "              timeline against backward (rank 0 prints it)\n";
@@ -146,11 +141,8 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--zero") a.zero = true;
     else if (flag == "--shampoo") a.shampoo = r.i64();
-    else if (flag == "--shampoo-tf32") a.shampoo_tf32 = true;
-    else if (flag == "--shampoo-newton-tf32") a.shampoo_newton_tf32 = true;
-    else if (flag == "--shampoo-warm") a.shampoo_warm = true;
-    else if (flag == "--shampoo-warm-tolerance") a.shampoo_warm_tolerance = r.f64();
-    else if (flag == "--shampoo-beta2") a.shampoo_beta2 = r.f64();
+    else if (a.shampoo_flags.read(r)) continue;
+    else if (flag == "--shampoo-beta2") a.shampoo_beta2 = r.f64(), a.shampoo_flags.last = flag;
     else if (flag == "--timeline") a.timeline = true;
     else if (flag == "--comm-bf16") a.comm_bf16 = true;
     else if (flag == "--cuda-graph") a.cuda_graph = 1;
@@ -175,6 +167,9 @@ Args parse_args(int argc, char** argv) {
              "gpt2_bench: --amp f16 (a GradScaler, which steps after checking every gradient) needs AdamW or --zero "
              "stepping after backward (not --step-in-backward, --overlap-step or --shampoo)");
   KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
+  a.shampoo_flags.check("gpt2_bench");
+  KILN_CHECK(a.shampoo_flags.last.empty() || a.shampoo > 0, "gpt2_bench: ", a.shampoo_flags.last,
+             " sets Shampoo, which runs only with --shampoo F");
   KILN_CHECK(!a.overlap_step || !a.zero, "gpt2_bench: --overlap-step is DDP's (ZeRO-1 reduce-scatters instead)");
   KILN_CHECK(!a.step_in_backward || (!a.zero && a.shampoo == 0 && !a.overlap_step),
              "gpt2_bench: --step-in-backward needs AdamW (not --zero, --shampoo or --overlap-step)");
@@ -234,19 +229,14 @@ int run(const Args& args) {
       ddp = std::make_unique<distributed::DistributedDataParallel>(model, group, o);
     }
     if (args.shampoo > 0) {  // the same betas, decay and lr, with roots every --shampoo steps
-      const optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, args.shampoo_beta2}, .epsilon = 1e-8,
-                                    .weight_decay = 0.1, .precondition_frequency = args.shampoo};
+      optim::ShampooOptions s{.lr = 6e-4, .betas = {0.9, args.shampoo_beta2}, .weight_decay = 0.1,
+                              .precondition_frequency = args.shampoo};
+      args.shampoo_flags.apply(s);
       optim::ShampooOptions without_decay = s;
       without_decay.weight_decay = 0.0;
       auto shampoo = std::make_unique<optim::Shampoo>(groups.decay, s);
       shampoo->add_param_group(groups.no_decay, without_decay);
-      shampoo->tf32 = args.shampoo_tf32;
-      if (args.shampoo_newton_tf32) {
-        shampoo->root_method = linalg::RootMethod::newton;
-        shampoo->root_tf32 = true;
-      }
-      if (args.shampoo_warm) shampoo->root_method = linalg::RootMethod::warm_eigen;
-      shampoo->warm_tolerance = args.shampoo_warm_tolerance;
+      args.shampoo_flags.apply(*shampoo);
       shampoo_stats = shampoo.get();
       opt = std::move(shampoo);
     } else {
