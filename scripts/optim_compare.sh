@@ -2,7 +2,7 @@
 # The optimizer comparisons of docs/optim.md on the GPU machine, and the profiler's figures of
 # docs/observability.md: (1) alone on GPU 0: Shampoo's root job for GPT-2 124M's blocks (kiln_shampoo_bench,
 # beside torch.linalg.eigh) and gpt2_bench's step with AdamW (plus --trace: the profiler's overhead) and with
-# Shampoo every 10 steps; (2) char_gpt with AdamW and with Shampoo (val loss 1.50 in how many iterations and
+# Shampoo every 10 steps (its defaults, and char_gpt's tuned settings); (2) char_gpt with AdamW and with Shampoo (val loss 1.50 in how many iterations and
 # seconds; AdamW's run also --trace); (3) the Fashion-MNIST CNN's time to test accuracy 0.91: SGD + momentum,
 # AdamW (batch 128 and 256, 5-epoch cosine schedules) and K-FAC (batch 128 over 2 and 3 epochs, batch 256
 # over 3), each with seeds 0, 1, 2,
@@ -29,6 +29,10 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   python3 bench/shampoo_torch.py > "$out/shampoo_torch.txt" 2>&1
   "$build/examples/gpt2_bench" --steps 30 --trace "$out/gpt2_trace.json" > "$out/gpt2_adamw.txt" 2> "$out/gpt2_adamw.err"
   "$build/examples/gpt2_bench" --steps 30 --shampoo 10 > "$out/gpt2_shampoo.txt" 2>&1
+  # the settings that made char_gpt's Shampoo step cheapest (session 29): TF32 products, Newton TF32 roots at
+  # ε 1e-6, blocks of at most 512 (--warmup 100: the timed steps past the first roots)
+  "$build/examples/gpt2_bench" --warmup 100 --steps 30 --shampoo 10 --shampoo-tf32 --shampoo-newton-tf32 \
+    --shampoo-epsilon 1e-6 --shampoo-max-dim 512 > "$out/gpt2_shampoo_tuned.txt" 2>&1
 fi
 
 char() {  # char NAME DEVICE FLAGS...
@@ -86,7 +90,7 @@ fi
 echo "==== optim_compare summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $gpus GPUs)"
 [ -f "$out/shampoo_bench.txt" ] && grep -h '^#' "$out/shampoo_bench.txt" | sed 's/^#/kiln /'
 [ -f "$out/shampoo_torch.txt" ] && grep -h '^#' "$out/shampoo_torch.txt" | sed 's/^#/torch/'
-for f in gpt2_adamw gpt2_shampoo; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
+for f in gpt2_adamw gpt2_shampoo gpt2_shampoo_tuned; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
 python3 - "$out/runs" <<'PY'
 import json, os, re, sys
 root = sys.argv[1]
