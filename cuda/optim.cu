@@ -355,6 +355,16 @@ void check_list(const std::vector<Tensor>& ts, const char* op) {
     KILN_CHECK(t.device().is_cuda() && t.is_contiguous(), op, ": expected contiguous CUDA tensors, got ", t.str());
 }
 
+// The kind of an update's kept copy of `param` (none where undefined), checked to fit: an f32 parameter's
+// contiguous bf16 or f16 tensor of its shape, on its device.
+CopyKind kept_copy_kind(const Tensor& copy, const Tensor& param, const char* op) {
+  if (!copy.defined()) return CopyKind::none;
+  KILN_CHECK(param.dtype() == DType::f32 && (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+                 copy.is_contiguous() && copy.device() == param.device() && copy.sizes() == param.sizes(),
+             op, ": a kept copy ", copy.str(), " does not fit parameter ", param.str());
+  return copy.dtype() == DType::bf16 ? CopyKind::bf16 : CopyKind::f16;
+}
+
 }  // namespace
 
 void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -374,15 +384,9 @@ void kernels::adamw_step(const std::vector<Tensor>& params, const std::vector<Te
       std::vector<std::vector<Tensor>> lists(5);
       for (size_t i = 0; i < params.size(); ++i) {
         const Tensor copy = copies.empty() ? Tensor() : copies[i];
-        const CopyKind kind = !copy.defined() ? CopyKind::none : copy.dtype() == DType::bf16 ? CopyKind::bf16
-                                                                                             : CopyKind::f16;
-        if (params[i].dtype() != pd || kind != ck) continue;
+        if (params[i].dtype() != pd || kept_copy_kind(copy, params[i], "adamw_step") != ck) continue;
         KILN_CHECK(grads[i].dtype() == pd && exp_avgs[i].dtype() == exp_avg_sqs[i].dtype(), "adamw_step: dtypes of ",
                    params[i].str(), ", ", grads[i].str(), ", ", exp_avgs[i].str(), " do not fit");
-        KILN_CHECK(!copy.defined() || (pd == DType::f32 && (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
-                                       copy.is_contiguous() && copy.device() == params[i].device() &&
-                                       copy.sizes() == params[i].sizes()),
-                   "adamw_step: a kept copy ", copy.str(), " does not fit parameter ", params[i].str());
         lists[0].push_back(params[i]);
         lists[1].push_back(grads[i]);
         lists[2].push_back(exp_avgs[i]);
@@ -479,15 +483,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
   for (CopyKind ck : {CopyKind::none, CopyKind::bf16, CopyKind::f16}) {
     std::vector<size_t> ids;
     for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor copy = copies.empty() ? Tensor() : copies[i];
-      const CopyKind kind = !copy.defined() ? CopyKind::none : copy.dtype() == DType::bf16 ? CopyKind::bf16
-                                                                                           : CopyKind::f16;
-      if (kind != ck) continue;
-      KILN_CHECK(!copy.defined() || (params[i].dtype() == DType::f32 &&
-                                     (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
-                                     copy.is_contiguous() && copy.device() == params[i].device() &&
-                                     copy.sizes() == params[i].sizes()),
-                 "shampoo_apply: a kept copy ", copy.str(), " does not fit parameter ", params[i].str());
+      if (kept_copy_kind(copies.empty() ? Tensor() : copies[i], params[i], "shampoo_apply") != ck) continue;
       ids.push_back(i);
     }
     if (ids.empty()) continue;

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/autocast.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/cuda/graph.h>
@@ -110,12 +109,7 @@ void AdamW::step() {
           if (!decoupled_ && wd != 0.0) gs.back() = add(gs.back(), mul(ps.back(), wd));
           ms.push_back(state(i).tensors["exp_avg"]);
           vs.push_back(state(i).tensors["exp_avg_sq"]);
-          // a kept half-precision copy (amp::cast_parameter) is written along with the update
-          const Tensor copy = amp::kept_copy(p);
-          cs.push_back(copy.defined() && ps.back().is_same(p) && p.dtype() == DType::f32 &&
-                               (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16)
-                           ? copy
-                           : Tensor());
+          cs.push_back(kept_copy_to_write(p));  // written along with the update
           if (cs.back().defined()) written_copies.push_back(i);
         }
         AdamWHyper h = hyper_at(g, t, decoupled_);
@@ -151,9 +145,6 @@ void AdamW::step() {
       }
     }
   }
-  // The copies hold the new values: current once every parameter's version moved (parameters that share a
-  // storage, as FlatParameters' views, move one counter). A replay bumps the versions again (cuda::Graph),
-  // so it marks them again after.
   // A replay whose flag was set skipped: its step counts, advanced by the replay hooks before the launch, go
   // back (read after the launch: waits for the replay).
   if (!skippable.empty())
@@ -161,12 +152,7 @@ void AdamW::step() {
       if (flag.item<float>() != 0.0f)
         for (int64_t i : skippable) --state(i).step;
     });
-  for (int64_t i : written_copies) amp::mark_kept_copy_current(param(i));
-  if (graph && !written_copies.empty())
-    graph->after_replay([this, written_copies] {
-      for (int64_t i : written_copies)
-        if (amp::kept_copy(param(i)).defined()) amp::mark_kept_copy_current(param(i));
-    });
+  mark_written_copies(written_copies, graph);
 }
 
 }  // namespace kiln::optim

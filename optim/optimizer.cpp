@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/cuda/graph.h>
 
 namespace kiln::optim {
@@ -240,6 +241,22 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = sd.param_groups[gi].options;
   state_ = std::move(state);
   global_ = std::move(global);
+}
+
+Tensor Optimizer::kept_copy_to_write(const Tensor& param) {
+  const Tensor copy = amp::kept_copy(param);
+  const bool fits = copy.defined() && param.dtype() == DType::f32 && param.is_contiguous() &&
+                    (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16);
+  return fits ? copy : Tensor();
+}
+
+void Optimizer::mark_written_copies(const std::vector<int64_t>& params, cuda::Graph* graph) {
+  for (int64_t i : params) amp::mark_kept_copy_current(param(i));
+  if (graph && !params.empty())
+    graph->after_replay([this, params] {
+      for (int64_t i : params)
+        if (amp::kept_copy(param(i)).defined()) amp::mark_kept_copy_current(param(i));
+    });
 }
 
 }  // namespace kiln::optim

@@ -15,6 +15,10 @@
 #include <kiln/core/stateful.h>
 #include <kiln/core/tensor.h>
 
+namespace kiln::cuda {
+class Graph;
+}
+
 namespace kiln::optim {
 
 // Hyper-parameters by name ("lr", "weight_decay", "momentum", "beta1", ...). Flags are 0 or 1.
@@ -124,6 +128,15 @@ class Optimizer : public Stateful {
   // During a captured step_unless: GradScaler's flag, which this step's update kernels must read and skip
   // on where it is nonzero (undefined otherwise).
   const Tensor& device_skip_flag() const { return device_skip_flag_; }
+
+  // Kept half-precision copies (amp::cast_parameter's) that an update kernel writes with the new values, so
+  // the next forward pass does not cast the parameter again: param's kept copy where it can be written in
+  // the same pass (param f32 and contiguous, the copy bf16 or f16), else undefined.
+  static Tensor kept_copy_to_write(const Tensor& param);
+  // After the update: the copies of these parameters hold the new values once every parameter's version
+  // moved (parameters that share a storage, as FlatParameters' views, move one counter); under capture
+  // (graph non-null) a replay bumps the versions again, so it marks them again after.
+  void mark_written_copies(const std::vector<int64_t>& params, cuda::Graph* graph);
 
   // Calls fn(group, param, global index) for every parameter of every group.
   template <class Fn>

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include <kiln/autograd/grad_mode.h>
-#include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/gemm.h>
@@ -670,13 +669,8 @@ void Shampoo::step() {
     Update& u = updates[&g];
     u.params.push_back(p);
     u.directions.push_back(direction.contiguous());
-    // a kept half-precision copy (amp::cast_parameter's) is written along with the update, as AdamW does:
-    // the next forward pass does not cast the parameter again
-    const Tensor copy = amp::kept_copy(p);
-    const bool writes_copy = copy.defined() && p.dtype() == DType::f32 && p.is_contiguous() &&
-                             (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16);
-    u.copies.push_back(writes_copy ? copy : Tensor());
-    if (writes_copy) written_copies.push_back(w.index);
+    u.copies.push_back(kept_copy_to_write(p));  // written with the update, as AdamW does
+    if (u.copies.back().defined()) written_copies.push_back(w.index);
     if (g.get("momentum") > 0.0) {
       Tensor& buf = st.tensors["momentum_buffer"];
       must_exist(buf, "momentum_buffer", w.index);
@@ -694,14 +688,7 @@ void Shampoo::step() {
     kernels::shampoo_apply(u.params, u.directions, u.buffers, u.copies, h);
     for (const Tensor& p : u.params) p.bump_version();  // written in place, as by any in-place op
   }
-  // the copies hold the new values once every parameter's version moved; a replay bumps the versions again
-  // (cuda::Graph), so it marks them again after
-  for (int64_t i : written_copies) amp::mark_kept_copy_current(param(i));
-  if (graph && !written_copies.empty())
-    graph->after_replay([this, written_copies] {
-      for (int64_t i : written_copies)
-        if (amp::kept_copy(param(i)).defined()) amp::mark_kept_copy_current(param(i));
-    });
+  mark_written_copies(written_copies, graph);
   if (graph)
     graph->on_replay([this, stepped, replay_batches, replay_updates] {
       for (const auto& g : param_groups()) check_group(g);  // before anything changes
