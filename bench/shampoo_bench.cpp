@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include <kiln/core/linalg.h>
@@ -87,8 +88,9 @@ int main() {
     }
     // at the default tolerance, and at one the bench's unrelated move passes (ρ up to ~0.35: roots estimated
     // ~ρ²/8 ≈ 1.5% off, about as far as the TF32 Newton roots above)
-    for (double tolerance : {0.1, 0.4}) {
-      const linalg::InverseRootOptions options{.epsilon = 1e-12, .warm_tolerance = tolerance};
+    // (and at that one with the roots' products on TF32: InverseRootOptions::tf32)
+    for (const auto& [tolerance, tf32] : std::vector<std::pair<double, bool>>{{0.1, false}, {0.4, false}, {0.4, true}}) {
+      const linalg::InverseRootOptions options{.epsilon = 1e-12, .tf32 = tf32, .warm_tolerance = tolerance};
       int64_t refreshed = 0;
       const double ms = bench::median_ms(
           [&] {
@@ -99,7 +101,8 @@ int main() {
             }
           },
           1, 5, 1);
-      bench::report("shampoo_roots_gpt2_124m_warm_tol" + std::to_string(tolerance).substr(0, 3), ms, 0, 0);
+      bench::report("shampoo_roots_gpt2_124m_warm_tol" + std::to_string(tolerance).substr(0, 3) + (tf32 ? "_tf32" : ""),
+                    ms, 0, 0);
       double worst = 0, coupling = 0;
       for (const auto& [d, f] : moved) {
         const auto r = linalg::inverse_root_warm(f, 4, bases[d].clone(), options);
@@ -108,9 +111,10 @@ int main() {
             worst, amax(div(sqrt(sum(square(sub(r.root, re)), {-2, -1})), sqrt(sum(square(re), {-2, -1})))).item<double>());
         coupling = std::max(coupling, amax(r.coupling).item<double>());
       }
-      std::printf("# all %lld roots of GPT-2 124M warm-started (after a 1%% move), tolerance %.1f: %.1f ms, %lld "
+      std::printf("# all %lld roots of GPT-2 124M warm-started (after a 1%% move), tolerance %.1f%s: %.1f ms, %lld "
                   "eigendecomposed afresh, coupling ρ up to %.2e, relative distance from the eigen roots up to %.2e\n",
-                  (long long)matrices, tolerance, ms, (long long)refreshed, coupling, worst);
+                  (long long)matrices, tolerance, tf32 ? ", products on TF32" : "", ms, (long long)refreshed, coupling,
+                  worst);
     }
   }
   for (int64_t batch : {1, 48}) {

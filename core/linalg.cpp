@@ -9,6 +9,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linalg.h>
 #include <kiln/core/ops.h>
 
@@ -48,28 +49,6 @@ Tensor lift_eigenvalues(const Tensor& values, double epsilon) {
 Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double p, double epsilon) {
   const Tensor scale = pow(lift_eigenvalues(values, epsilon), -1.0 / p);
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
-}
-
-// The root from a kept basis q, with B = qᵀ·A·q (batch, n, n) and its diagonal λ (batch, n):
-//   q·(diag(f(λ)) + F ⊙ (B − diag(λ)))·qᵀ,   f(x) = x^(−1/p),   F_ij = (f(λ_i) − f(λ_j)) / (λ_i − λ_j)
-// (F_ij = f'((λ_i + λ_j)/2) where λ_i and λ_j agree to 1e-2 in f32, 1e-5 in f64: there the midpoint's error,
-// ~gap², is below what the difference would lose to cancellation, ~u·p/gap), `lifted` the quotients λ lifted
-// as the eigen method lifts eigenvalues: the Daleckii–Krein expansion of f(B) about its diagonal to first
-// order, so what the kept basis leaves out is second order in B's off-diagonal part. F is taken at the λ
-// floored as ρ floors them (`floored`): below n·u·λ_max the off-diagonal entries are rounding, and f's steep
-// divided differences there would amplify it.
-Tensor root_in_kept_basis(const Tensor& coupled, const Tensor& lifted, const Tensor& floored, const Tensor& q, double p) {
-  const int64_t n = q.size(-1);
-  const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-  const Tensor roots = pow(lifted, -1.0 / p), floored_roots = pow(floored, -1.0 / p);
-  const Tensor li = floored.unsqueeze(-1), lj = floored.unsqueeze(-2);
-  const Tensor gap = sub(li, lj), mean = mul(add(li, lj), 0.5);
-  const Tensor near = le(abs(gap), mul(mean, q.dtype() == DType::f64 ? 1e-5 : 1e-2));
-  const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p),
-                               div(sub(floored_roots.unsqueeze(-1), floored_roots.unsqueeze(-2)), gap));
-  const Tensor identity = eye(n, like);
-  const Tensor m = add(mul(mul(divided, coupled), rsub(identity, 1.0)), mul(identity, roots.unsqueeze(-1)));
-  return matmul(matmul(q, m), q.transpose(-2, -1));
 }
 
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
@@ -229,24 +208,31 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     out.coupling = zeros(batch, {.dtype = DType::f64});
     return out;
   }
-  const cuda::AllowTf32Guard exact(true, false);  // TF32's 1e-3 would drown the small Rayleigh quotients
-  const Tensor ridged = ridge(a.contiguous().reshape({b, n, n}), options.epsilon);
+  const Tensor a3 = a.contiguous().reshape({b, n, n});
   const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
   const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
-  // B = qᵀ·A·q; λ_j = B_jj (the column sums of q ⊙ A·q), lifted as the eigen method lifts eigenvalues and
-  // floored at n·u·λ_max (u the dtype's unit roundoff)
-  const Tensor aq = matmul(ridged, q);
-  const Tensor coupled = matmul(q.transpose(-2, -1), aq);
-  const Tensor quotients = sum(mul(q, aq), {-2});
+  // B = qᵀ·A·q with A = a + ε·I, in full f32 (TF32's 1e-3 would drown the small Rayleigh quotients): A·q as
+  // a·q added to ε·q in the product's epilogue. λ_j = B_jj, lifted as the eigen method lifts eigenvalues and
+  // floored at n·u·λ_max (u the dtype's unit roundoff).
+  Tensor coupled;
+  {
+    const cuda::AllowTf32Guard exact(true, false);
+    const Tensor aq = mul(q, options.epsilon);
+    kernels::bmm_add(a3, q, aq, 1.0, 1.0);
+    coupled = matmul(q.transpose(-2, -1), aq);
+  }
+  const Tensor quotients = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1).contiguous();
   const Tensor lifted = lift_eigenvalues(quotients, options.epsilon);
   const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
   const Tensor floored = maximum(lifted, mul(amax(lifted, {-1}, true), double(n) * unit_roundoff));
-  // ρ = max_i sqrt(Σ_{j≠i} B_ij² / (λ_i·λ_j)); and the basis' largest column-norm deviation max_j |‖q_j‖² − 1|
-  // (1 for a basis of zeros); both read in one transfer
-  const Tensor r = rsqrt(floored);
-  const Tensor off_diagonal = rsub(eye(n, like), 1.0);
-  const Tensor scaled = mul(mul(coupled, r.unsqueeze(-1)), r.unsqueeze(-2));
-  const Tensor coupling = sqrt(amax(sum(mul(square(scaled), off_diagonal), {-1}), {-1}));
+  // in one pass over B: the kept basis' root expansion (core/kernels/linalg.h) and each row's coupling
+  // Σ_{j≠i} B_ij²/(λ_i·λ_j), whose largest is ρ²
+  const Tensor middle = empty({b, n, n}, like), row_coupling = empty({b, n}, like);
+  kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), pow(lifted, -1.0 / p), p, middle,
+                                row_coupling);
+  const Tensor coupling = sqrt(amax(row_coupling, {-1}));
+  // the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros); read with ρ in one
+  // transfer
   const Tensor norm_gap = amax(abs(add(sum(square(q), {-2}), -1.0)), {-1});
   const Tensor read = cast(stack({coupling, norm_gap}), DType::f64).cpu();
   const std::vector<double> v = read.contiguous().to_vector<double>();
@@ -266,7 +252,7 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     const Tensor index = from_vector(which, {int64_t(which.size())}, {.dtype = DType::i64, .device = a.device()});
     return index_select(t, 0, index);
   };
-  Tensor root = empty({b, n, n}, {.dtype = a.dtype(), .device = a.device()});
+  Tensor root = int64_t(kept.size()) == b ? Tensor() : empty({b, n, n}, like);
   auto put = [&](Tensor& into, const std::vector<int64_t>& which, const Tensor& values) {
     if (int64_t(which.size()) == b) {
       into.copy_(values);
@@ -274,11 +260,17 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     }
     for (size_t j = 0; j < which.size(); ++j) into.narrow(0, which[j], 1).copy_(values.narrow(0, int64_t(j), 1));
   };
-  if (!kept.empty())
-    put(root, kept,
-        root_in_kept_basis(rows(coupled, kept), rows(lifted, kept), rows(floored, kept), rows(q, kept), p));
+  // the roots' products q·M·qᵀ (and V·diag·Vᵀ for refreshed ones): in f32, or on TF32 where asked
+  const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
+  const cuda::AllowTf32Guard products(true, tf32);
+  if (!kept.empty()) {
+    const Tensor q_kept = rows(q, kept);
+    const Tensor kept_roots = matmul(matmul(q_kept, rows(middle, kept)), q_kept.transpose(-2, -1));
+    if (root.defined()) put(root, kept, kept_roots);
+    else root = kept_roots;  // every basis kept: no copy
+  }
   if (!refreshed.empty()) {
-    const Eigh e = checked_eigh(op, rows(ridged, refreshed));
+    const Eigh e = checked_eigh(op, ridge(rows(a3, refreshed), options.epsilon));
     put(root, refreshed, root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, options.epsilon));
     Tensor q_rows = q;
     put(q_rows, refreshed, e.eigenvectors);

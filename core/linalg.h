@@ -46,8 +46,10 @@ struct InverseRootOptions {
   int max_iterations = 100;  // newton
   double tolerance = 0.0;    // newton; 0: 1e-4 in f32, 1e-10 in f64
   bool fallback = true;      // newton: the eigen method for the matrices that did not converge
-  // newton, f32 on a GPU: the iteration's products on TF32 tensor cores (about 10 mantissa bits a
-  // product, several times faster); the default tolerance is then 2e-3, which TF32's rounding still reaches
+  // f32 on a GPU: products on TF32 tensor cores (about 10 mantissa bits a product, several times faster).
+  // newton: the iteration's products; the default tolerance is then 2e-3, which TF32's rounding still
+  // reaches. warm_eigen: the roots' products from the basis (q·M·qᵀ, V·diag·Vᵀ), not qᵀ·A·q, whose small
+  // Rayleigh quotients need f32.
   bool tf32 = false;
   // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused (root error ~ρ²/8)
   double warm_tolerance = 0.1;
@@ -82,8 +84,9 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // A basis with a column whose squared norm is off 1 by more than 1e-3 (a basis of zeros, how a first call
 // starts, is off by 1) is refreshed at any tolerance; columns that are not orthogonal show in ρ. Refreshed matrices are
 // eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
-// eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two) where
-// cuSOLVER's eigensolver spends ~10x as long on its tridiagonal reduction. `basis` must be contiguous, with
+// eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two, on
+// TF32 with options.tf32) and one pass over B (kernels::kept_basis_expansion), where cuSOLVER's eigensolver
+// spends ~10x as long on its tridiagonal reduction. `basis` must be contiguous, with
 // a's shape, dtype and device.
 struct WarmInverseRoot {
   Tensor root;             // (..., n, n)

@@ -86,9 +86,10 @@ class Shampoo : public Optimizer {
   // (inputs rounded to 10-bit mantissas, f32 accumulation: ~8x the f32 rate on Hopper, ~1e-3 relative
   // products). Off by default: the statistics are then exact to f32 rounding. The roots stay f32 either way.
   bool tf32 = false;
-  // With root_method newton: the iteration's products on TF32 tensor cores too (linalg::InverseRootOptions::
-  // tf32; tolerance 2e-3). GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566 ms by f32
-  // Newton; about 1% from the eigen roots (relative Frobenius distance). Off by default.
+  // The roots' products on TF32 tensor cores too (linalg::InverseRootOptions::tf32). With root_method newton:
+  // the iteration's (tolerance 2e-3); GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566
+  // ms by f32 Newton; about 1% from the eigen roots (relative Frobenius distance). With warm_eigen: the
+  // products that build each root from its basis (the Rayleigh quotients stay f32). Off by default.
   bool root_tf32 = false;
   // With root_method newton: the iteration's limit (linalg::InverseRootOptions::max_iterations); the factors
   // still above the tolerance after it are computed by the eigen method, in one batched job.

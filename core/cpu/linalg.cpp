@@ -1,9 +1,11 @@
 // The linalg kernels on the CPU (core/kernels/linalg.h): Eigen's symmetric eigensolver in f64, a matrix a
-// task, so the result does not depend on the thread count.
+// task, so the result does not depend on the thread count; the kept basis' expansion in f64, a row a task.
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <kiln/core/cpu/strided.h>
 #include <kiln/core/kernels/linalg.h>
@@ -38,7 +40,49 @@ void eigh_matrices(const Tensor& a, const Tensor& w, const Tensor& v, const Tens
   });
 }
 
+template <class T>
+void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
+                             const Tensor& diagonal_roots, double p, const Tensor& middle, const Tensor& coupling) {
+  const int64_t n = coupled.size(-1), batch = coupled.numel() / std::max<int64_t>(n * n, 1);
+  const T* b = static_cast<const T*>(coupled.raw_data());
+  const T* phi = static_cast<const T*>(floored.raw_data());
+  const T* f = static_cast<const T*>(floored_roots.raw_data());
+  const T* d = static_cast<const T*>(diagonal_roots.raw_data());
+  T* m = static_cast<T*>(middle.raw_data());
+  T* c = static_cast<T*>(coupling.raw_data());
+  const double near = std::is_same_v<T, double> ? 1e-5 : 1e-2;
+  parallel_for(batch * n, n, [&](int64_t row) {
+    const int64_t k = row / n, i = row % n;
+    const T* phi_k = phi + k * n;
+    const T* f_k = f + k * n;
+    const double phi_i = double(phi_k[i]);
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double bij = double(b[row * n + j]);
+      if (j == i) {
+        m[row * n + j] = d[row];
+        continue;
+      }
+      const double phi_j = double(phi_k[j]), gap = phi_i - phi_j, mean = 0.5 * (phi_i + phi_j);
+      const double divided = std::abs(gap) <= near * mean ? -std::pow(mean, -1.0 / p - 1.0) / p
+                                                          : (double(f_k[i]) - double(f_k[j])) / gap;
+      m[row * n + j] = T(divided * bij);
+      sum += bij * bij / (phi_i * phi_j);
+    }
+    c[row] = T(sum);
+  });
+}
+
 }  // namespace
+
+void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
+                                   const Tensor& diagonal_roots, double p, const Tensor& middle,
+                                   const Tensor& coupling) {
+  if (coupled.dtype() == DType::f64)
+    kept_basis_expansion_as<double>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
+  else
+    kept_basis_expansion_as<float>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
+}
 
 void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info) {
   if (a.dtype() == DType::f64) eigh_matrices<double>(a, w, v, info);

@@ -10,3 +10,17 @@
 // where it did not (that matrix's w and v are then unspecified). The CPU computes in f64 (Eigen's
 // SelfAdjointEigenSolver, a matrix a task); the GPU in a's dtype (cuSOLVER's batched syev).
 KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info));
+
+// The expansion a kept eigenbasis gives a root (linalg::inverse_root_warm), in one pass over B = qᵀ·a·q
+// (batch, n, n), contiguous, f32 or f64. With φ = `floored` (batch, n), the Rayleigh quotients of a + ε·I
+// floored at n·u·λ_max, f(x) = x^(−1/p), and the (batch, n) inputs `floored_roots` = f(φ) and `diagonal_roots`
+// (f of the quotients as the eigen method lifts them), all of B's dtype and device, contiguous, writes
+//   middle (batch, n, n):  diagonal_roots_i on the diagonal; F_ij·B_ij off it, the divided difference
+//                          F_ij = (f(φ_i) − f(φ_j)) / (φ_i − φ_j), or f'((φ_i + φ_j)/2) where φ_i and φ_j
+//                          agree to 1e-2 (f32) / 1e-5 (f64) of their mean
+//   coupling (batch, n):   Σ_{j≠i} B_ij² / (φ_i·φ_j), row i's squared coupling to the other directions
+// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). The CPU
+// computes in f64; the GPU in B's dtype, the sums in f64 (cuda/linalg_kept_basis.cu).
+KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
+                                       const Tensor& diagonal_roots, double p, const Tensor& middle,
+                                       const Tensor& coupling));

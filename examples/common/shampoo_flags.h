@@ -16,6 +16,7 @@ namespace kiln::examples {
 struct ShampooFlags {
   bool tf32 = false;                  // --shampoo-tf32: statistics and preconditioning products in TF32
   bool newton_tf32 = false;           // --shampoo-newton-tf32: roots by the Newton iteration on TF32
+  bool root_tf32 = false;             // --shampoo-root-tf32: the roots' products on TF32 (any root method)
   int64_t newton_iterations = 100;    // --shampoo-newton-iterations: its limit (Shampoo::newton_max_iterations)
   bool warm = false;                  // --shampoo-warm: roots warm-started from each factor's eigenbasis
   double warm_tolerance = 0.1;        // --shampoo-warm-tolerance: ... reused while its coupling ρ is at most this
@@ -29,6 +30,7 @@ struct ShampooFlags {
     const std::string& f = r.flag();
     if (f == "--shampoo-tf32") tf32 = true;
     else if (f == "--shampoo-newton-tf32") newton_tf32 = true;
+    else if (f == "--shampoo-root-tf32") root_tf32 = true;
     else if (f == "--shampoo-newton-iterations") newton_iterations = r.i64();
     else if (f == "--shampoo-warm") warm = true;
     else if (f == "--shampoo-warm-tolerance") warm_tolerance = r.f64();
@@ -63,6 +65,7 @@ struct ShampooFlags {
       s.root_method = linalg::RootMethod::newton;
       s.root_tf32 = true;
     }
+    if (root_tf32) s.root_tf32 = true;
     s.newton_max_iterations = int(newton_iterations);
     if (warm) s.root_method = linalg::RootMethod::warm_eigen;
     s.warm_tolerance = warm_tolerance;
@@ -70,7 +73,7 @@ struct ShampooFlags {
 
   // The usage lines of these flags, continuation lines after `indent`.
   static std::string synopsis(const std::string& indent) {
-    return "[--shampoo-tf32] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]]\n" + indent +
+    return "[--shampoo-tf32] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]] [--shampoo-root-tf32]\n" + indent +
            "[--shampoo-warm [--shampoo-warm-tolerance T]] [--shampoo-max-dim D] [--shampoo-epsilon E]\n" + indent +
            "[--shampoo-start S]";
   }
@@ -78,6 +81,8 @@ struct ShampooFlags {
       "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
       "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32);\n"
       "                --shampoo-newton-iterations N: its limit, then the eigen method (default 100)\n"
+      "  --shampoo-root-tf32: its roots' products on TF32 tensor cores (Shampoo::root_tf32; with --shampoo-warm,\n"
+      "                the products that build each root from its basis)\n"
       "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
       "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
       "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"

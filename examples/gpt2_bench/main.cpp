@@ -386,11 +386,13 @@ int run(const Args& args) {
                  zero ? "" : (", AdamW steps taken " + std::to_string(opt->state(0).step)).c_str());
   if (shampoo_stats)
     std::printf("Shampoo: %lld root updates, %lld eigendecomposed afresh (warm starts), %lld f64 retries, %lld kept; "
-                "in the timed steps %lld root updates, %lld eigendecomposed afresh\n",
+                "in the timed steps %lld root updates, %lld eigendecomposed afresh; Newton iterations %lld, "
+                "fallbacks %lld\n",
                 (long long)shampoo_stats->root_updates(), (long long)shampoo_stats->eigen_refreshes(),
                 (long long)shampoo_stats->f64_retries(), (long long)shampoo_stats->kept_roots(),
                 (long long)(shampoo_stats->root_updates() - roots_before),
-                (long long)(shampoo_stats->eigen_refreshes() - refreshes_before));
+                (long long)(shampoo_stats->eigen_refreshes() - refreshes_before),
+                (long long)shampoo_stats->newton_iterations(), (long long)shampoo_stats->newton_fallbacks());
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s\n", tps, mfu,
               peak_gib, 1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",

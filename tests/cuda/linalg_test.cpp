@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include <kiln/core/kernels/linalg.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -71,8 +72,6 @@ TEST(CudaLinalg, InverseRootsMatchTheCpuByBothMethods) {
     }
 }
 
-// The Newton iteration on TF32 tensor cores: converged to its tolerance (2e-3, no fallback) and within the
-// precision TF32 allows of the f64 roots; the process's TF32 setting is left as it was.
 // Warm-started roots (linalg::inverse_root_warm) on the GPU as on the CPU: from a zero basis the eigen roots
 // (every matrix refreshed); after the matrices move by 1% of an unrelated matrix (coupling ρ ~0.05-0.09) the
 // same matrices keep their basis, with the same ρ and roots as the CPU's from its own basis (eigenvectors
@@ -103,9 +102,59 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
       std::printf("inverse_root_warm %s n=%lld: ρ %.2e / %.2e / %.2e, GPU vs CPU relative %.2e\n", dtype_name(t),
                   (long long)n, rg[0], rg[1], rg[2], err);
       EXPECT_LT(err, tol) << dtype_name(t) << " n " << n;
+      if (t == DType::f32) {
+        // the roots' products on TF32 (options.tf32): the same matrices kept, ρ from the f32 products as
+        // before, the roots within TF32's precision; the process's TF32 setting left as it was
+        const bool before = cuda::allow_tf32();
+        Tensor tf32_basis = gpu_basis.clone();
+        tf32_basis.narrow(0, 2, 1).zero_();  // the replaced matrix refreshed again
+        const auto g2 = linalg::inverse_root_warm(moved.to(gpu()), 4, tf32_basis, {.tf32 = true, .warm_tolerance = 0.2});
+        EXPECT_EQ(g2.refreshed, 1) << n;
+        const double tf32_err =
+            max_abs(sub(cast(g2.root.cpu(), DType::f64), cast(c1.root, DType::f64))) / max_abs(c1.root);
+        std::printf("inverse_root_warm tf32 n=%lld: GPU vs CPU relative %.2e\n", (long long)n, tf32_err);
+        EXPECT_LT(tf32_err, 3e-2) << n;
+        EXPECT_EQ(cuda::allow_tf32(), before);
+      }
     }
 }
 
+// kernels::kept_basis_expansion on the GPU against the CPU's f64: random B, quotients spread over 1e-6..1 with
+// pairs that agree to 1e-3 (f'(mean) there) and to 3e-2 (the divided difference), rows in 16-byte units
+// and not (n = 5, 1027).
+TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(44);
+  for (DType t : {DType::f64, DType::f32})
+    for (int64_t n : {1, 5, 64, 1027}) {
+      const int64_t batch = 3;
+      const Tensor coupled = cast(randn({batch, n, n}, {.dtype = DType::f64}), t);
+      Tensor floored = exp(mul(rand({batch, n}, {.dtype = DType::f64}), -13.8));  // 1e-6 .. 1
+      if (n >= 5) {
+        floored.narrow(1, 1, 1).copy_(mul(floored.narrow(1, 0, 1), 1.001));
+        floored.narrow(1, 3, 1).copy_(mul(floored.narrow(1, 2, 1), 1.03));
+      }
+      floored = cast(floored, t);
+      const Tensor lifted = cast(add(floored, 1e-7), t);
+      const Tensor floored_roots = pow(floored, -0.25), diagonal_roots = pow(lifted, -0.25);
+      const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
+      kernels::kept_basis_expansion(coupled, floored, floored_roots, diagonal_roots, 4.0, middle, coupling);
+      const Tensor gm = empty({batch, n, n}, {.dtype = t, .device = gpu()});
+      const Tensor gc = empty({batch, n}, {.dtype = t, .device = gpu()});
+      kernels::kept_basis_expansion(coupled.to(gpu()), floored.to(gpu()), floored_roots.to(gpu()),
+                                    diagonal_roots.to(gpu()), 4.0, gm, gc);
+      const double middle_err = max_abs(sub(cast(gm.cpu(), DType::f64), cast(middle, DType::f64))) / max_abs(middle);
+      const double coupling_err =
+          n == 1 ? max_abs(gc.cpu()) : max_abs(sub(cast(gc.cpu(), DType::f64), cast(coupling, DType::f64))) / max_abs(coupling);
+      std::printf("kept_basis_expansion %s n=%lld: middle %.2e, coupling %.2e\n", dtype_name(t), (long long)n,
+                  middle_err, coupling_err);
+      EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
+      EXPECT_LT(coupling_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
+    }
+}
+
+// The Newton iteration on TF32 tensor cores: converged to its tolerance (2e-3, no fallback) and within the
+// precision TF32 allows of the f64 roots; the process's TF32 setting is left as it was.
 TEST(CudaLinalg, NewtonRootsOnTf32TensorCores) {
   KILN_REQUIRE_GPU();
   manual_seed(43);
