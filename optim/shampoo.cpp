@@ -185,15 +185,30 @@ struct Shampoo::Factor {
 };
 
 void Shampoo::update_roots(std::vector<Factor>& factors) {
+  std::vector<Factor*> succeeded;  // their failure counts go back to 0 (below)
+  std::string exhausted;           // the first factor that failed max_root_failures times in a row
   // one batched job per (size, dtype, device, exponent, ε)
   std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
   for (Factor& f : factors)
     jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
   for (auto& [key, group] : jobs) {
     const double p = std::get<3>(key), eps = std::get<4>(key);
-    std::vector<Tensor> matrices;
-    for (Factor* f : group) matrices.push_back(mul(f->factor, f->scale));
-    const Tensor stacked = stack(matrices);
+    // the factors, bias-corrected, into one stack: one launch for the job (a scale and a stack a factor took
+    // two launches and two passes each: 684 launches for GPT-2 124M's 342 factors)
+    const Tensor& first = group.front()->factor;
+    const Tensor stacked = empty({int64_t(group.size()), first.size(0), first.size(1)},
+                                 {.dtype = first.dtype(), .device = first.device()});
+    {
+      std::vector<Tensor> from, rows;
+      std::vector<double> scales;
+      for (size_t j = 0; j < group.size(); ++j) {
+        from.push_back(group[j]->factor);
+        rows.push_back(stacked.select(0, int64_t(j)));
+        scales.push_back(group[j]->scale);
+      }
+      kernels::scale_matrices(from, rows, tensor(scales, {int64_t(scales.size())},
+                                                 {.dtype = first.dtype(), .device = first.device()}));
+    }
     if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
       for (Factor* f : group)
         KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
@@ -206,10 +221,15 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
       const linalg::InverseRootOptions options{.epsilon = eps, .method = root_method,
                                                .max_iterations = newton_max_iterations, .tf32 = root_tf32,
                                                .warm_tolerance = warm_tolerance};
-      std::vector<Tensor> bases;
-      if (warm)
-        for (Factor* f : group) bases.push_back(f->basis);
-      const Tensor stacked_bases = warm ? stack(bases) : Tensor();
+      std::vector<Tensor> bases, basis_rows;
+      const Tensor stacked_bases = warm ? empty_like(stacked) : Tensor();
+      if (warm) {
+        for (size_t j = 0; j < group.size(); ++j) {
+          bases.push_back(group[j]->basis);
+          basis_rows.push_back(stacked_bases.select(0, int64_t(j)));
+        }
+        kernels::copy_matrices(bases, basis_rows);
+      }
       Tensor roots;
       bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
       if (warm) {
@@ -239,15 +259,14 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
     }
     for (size_t j = 0; j < group.size(); ++j) {
       Factor& f = *group[j];
-      Tensor count = f.failures.narrow(0, f.position, 1);
       if (done) {
-        count.zero_();
+        succeeded.push_back(&f);
         continue;
       }
       ++f64_retries_;
       bool ok = false;
       try {
-        const Tensor r = linalg::inverse_root(cast(matrices[j], DType::f64), p, {.epsilon = eps});
+        const Tensor r = linalg::inverse_root(cast(stacked.select(0, int64_t(j)), DType::f64), p, {.epsilon = eps});
         if (all_true(isfinite(r))) {
           f.root.copy_(r);
           ok = true;
@@ -256,18 +275,31 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
       }
       if (f.basis.defined()) f.basis.zero_();  // not this root's basis: the next refresh eigendecomposes afresh
       if (ok) {
-        count.zero_();
+        succeeded.push_back(&f);
         continue;
       }
       ++kept_roots_;  // the previous root stays
+      Tensor count = f.failures.narrow(0, f.position, 1);
       count.add_(1.0);
       const double in_a_row = count.cpu().item<double>();
-      KILN_CHECK(in_a_row < max_root_failures, "Shampoo: the inverse root of factor ", shape_str(f.factor.shape()),
-                 " of parameter ", f.param, " ", shape_str(param(f.param).shape()), " failed ", in_a_row,
-                 " times in a row, in its dtype and in f64 (max_root_failures = ", max_root_failures, ")");
+      if (in_a_row >= max_root_failures && exhausted.empty())
+        exhausted = "Shampoo: the inverse root of factor " + shape_str(f.factor.shape()) + " of parameter " +
+                    std::to_string(f.param) + " " + shape_str(param(f.param).shape()) + " failed " +
+                    std::to_string(int64_t(in_a_row)) + " times in a row, in its dtype and in f64 (max_root_failures = " +
+                    std::to_string(max_root_failures) + ")";
     }
   }
+  // The counts of the roots that succeeded back to 0: a parameter's whole tensor in one launch where all its
+  // factors did (every factor of a parameter is due at the same step), else one launch a factor.
+  std::map<int64_t, std::vector<Factor*>> by_param;
+  for (Factor* f : succeeded) by_param[f->param].push_back(f);
+  for (auto& [index, ok] : by_param) {
+    if (int64_t(ok.size()) == ok.front()->failures.numel()) ok.front()->failures.zero_();
+    else
+      for (Factor* f : ok) f->failures.narrow(0, f->position, 1).zero_();
+  }
   root_updates_ += int64_t(factors.size());
+  KILN_CHECK(exhausted.empty(), exhausted);
 }
 
 // The order-2 blocks of one shape, dtype, device and β2: factors and roots stacked, the state's per-block

@@ -380,6 +380,50 @@ TEST(Shampoo, Bf16ParametersKeepF32Statistics) {
   EXPECT_TRUE(all_true(isfinite(w)));
 }
 
+// A root that fails (ε = 0 and a factor of zeros: its eigenvalues 0, its root infinite in f32 and in the f64
+// retry) keeps the previous root and counts the failure in "root_failures"; a root that succeeds sets its
+// count back to 0, and a parameter whose roots succeed beside it keeps its count at 0; max_root_failures
+// failures in a row are an error naming the factor and its parameter, raised once the step's other counts
+// are written.
+TEST(Shampoo, FailedRootsKeepThePreviousRootUntilTheLimit) {
+  manual_seed(5);
+  Tensor w = ones({3, 3}).requires_grad_(), v = ones({2, 2}).requires_grad_();
+  Shampoo opt({w, v}, {.epsilon = 0.0, .max_preconditioner_dim = 3, .precondition_frequency = 1,
+                       .start_preconditioning_step = 1});
+  opt.max_root_failures = 2;
+  auto step = [&](const Tensor& wg) {
+    w.set_grad(wg);
+    v.set_grad(randn({2, 2}));
+    opt.step();
+  };
+  auto counts = [&](int64_t param) { return opt.state(param).tensors.at("root_failures").to_vector<double>(); };
+  step(zeros({3, 3}));  // w's factors stay zero: both its roots fail
+  EXPECT_EQ(opt.f64_retries(), 2);
+  EXPECT_EQ(opt.kept_roots(), 2);
+  EXPECT_EQ(counts(0), (std::vector<double>{1, 1}));
+  EXPECT_EQ(counts(1), (std::vector<double>{0, 0}));
+  EXPECT_TRUE(all_true(eq(opt.state(0).tensors.at("root.0.0"), linalg::eye(3, {}))));  // the previous root: I
+  EXPECT_TRUE(all_true(isfinite(w)));
+  step(randn({3, 3}));  // a gradient: w's roots succeed, its counts back to 0
+  EXPECT_EQ(counts(0), (std::vector<double>{0, 0}));
+  EXPECT_EQ(opt.kept_roots(), 2);
+  EXPECT_FALSE(all_true(eq(opt.state(0).tensors.at("root.0.0"), linalg::eye(3, {}))));
+
+  Tensor z = ones({3, 3}).requires_grad_();
+  Shampoo limited({z, v}, {.epsilon = 0.0, .max_preconditioner_dim = 3, .precondition_frequency = 1,
+                           .start_preconditioning_step = 1});
+  limited.max_root_failures = 2;
+  z.set_grad(zeros({3, 3}));
+  v.set_grad(randn({2, 2}));
+  limited.step();
+  EXPECT_EQ(limited.state(0).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{1, 1}));
+  v.set_grad(randn({2, 2}));
+  EXPECT_KILN_ERROR(limited.step(), "Shampoo", "factor [3, 3]", "parameter 0", "failed 2 times in a row",
+                    "max_root_failures = 2");
+  EXPECT_EQ(limited.root_updates(), 8);  // both steps' 4 roots counted
+  EXPECT_EQ(limited.state(1).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{0, 0}));
+}
+
 TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
   Tensor w = ones({3, 3}).requires_grad_();
   EXPECT_KILN_ERROR(Shampoo({w}, {.betas = {1.0, 0.9}}), "Shampoo", "beta1");
