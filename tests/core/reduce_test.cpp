@@ -129,6 +129,29 @@ TEST(Reduce, FullReductions) {
   EXPECT_KILN_ERROR(sum(x, {2}), "sum", "dim 2");
 }
 
+// all_true: every element nonzero (NaN counts as nonzero, as torch.all), over any dtype and layout; the
+// empty tensor is true; a long tensor (the reduction in chunks) false by its last element alone.
+TEST(Reduce, AllTrueOverDtypesLayoutsAndLengths) {
+  EXPECT_TRUE(all_true(zeros({0, 3})));
+  EXPECT_TRUE(all_true(tensor({1, -2, 0.5}, {3})));
+  EXPECT_FALSE(all_true(tensor({1, 0, 3}, {3})));
+  EXPECT_TRUE(all_true(tensor({1, NAN, 3}, {3})));
+  EXPECT_FALSE(all_true(tensor({1, -0.0, 3}, {3})));
+  EXPECT_TRUE(all_true(from_vector<int64_t>({3, -1}, {2})));
+  EXPECT_FALSE(all_true(from_vector<int32_t>({3, 0}, {2})));
+  EXPECT_TRUE(all_true(isfinite(tensor({1, 2, 3}, {3}))));
+  EXPECT_FALSE(all_true(isfinite(tensor({1, INFINITY, 3}, {3}))));
+  Tensor m = ones({4, 5});
+  m.select(1, 2).select(0, 3).fill_(0.0);
+  EXPECT_FALSE(all_true(m.t()));                // a transposed view
+  EXPECT_TRUE(all_true(m.narrow(0, 0, 3)));     // the rows without the zero
+  EXPECT_FALSE(all_true(m.narrow(1, 2, 1)));    // a strided column with it
+  Tensor longer = ones({3 << 20}, {.dtype = DType::boolean});
+  EXPECT_TRUE(all_true(longer));
+  longer.narrow(0, (3 << 20) - 1, 1).fill_(0.0);
+  EXPECT_FALSE(all_true(longer));
+}
+
 TEST(Reduce, ArgmaxFirstMaximumAndKeepdim) {
   Tensor x = tensor({1, 5, 5, 0, 2, 7, 7, 7, 3, 3, 3, 3}, {3, 4});
   EXPECT_EQ(argmax(x, 1).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 0}));

@@ -72,6 +72,25 @@ TEST(CudaReduce, LongRowsUseTwoPassesAndAreDeterministic) {
     }
 }
 
+// all_true on the GPU (the booleans' minimum read in place) as on the CPU: each dtype, a zero or a NaN at the
+// last place of a long tensor (the two-pass reduction), a strided view.
+TEST(CudaReduce, AllTrueMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  for (DType t : kAll) {
+    Tensor x = ones({5 << 20}, {.dtype = t});
+    EXPECT_TRUE(all_true(x.to(gpu()))) << name(t);
+    x.narrow(0, (5 << 20) - 1, 1).fill_(0.0);
+    EXPECT_FALSE(all_true(x.to(gpu()))) << name(t);
+    EXPECT_TRUE(all_true(x.narrow(0, 0, (5 << 20) - 1).to(gpu()))) << name(t);
+  }
+  Tensor f = ones({1000, 3}).to(gpu());
+  f.select(0, 999).select(0, 1).fill_(NAN);
+  EXPECT_TRUE(all_true(f));
+  EXPECT_FALSE(all_true(isfinite(f)));
+  EXPECT_TRUE(all_true(isfinite(f.narrow(1, 0, 1))));  // a strided column without it
+  EXPECT_TRUE(all_true(zeros({0}).to(gpu())));
+}
+
 TEST(CudaReduce, WholeTensorAndNonContiguousDims) {
   KILN_REQUIRE_GPU();
   manual_seed(3);
