@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linalg.h>
@@ -124,6 +125,7 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
   const char* op = "linalg::inverse_root";
   check_root(op, a, p, options);
   const NoGradGuard no_grad;
+  const amp::Autocast full_precision(a.device(), DType::bf16, /*enabled=*/false);  // products in a's dtype
   const int64_t n = a.size(-1);
   const Shape batch = batch_shape(a);
   const int64_t b = count(batch);
@@ -199,6 +201,7 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
              op, ": the basis must be a contiguous tensor of the matrices' shape, dtype and device: matrices ", a.str(),
              ", basis ", basis.defined() ? basis.str() : std::string("undefined"));
   const NoGradGuard no_grad;
+  const amp::Autocast full_precision(a.device(), DType::bf16, /*enabled=*/false);  // products in a's dtype
   const int64_t n = a.size(-1);
   const Shape batch = batch_shape(a);
   const int64_t b = count(batch);

@@ -94,6 +94,7 @@ void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& floored,
                                    const Tensor& diagonal_roots, double p, const Tensor& middle,
                                    const Tensor& coupling) {
   NvtxRange range("kept_basis_expansion");
+  check_kept_basis_expansion(coupled, floored, floored_roots, diagonal_roots, middle, coupling);
   if (coupled.numel() == 0) return;
   DeviceGuard guard(coupled.device().index);
   if (coupled.dtype() == DType::f64)

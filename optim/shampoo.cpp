@@ -185,119 +185,129 @@ struct Shampoo::Factor {
 };
 
 void Shampoo::update_roots(std::vector<Factor>& factors) {
-  std::vector<Factor*> succeeded;  // their failure counts go back to 0 (below)
+  std::vector<Factor*> succeeded;  // their failure counts go back to 0 (reset_counts)
   std::string exhausted;           // the first factor that failed max_root_failures times in a row
-  // one batched job per (size, dtype, device, exponent, ε)
-  std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
-  for (Factor& f : factors)
-    jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
-  for (auto& [key, group] : jobs) {
-    const double p = std::get<3>(key), eps = std::get<4>(key);
-    // the factors, bias-corrected, into one stack: one launch for the job (a scale and a stack a factor took
-    // two launches and two passes each: 684 launches for GPT-2 124M's 342 factors)
-    const Tensor& first = group.front()->factor;
-    const Tensor stacked = empty({int64_t(group.size()), first.size(0), first.size(1)},
-                                 {.dtype = first.dtype(), .device = first.device()});
-    {
-      std::vector<Tensor> from, rows;
-      std::vector<double> scales;
-      for (size_t j = 0; j < group.size(); ++j) {
-        from.push_back(group[j]->factor);
-        rows.push_back(stacked.select(0, int64_t(j)));
-        scales.push_back(group[j]->scale);
-      }
-      kernels::scale_matrices(from, rows, tensor(scales, {int64_t(scales.size())},
-                                                 {.dtype = first.dtype(), .device = first.device()}));
+  // The counts of the roots that succeeded back to 0: a parameter's whole tensor in one launch where all its
+  // factors did (every factor of a parameter is due at the same step), else one launch a factor. Also on
+  // the way out of an error, so that the roots already written keep counts that match them.
+  auto reset_counts = [&] {
+    std::map<int64_t, std::vector<Factor*>> by_param;
+    for (Factor* f : succeeded) by_param[f->param].push_back(f);
+    for (auto& [index, ok] : by_param) {
+      if (int64_t(ok.size()) == ok.front()->failures.numel()) ok.front()->failures.zero_();
+      else
+        for (Factor* f : ok) f->failures.narrow(0, f->position, 1).zero_();
     }
-    if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
-      for (Factor* f : group)
-        KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
-                   f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
-                   "gradient reached it)");
-    }
-    bool done = false;
-    try {
-      const bool warm = root_method == linalg::RootMethod::warm_eigen;
-      const linalg::InverseRootOptions options{.epsilon = eps, .method = root_method,
-                                               .max_iterations = newton_max_iterations, .tf32 = root_tf32,
-                                               .warm_tolerance = warm_tolerance};
-      std::vector<Tensor> bases, basis_rows;
-      const Tensor stacked_bases = warm ? empty_like(stacked) : Tensor();
-      if (warm) {
+    succeeded.clear();
+  };
+  try {
+    // one batched job per (size, dtype, device, exponent, ε)
+    std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
+    for (Factor& f : factors)
+      jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
+    for (auto& [key, group] : jobs) {
+      const double p = std::get<3>(key), eps = std::get<4>(key);
+      // the factors, bias-corrected, into one stack: one launch for the job (a scale and a stack a factor took
+      // two launches and two passes each: 684 launches for GPT-2 124M's 342 factors)
+      const Tensor& first = group.front()->factor;
+      const Tensor stacked = empty({int64_t(group.size()), first.size(0), first.size(1)},
+                                   {.dtype = first.dtype(), .device = first.device()});
+      {
+        std::vector<Tensor> from, rows;
+        std::vector<double> scales;
         for (size_t j = 0; j < group.size(); ++j) {
-          bases.push_back(group[j]->basis);
-          basis_rows.push_back(stacked_bases.select(0, int64_t(j)));
+          from.push_back(group[j]->factor);
+          rows.push_back(stacked.select(0, int64_t(j)));
+          scales.push_back(group[j]->scale);
         }
-        kernels::copy_matrices(bases, basis_rows);
+        kernels::scale_matrices(from, rows, tensor(scales, {int64_t(scales.size())},
+                                                   {.dtype = first.dtype(), .device = first.device()}));
       }
-      Tensor roots;
-      bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
-      if (warm) {
-        const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
-        roots = r.root;
-        eigen_refreshes_ += r.refreshed;
-        bases_changed = r.refreshed > 0;
-      } else {
-        linalg::InverseRoot r = linalg::inverse_root_ex(stacked, p, options);
-        roots = r.root;
-        newton_iterations_ += r.iterations;
-        newton_fallbacks_ += r.fallbacks;
+      if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
+        for (Factor* f : group)
+          KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
+                     f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
+                     "gradient reached it)");
       }
-      if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
-        std::vector<Tensor> from, to, from_bases;
-        for (size_t j = 0; j < group.size(); ++j) {
-          from.push_back(roots.select(0, int64_t(j)));
-          to.push_back(group[j]->root);
-          if (bases_changed) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
-        }
-        kernels::copy_matrices(from, to);
-        if (bases_changed) kernels::copy_matrices(from_bases, bases);
-        done = true;
-      }
-    } catch (const Error&) {
-      // redone one by one below
-    }
-    for (size_t j = 0; j < group.size(); ++j) {
-      Factor& f = *group[j];
-      if (done) {
-        succeeded.push_back(&f);
-        continue;
-      }
-      ++f64_retries_;
-      bool ok = false;
+      bool done = false;
       try {
-        const Tensor r = linalg::inverse_root(cast(stacked.select(0, int64_t(j)), DType::f64), p, {.epsilon = eps});
-        if (all_true(isfinite(r))) {
-          f.root.copy_(r);
-          ok = true;
+        const bool warm = root_method == linalg::RootMethod::warm_eigen;
+        const linalg::InverseRootOptions options{.epsilon = eps, .method = root_method,
+                                                 .max_iterations = newton_max_iterations, .tf32 = root_tf32,
+                                                 .warm_tolerance = warm_tolerance};
+        std::vector<Tensor> bases, basis_rows;
+        const Tensor stacked_bases = warm ? empty_like(stacked) : Tensor();
+        if (warm) {
+          for (size_t j = 0; j < group.size(); ++j) {
+            bases.push_back(group[j]->basis);
+            basis_rows.push_back(stacked_bases.select(0, int64_t(j)));
+          }
+          kernels::copy_matrices(bases, basis_rows);
+        }
+        Tensor roots;
+        bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
+        if (warm) {
+          const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
+          roots = r.root;
+          eigen_refreshes_ += r.refreshed;
+          bases_changed = r.refreshed > 0;
+        } else {
+          linalg::InverseRoot r = linalg::inverse_root_ex(stacked, p, options);
+          roots = r.root;
+          newton_iterations_ += r.iterations;
+          newton_fallbacks_ += r.fallbacks;
+        }
+        if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
+          std::vector<Tensor> from, to, from_bases;
+          for (size_t j = 0; j < group.size(); ++j) {
+            from.push_back(roots.select(0, int64_t(j)));
+            to.push_back(group[j]->root);
+            if (bases_changed) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
+          }
+          kernels::copy_matrices(from, to);
+          if (bases_changed) kernels::copy_matrices(from_bases, bases);
+          done = true;
         }
       } catch (const Error&) {
+        // redone one by one below
       }
-      if (f.basis.defined()) f.basis.zero_();  // not this root's basis: the next refresh eigendecomposes afresh
-      if (ok) {
-        succeeded.push_back(&f);
-        continue;
+      for (size_t j = 0; j < group.size(); ++j) {
+        Factor& f = *group[j];
+        if (done) {
+          succeeded.push_back(&f);
+          continue;
+        }
+        ++f64_retries_;
+        bool ok = false;
+        try {
+          const Tensor r = linalg::inverse_root(cast(stacked.select(0, int64_t(j)), DType::f64), p, {.epsilon = eps});
+          if (all_true(isfinite(r))) {
+            f.root.copy_(r);
+            ok = true;
+          }
+        } catch (const Error&) {
+        }
+        if (f.basis.defined()) f.basis.zero_();  // not this root's basis: the next refresh eigendecomposes afresh
+        if (ok) {
+          succeeded.push_back(&f);
+          continue;
+        }
+        ++kept_roots_;  // the previous root stays
+        Tensor count = f.failures.narrow(0, f.position, 1);
+        count.add_(1.0);
+        const double in_a_row = count.cpu().item<double>();
+        if (in_a_row >= max_root_failures && exhausted.empty())
+          exhausted = "Shampoo: the inverse root of factor " + shape_str(f.factor.shape()) + " of parameter " +
+                      std::to_string(f.param) + " " + shape_str(param(f.param).shape()) + " failed " +
+                      std::to_string(int64_t(in_a_row)) + " times in a row, in its dtype and in f64 " +
+                      "(max_root_failures = " + std::to_string(max_root_failures) + ")";
       }
-      ++kept_roots_;  // the previous root stays
-      Tensor count = f.failures.narrow(0, f.position, 1);
-      count.add_(1.0);
-      const double in_a_row = count.cpu().item<double>();
-      if (in_a_row >= max_root_failures && exhausted.empty())
-        exhausted = "Shampoo: the inverse root of factor " + shape_str(f.factor.shape()) + " of parameter " +
-                    std::to_string(f.param) + " " + shape_str(param(f.param).shape()) + " failed " +
-                    std::to_string(int64_t(in_a_row)) + " times in a row, in its dtype and in f64 (max_root_failures = " +
-                    std::to_string(max_root_failures) + ")";
     }
+  } catch (...) {
+    reset_counts();
+    throw;
   }
-  // The counts of the roots that succeeded back to 0: a parameter's whole tensor in one launch where all its
-  // factors did (every factor of a parameter is due at the same step), else one launch a factor.
-  std::map<int64_t, std::vector<Factor*>> by_param;
-  for (Factor* f : succeeded) by_param[f->param].push_back(f);
-  for (auto& [index, ok] : by_param) {
-    if (int64_t(ok.size()) == ok.front()->failures.numel()) ok.front()->failures.zero_();
-    else
-      for (Factor* f : ok) f->failures.narrow(0, f->position, 1).zero_();
-  }
+  reset_counts();
   root_updates_ += int64_t(factors.size());
   KILN_CHECK(exhausted.empty(), exhausted);
 }

@@ -78,6 +78,7 @@ void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const
 void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
                                    const Tensor& diagonal_roots, double p, const Tensor& middle,
                                    const Tensor& coupling) {
+  check_kept_basis_expansion(coupled, floored, floored_roots, diagonal_roots, middle, coupling);
   if (coupled.dtype() == DType::f64)
     kept_basis_expansion_as<double>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
   else

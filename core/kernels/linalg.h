@@ -1,7 +1,9 @@
 #pragma once
 // Kernel family: dense linear algebra beyond the GEMM (core/linalg.h): the symmetric eigendecomposition,
 // batched.
+#include <kiln/core/error.h>
 #include <kiln/core/kernel.h>
+#include <kiln/core/tensor.h>
 
 // a (batch, n, n) contiguous, f32 or f64, symmetric: only its lower triangle (row >= column) is read.
 // Writes, for each matrix, its eigenvalues in ascending order to w (batch, n) and its orthonormal
@@ -24,3 +26,23 @@ KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const 
 KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
                                        const Tensor& diagonal_roots, double p, const Tensor& middle,
                                        const Tensor& coupling));
+
+namespace kiln {
+// kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four
+// (batch, n) vectors and the middle of its dtype, device and shape, all contiguous.
+inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
+                                       const Tensor& diagonal_roots, const Tensor& middle, const Tensor& coupling) {
+  const bool matrices = coupled.dim() == 3 && coupled.size(1) == coupled.size(2) &&
+                        (coupled.dtype() == DType::f32 || coupled.dtype() == DType::f64) && coupled.is_contiguous();
+  const Shape rows = matrices ? Shape{coupled.size(0), coupled.size(1)} : Shape{};
+  auto fits = [&](const Tensor& t, const Shape& shape) {
+    return t.sizes() == shape && t.dtype() == coupled.dtype() && t.device() == coupled.device() && t.is_contiguous();
+  };
+  KILN_CHECK(matrices && fits(middle, coupled.sizes()) && fits(floored, rows) && fits(floored_roots, rows) &&
+                 fits(diagonal_roots, rows) && fits(coupling, rows),
+             "kept_basis_expansion: expected contiguous f32 or f64 B (batch, n, n), middle of its shape and (batch, n) "
+             "vectors of its dtype and device; got B ", coupled.str(), ", floored ", floored.str(), ", floored_roots ",
+             floored_roots.str(), ", diagonal_roots ", diagonal_roots.str(), ", middle ", middle.str(), ", coupling ",
+             coupling.str());
+}
+}  // namespace kiln

@@ -16,7 +16,7 @@ namespace kiln::examples {
 struct ShampooFlags {
   bool tf32 = false;                  // --shampoo-tf32: statistics and preconditioning products in TF32
   bool newton_tf32 = false;           // --shampoo-newton-tf32: roots by the Newton iteration on TF32
-  bool root_tf32 = false;             // --shampoo-root-tf32: the roots' products on TF32 (any root method)
+  bool root_tf32 = false;             // --shampoo-root-tf32: the warm roots' products on TF32
   int64_t newton_iterations = 100;    // --shampoo-newton-iterations: its limit (Shampoo::newton_max_iterations)
   bool warm = false;                  // --shampoo-warm: roots warm-started from each factor's eigenbasis
   double warm_tolerance = 0.1;        // --shampoo-warm-tolerance: ... reused while its coupling ρ is at most this
@@ -46,6 +46,8 @@ struct ShampooFlags {
   void check(const char* program) const {
     KILN_CHECK(!(warm && newton_tf32), program, ": --shampoo-warm and --shampoo-newton-tf32 choose two root "
                "methods: give one");
+    KILN_CHECK(!root_tf32 || warm, program, ": --shampoo-root-tf32 puts the warm roots' products on TF32 and needs "
+               "--shampoo-warm (--shampoo-newton-tf32 puts the Newton iteration there by itself)");
     KILN_CHECK(newton_iterations == 100 || newton_tf32, program, ": --shampoo-newton-iterations limits the Newton "
                "iteration, which runs only with --shampoo-newton-tf32");
     KILN_CHECK(newton_iterations >= 0 && newton_iterations <= 100000, program,
@@ -73,16 +75,16 @@ struct ShampooFlags {
 
   // The usage lines of these flags, continuation lines after `indent`.
   static std::string synopsis(const std::string& indent) {
-    return "[--shampoo-tf32] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]] [--shampoo-root-tf32]\n" + indent +
-           "[--shampoo-warm [--shampoo-warm-tolerance T]] [--shampoo-max-dim D] [--shampoo-epsilon E]\n" + indent +
-           "[--shampoo-start S]";
+    return "[--shampoo-tf32] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]]\n" + indent +
+           "[--shampoo-warm [--shampoo-warm-tolerance T] [--shampoo-root-tf32]] [--shampoo-max-dim D]\n" + indent +
+           "[--shampoo-epsilon E] [--shampoo-start S]";
   }
   static constexpr const char* kHelp =
       "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
       "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32);\n"
       "                --shampoo-newton-iterations N: its limit, then the eigen method (default 100)\n"
-      "  --shampoo-root-tf32: its roots' products on TF32 tensor cores (Shampoo::root_tf32; with --shampoo-warm,\n"
-      "                the products that build each root from its basis)\n"
+      "  --shampoo-root-tf32: with --shampoo-warm, the products that build each root from its basis on TF32\n"
+      "                tensor cores (Shampoo::root_tf32)\n"
       "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
       "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
       "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"

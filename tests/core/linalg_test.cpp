@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <kiln/autograd/grad_mode.h>
+#include <kiln/core/autocast.h>
+#include <kiln/core/kernels/linalg.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -337,6 +339,67 @@ TEST(LinalgInverseRootWarm, TheCouplingFollowsTheRootErrorOfAnIllConditionedMatr
   linalg::inverse_root_warm(moved32, 4, basis32, {.epsilon = 0.0});
   const auto again = linalg::inverse_root_warm(moved32, 4, basis32, {.epsilon = 0.0});
   EXPECT_EQ(again.refreshed, 0) << "ρ " << again.coupling.item<double>();
+}
+
+// kernels::kept_basis_expansion against its formula composed from general ops in f64 (the composition
+// inverse_root_warm used before the kernel): entry by entry, relative, with quotients spread over 1e-6..1,
+// pairs that agree to 1e-3 (f'(mean)) and to 3e-2 (the divided difference), in f64 and f32 (the CPU
+// computes in f64 either way); mismatched operands are an error naming them.
+TEST(LinalgInverseRootWarm, TheKeptBasisExpansionIsItsFormula) {
+  Generator gen(17);
+  const int64_t batch = 2, n = 9;
+  const double p = 4;
+  const Tensor b = f64({batch, n, n}, gen);
+  Tensor phi = exp(mul(rand({batch, n}, {.dtype = DType::f64}, &gen), -13.8));
+  phi.narrow(1, 1, 1).copy_(mul(phi.narrow(1, 0, 1), 1.001));
+  phi.narrow(1, 3, 1).copy_(mul(phi.narrow(1, 2, 1), 1.03));
+  const Tensor lifted = add(phi, 1e-7);
+  // the formula: diag f(lifted); off it F_ij·B_ij; coupling_i = Σ_{j≠i} B_ij²/(φ_i·φ_j)
+  const Tensor f = pow(phi, -1.0 / p);
+  const Tensor pi = phi.unsqueeze(-1), pj = phi.unsqueeze(-2);
+  const Tensor gap = sub(pi, pj), mean = mul(add(pi, pj), 0.5);
+  const Tensor near = le(abs(gap), mul(mean, 1e-5));
+  const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p), div(sub(f.unsqueeze(-1), f.unsqueeze(-2)), gap));
+  const Tensor identity = linalg::eye(n, {.dtype = DType::f64});
+  const Tensor off = rsub(identity, 1.0);
+  const Tensor want_middle = add(mul(mul(divided, b), off), mul(identity, pow(lifted, -1.0 / p).unsqueeze(-1)));
+  const Tensor want_coupling = sum(mul(div(square(b), mul(pi, pj)), off), {-1});
+  for (DType t : {DType::f64, DType::f32}) {
+    const Tensor bt = cast(b, t), phit = cast(phi, t);
+    const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
+    kernels::kept_basis_expansion(bt, phit, pow(phit, -1.0 / p), pow(cast(lifted, t), -1.0 / p), p, middle, coupling);
+    // f32: the inputs' rounding, amplified where φ_i and φ_j are 3% apart (F's cancellation, ~1/0.03)
+    const double tol = t == DType::f64 ? 1e-12 : 2e-5;
+    EXPECT_LT(max_abs(div(sub(cast(middle, DType::f64), want_middle), want_middle)), tol) << dtype_name(t);
+    EXPECT_LT(max_abs(div(sub(cast(coupling, DType::f64), want_coupling), want_coupling)), tol) << dtype_name(t);
+  }
+  const Tensor m = empty({batch, n, n}, {.dtype = DType::f64}), c = empty({batch, n}, {.dtype = DType::f64});
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b, phi, f, f, p, m, empty({batch, n + 1}, {.dtype = DType::f64})),
+                    "kept_basis_expansion", "coupling f64[2, 10]");
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(cast(b, DType::f32), phi, f, f, p, m, c), "kept_basis_expansion",
+                    "B f32[2, 9, 9]", "floored f64[2, 9]");
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b.transpose(-2, -1), phi, f, f, p, m, c), "kept_basis_expansion");
+}
+
+// Under autocast the roots are still computed in the matrices' dtype (autocast would put the products in bf16).
+TEST(LinalgInverseRootWarm, AutocastDoesNotLowerTheRootsProducts) {
+  Generator gen(18);
+  const int64_t n = 12;
+  const Tensor a = cast(spd({2, n, n}, gen), DType::f32);
+  Tensor basis = zeros({2, n, n}), basis_autocast = zeros({2, n, n});
+  const auto plain = linalg::inverse_root_warm(a, 4, basis);
+  const auto again = linalg::inverse_root_warm(add(a, mul(linalg::eye(n, {}), 1e-3)), 4, basis);
+  linalg::InverseRoot newton_plain = linalg::inverse_root_ex(a, 4, {.method = RootMethod::newton});
+  amp::Autocast autocast(Device::cpu(), DType::bf16);
+  const auto plain_ac = linalg::inverse_root_warm(a, 4, basis_autocast);
+  const auto again_ac = linalg::inverse_root_warm(add(a, mul(linalg::eye(n, {}), 1e-3)), 4, basis_autocast);
+  const linalg::InverseRoot newton_ac = linalg::inverse_root_ex(a, 4, {.method = RootMethod::newton});
+  EXPECT_EQ(again.refreshed, 0);
+  EXPECT_EQ(again_ac.refreshed, 0);
+  EXPECT_EQ(again_ac.root.dtype(), DType::f32);
+  EXPECT_EQ(max_abs(sub(again_ac.root, again.root)), 0.0);
+  EXPECT_EQ(max_abs(sub(plain_ac.root, plain.root)), 0.0);
+  EXPECT_EQ(max_abs(sub(newton_ac.root, newton_plain.root)), 0.0);
 }
 
 TEST(Linalg, BadInputIsAnError) {

@@ -112,8 +112,12 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
         EXPECT_EQ(g2.refreshed, 1) << n;
         const double tf32_err =
             max_abs(sub(cast(g2.root.cpu(), DType::f64), cast(c1.root, DType::f64))) / max_abs(c1.root);
-        std::printf("inverse_root_warm tf32 n=%lld: GPU vs CPU relative %.2e\n", (long long)n, tf32_err);
-        EXPECT_LT(tf32_err, 3e-2) << n;
+        // and the products did run on TF32: the f32 roots of the same kept bases (g1) are not the same
+        const double from_f32 = max_abs(sub(g2.root.narrow(0, 0, 2), g1.root.narrow(0, 0, 2))) / max_abs(g1.root);
+        std::printf("inverse_root_warm tf32 n=%lld: GPU vs CPU relative %.2e, vs the f32 products %.2e\n",
+                    (long long)n, tf32_err, from_f32);
+        EXPECT_LT(tf32_err, 1e-3) << n;
+        if (n >= 256) EXPECT_GT(from_f32, 1e-6) << n;
         EXPECT_EQ(cuda::allow_tf32(), before);
       }
     }
@@ -143,12 +147,18 @@ TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
       const Tensor gc = empty({batch, n}, {.dtype = t, .device = gpu()});
       kernels::kept_basis_expansion(coupled.to(gpu()), floored.to(gpu()), floored_roots.to(gpu()),
                                     diagonal_roots.to(gpu()), 4.0, gm, gc);
-      const double middle_err = max_abs(sub(cast(gm.cpu(), DType::f64), cast(middle, DType::f64))) / max_abs(middle);
-      const double coupling_err =
-          n == 1 ? max_abs(gc.cpu()) : max_abs(sub(cast(gc.cpu(), DType::f64), cast(coupling, DType::f64))) / max_abs(coupling);
+      // entry by entry, relative (the entries span many orders of magnitude); n = 1 has a zero coupling
+      auto relative = [](const Tensor& got, const Tensor& want) {
+        const Tensor w = cast(want, DType::f64);
+        return max_abs(div(sub(cast(got.cpu(), DType::f64), w), add(abs(w), 1e-300)));
+      };
+      const double middle_err = relative(gm, middle);
+      const double coupling_err = n == 1 ? max_abs(gc.cpu()) : relative(gc, coupling);
       std::printf("kept_basis_expansion %s n=%lld: middle %.2e, coupling %.2e\n", dtype_name(t), (long long)n,
                   middle_err, coupling_err);
-      EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
+      // f32: F's divided difference in f32 on the GPU (the CPU's in f64) loses ~u/0.03 where φ_i, φ_j are 3%
+      // apart
+      EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-4) << dtype_name(t) << " n " << n;
       EXPECT_LT(coupling_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
     }
 }

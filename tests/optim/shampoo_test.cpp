@@ -422,6 +422,20 @@ TEST(Shampoo, FailedRootsKeepThePreviousRootUntilTheLimit) {
                     "max_root_failures = 2");
   EXPECT_EQ(limited.root_updates(), 8);  // both steps' 4 roots counted
   EXPECT_EQ(limited.state(1).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{0, 0}));
+
+  // one parameter, one root failing and one not (in two jobs: 3 x 3 and 2 x 2): a gradient with a zero row
+  // makes G·Gᵀ singular and Gᵀ·G not; its counts 1 and 0, then both 0 after a full gradient
+  Tensor r = ones({3, 2}).requires_grad_();
+  Shampoo mixed({r}, {.epsilon = 0.0, .max_preconditioner_dim = 3, .precondition_frequency = 1,
+                      .start_preconditioning_step = 1});
+  r.set_grad(tensor({1, 2, 0, 0, -3, 1}, {3, 2}));
+  mixed.step();
+  EXPECT_EQ(mixed.state(0).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{1, 0}));
+  EXPECT_EQ(mixed.kept_roots(), 1);
+  r.set_grad(tensor({1, 2, 4, -1, -3, 1}, {3, 2}));
+  mixed.step();
+  EXPECT_EQ(mixed.state(0).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{0, 0}));
+  EXPECT_EQ(mixed.kept_roots(), 1);
 }
 
 TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
