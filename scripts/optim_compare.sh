@@ -2,7 +2,7 @@
 # The optimizer comparisons of docs/optim.md on the GPU machine, and the profiler's figures of
 # docs/observability.md: (1) alone on GPU 0: Shampoo's root job for GPT-2 124M's blocks (kiln_shampoo_bench,
 # beside torch.linalg.eigh) and gpt2_bench's step with AdamW (plus --trace: the profiler's overhead) and with
-# Shampoo every 10 steps (its defaults, and char_gpt's tuned settings); (2) char_gpt with AdamW and with Shampoo (val loss 1.50 in how many iterations and
+# Shampoo every 10 steps (its defaults, and warm TF32 roots after 500 steps); (2) char_gpt with AdamW and with Shampoo (val loss 1.50 in how many iterations and
 # seconds; AdamW's run also --trace); (3) the Fashion-MNIST CNN's time to test accuracy 0.91: SGD + momentum,
 # AdamW (batch 128 and 256, 5-epoch cosine schedules) and K-FAC (batch 128 over 2 and 3 epochs, batch 256
 # over 3), each with seeds 0, 1, 2,
@@ -29,10 +29,11 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   python3 bench/shampoo_torch.py > "$out/shampoo_torch.txt" 2>&1
   "$build/examples/gpt2_bench" --steps 30 --trace "$out/gpt2_trace.json" > "$out/gpt2_adamw.txt" 2> "$out/gpt2_adamw.err"
   "$build/examples/gpt2_bench" --steps 30 --shampoo 10 > "$out/gpt2_shampoo.txt" 2>&1
-  # the settings that made char_gpt's Shampoo step cheapest (session 29): TF32 products, Newton TF32 roots at
-  # ε 1e-6, blocks of at most 512 (--warmup 100: the timed steps past the first roots)
-  "$build/examples/gpt2_bench" --warmup 100 --steps 30 --shampoo 10 --shampoo-tf32 --shampoo-newton-tf32 \
-    --shampoo-epsilon 1e-6 --shampoo-max-dim 512 > "$out/gpt2_shampoo_tuned.txt" 2>&1
+  # GPT-2's cheapest Shampoo step so far (session 30, docs/optim.md): TF32 products, warm-started roots with
+  # their products on TF32, β2 0.999; timed after 500 steps, once the factors move slowly enough for their
+  # bases to be kept (char_gpt's Newton settings, session 29, cost 63-108 ms a step here)
+  "$build/examples/gpt2_bench" --warmup 500 --steps 30 --shampoo 10 --shampoo-tf32 --shampoo-beta2 0.999 \
+    --shampoo-warm --shampoo-root-tf32 > "$out/gpt2_shampoo_tuned.txt" 2>&1
 fi
 
 char() {  # char NAME DEVICE FLAGS...
