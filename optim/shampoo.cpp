@@ -304,7 +304,10 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
       }
     }
   } catch (...) {
-    reset_counts();
+    try {
+      reset_counts();
+    } catch (...) {  // the first error is the one to report
+    }
     throw;
   }
   reset_counts();

@@ -1,6 +1,8 @@
 #pragma once
 // Kernel family: dense linear algebra beyond the GEMM (core/linalg.h): the symmetric eigendecomposition,
-// batched.
+// batched, and the warm-started roots' kept-basis expansion.
+#include <string>
+
 #include <kiln/core/error.h>
 #include <kiln/core/kernel.h>
 #include <kiln/core/tensor.h>
@@ -32,17 +34,19 @@ namespace kiln {
 // (batch, n) vectors and the middle of its dtype, device and shape, all contiguous.
 inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
                                        const Tensor& diagonal_roots, const Tensor& middle, const Tensor& coupling) {
-  const bool matrices = coupled.dim() == 3 && coupled.size(1) == coupled.size(2) &&
+  const bool matrices = coupled.defined() && coupled.dim() == 3 && coupled.size(1) == coupled.size(2) &&
                         (coupled.dtype() == DType::f32 || coupled.dtype() == DType::f64) && coupled.is_contiguous();
   const Shape rows = matrices ? Shape{coupled.size(0), coupled.size(1)} : Shape{};
+  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
   auto fits = [&](const Tensor& t, const Shape& shape) {
-    return t.sizes() == shape && t.dtype() == coupled.dtype() && t.device() == coupled.device() && t.is_contiguous();
+    return t.defined() && t.sizes() == shape && t.dtype() == coupled.dtype() && t.device() == coupled.device() &&
+           t.is_contiguous();
   };
   KILN_CHECK(matrices && fits(middle, coupled.sizes()) && fits(floored, rows) && fits(floored_roots, rows) &&
                  fits(diagonal_roots, rows) && fits(coupling, rows),
              "kept_basis_expansion: expected contiguous f32 or f64 B (batch, n, n), middle of its shape and (batch, n) "
-             "vectors of its dtype and device; got B ", coupled.str(), ", floored ", floored.str(), ", floored_roots ",
-             floored_roots.str(), ", diagonal_roots ", diagonal_roots.str(), ", middle ", middle.str(), ", coupling ",
-             coupling.str());
+             "vectors of its dtype and device; got B ", str(coupled), ", floored ", str(floored), ", floored_roots ",
+             str(floored_roots), ", diagonal_roots ", str(diagonal_roots), ", middle ", str(middle), ", coupling ",
+             str(coupling));
 }
 }  // namespace kiln

@@ -436,6 +436,20 @@ TEST(Shampoo, FailedRootsKeepThePreviousRootUntilTheLimit) {
   mixed.step();
   EXPECT_EQ(mixed.state(0).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{0, 0}));
   EXPECT_EQ(mixed.kept_roots(), 1);
+
+  // an error in a later job (jobs run by size: the 2 x 2 factors before the 3 x 3): the roots the earlier
+  // job wrote have their counts reset on the way out
+  Tensor a = ones({3, 3}).requires_grad_(), c = ones({2, 2}).requires_grad_();
+  Shampoo failing({a, c}, {.epsilon = 0.0, .max_preconditioner_dim = 3, .precondition_frequency = 1,
+                           .start_preconditioning_step = 1});
+  a.set_grad(randn({3, 3}));
+  c.set_grad(zeros({2, 2}));
+  failing.step();
+  EXPECT_EQ(failing.state(1).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{1, 1}));
+  a.set_grad(full({3, 3}, NAN));
+  c.set_grad(randn({2, 2}));
+  EXPECT_KILN_ERROR(failing.step(), "Shampoo", "factor [3, 3]", "parameter 0", "non-finite");
+  EXPECT_EQ(failing.state(1).tensors.at("root_failures").to_vector<double>(), (std::vector<double>{0, 0}));
 }
 
 TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
