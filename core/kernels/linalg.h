@@ -23,8 +23,12 @@ KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const 
 //                          F_ij = (f(φ_i) − f(φ_j)) / (φ_i − φ_j), or f'((φ_i + φ_j)/2) where φ_i and φ_j
 //                          agree to 1e-2 (f32) / 1e-5 (f64) of their mean
 //   coupling (batch, n):   Σ_{j≠i} B_ij² / (φ_i·φ_j), row i's squared coupling to the other directions
-// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). The CPU
-// computes in f64; the GPU in B's dtype, the sums in f64 (cuda/linalg_kept_basis.cu).
+// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). This is the
+// Daleckii–Krein expansion of f(B) about its diagonal to first order, so what a kept basis leaves out is
+// second order in B's off-diagonal part. Where φ_i and φ_j agree to the threshold, the midpoint's error
+// (~gap²) is below what the difference would lose to cancellation (~u·p/gap). F is taken at the floored
+// quotients: below n·u·λ_max B's entries are rounding, which f's steep divided differences would amplify.
+// The CPU computes in f64; the GPU in B's dtype, the sums in f64 (cuda/linalg_kept_basis.cu).
 KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
                                        const Tensor& diagonal_roots, double p, const Tensor& middle,
                                        const Tensor& coupling));
