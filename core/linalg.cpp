@@ -10,6 +10,7 @@
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
 #include <kiln/core/error.h>
+#include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/gemm.h>
 #include <kiln/core/kernels/linalg.h>
 #include <kiln/core/ops.h>
@@ -256,12 +257,20 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     return index_select(t, 0, index);
   };
   Tensor root = int64_t(kept.size()) == b ? Tensor() : empty({b, n, n}, like);
+  // values' rows into rows `which` of `into`: one launch however many (a job of 146 factors with one refreshed
+  // writes 145 kept roots)
   auto put = [&](Tensor& into, const std::vector<int64_t>& which, const Tensor& values) {
     if (int64_t(which.size()) == b) {
       into.copy_(values);
       return;
     }
-    for (size_t j = 0; j < which.size(); ++j) into.narrow(0, which[j], 1).copy_(values.narrow(0, int64_t(j), 1));
+    std::vector<Tensor> from, to;
+    for (size_t j = 0; j < which.size(); ++j) {
+      from.push_back(values.select(0, int64_t(j)));
+      to.push_back(into.select(0, which[j]));
+    }
+    kernels::copy_matrices(from, to);
+    into.bump_version();  // an in-place write, as copy_ marks it (the basis is the caller's tensor)
   };
   // the roots' products q·M·qᵀ (and V·diag·Vᵀ for refreshed ones): in f32, or on TF32 where asked
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
