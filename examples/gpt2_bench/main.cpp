@@ -44,6 +44,7 @@
 #include <kiln/core/random.h>
 #include <kiln/cuda/graph.h>
 #include <kiln/cuda/runtime.h>
+#include <kiln/cuda/stream.h>
 #include <kiln/distributed/data_parallel.h>
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/fp8_autocast.h>
@@ -83,6 +84,7 @@ struct Args {
   bool autocast_cache = true;  // parameters' bf16 casts kept (amp::cast_parameter; AdamW writes them)
   double bucket_mb = 25.0, first_bucket_mb = 1.0;  // DDP's bucket caps (PyTorch's defaults)
   std::string trace;       // --trace FILE: a Chrome trace of 3 more steps
+  bool step_ms = false;    // --step-ms: each timed step's device time (events at the steps' starts)
   std::string device = "cuda";
   std::string amp = "bf16";
   uint64_t seed = 0;
@@ -97,11 +99,13 @@ void usage(std::ostream& os) {
      << examples::ShampooFlags::synopsis(std::string(18, ' ')) << "]\n"
      << "                  [--sm-carveout N] [--bucket-mb MB] [--first-bucket-mb MB] [--overlap-step]\n"
         "                  [--step-in-backward] [--trace FILE] [--[no-]cuda-graph]\n"
-        "                  [--no-autocast-cache]\n"
+        "                  [--no-autocast-cache] [--step-ms]\n"
         "  defaults: GPT-2 124M (12 x 12 x 768, vocabulary 50304), B 16, T 1024, 3 warm-up and 10 timed steps\n"
         "  --profile N: N more steps timed phase by phase (forward, backward, optimizer; stderr)\n"
         "  --zero: with several ranks, ZeRO-1 (distributed::ZeroAdamW) instead of DDP + AdamW\n"
         "  --trace FILE: 3 more steps under the profiler, written as a Chrome trace (Perfetto), a table to stderr\n"
+        "  --step-ms: each timed step's milliseconds on the GPU's clock (events recorded between the steps, no\n"
+        "             synchronisation: a step's figure holds the GPU's idle time waiting for the host)\n"
         "  --comm-bf16: DDP all-reduces the gradients as bf16 (half the bytes; PyTorch's bf16_compress_hook)\n"
         "  --bucket-mb MB, --first-bucket-mb MB: DDP's gradient bucket caps (default 25 and 1, as PyTorch's)\n"
         "  --sm-carveout N: DDP plans backward's matmuls for N fewer SMs while all-reduces run beside them\n"
@@ -137,6 +141,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--vocab-size") a.vocab_size = r.i64();
     else if (flag == "--warmup") a.warmup = r.i64();
     else if (flag == "--steps") a.steps = r.i64();
+    else if (flag == "--step-ms") a.step_ms = true;
     else if (flag == "--profile") a.profile = r.i64();
     else if (flag == "--grad-checkpoint") a.grad_checkpoint = true;
     else if (flag == "--zero") a.zero = true;
@@ -331,10 +336,14 @@ int run(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr
   if (rank == 0) progress = std::make_unique<observe::ProgressBar>("step", args.steps);
+  std::vector<cuda::Event> marks;  // --step-ms: one before each step and one after the last
+  const bool mark = args.step_ms && dev.is_cuda();
   for (int64_t i = 0; i < args.steps; ++i) {
+    if (mark) marks.emplace_back(true).record();
     step(args.warmup + i);
     if (progress) progress->update(i + 1);
   }
+  if (mark) marks.emplace_back(true).record();
   sync();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -393,6 +402,15 @@ int run(const Args& args) {
                 (long long)(shampoo_stats->root_updates() - roots_before),
                 (long long)(shampoo_stats->eigen_refreshes() - refreshes_before),
                 (long long)shampoo_stats->newton_iterations(), (long long)shampoo_stats->newton_fallbacks());
+  if (marks.size() > 1) {
+    std::string line = "STEP_MS";
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %.2f", marks[i].elapsed_ms(marks[i + 1]));
+      line += buf;
+    }
+    std::printf("%s\n", line.c_str());
+  }
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s\n", tps, mfu,
               peak_gib, 1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
