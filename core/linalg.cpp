@@ -53,6 +53,45 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
 }
 
+// An f32 operand as its TF32 part and the remainder (kernels::split_tf32)
+struct SplitTf32 {
+  Tensor hi, lo;
+  SplitTf32 transposed() const { return {hi.transpose(-2, -1), lo.transpose(-2, -1)}; }
+};
+SplitTf32 split_tf32(const Tensor& x) {
+  SplitTf32 s{empty_like(x), empty_like(x)};
+  kernels::split_tf32(x, s.hi, s.lo);
+  return s;
+}
+
+// out = beta·out + a·b as three TF32 products, smallest terms first: a_lo·b_hi + a_hi·b_lo + a_hi·b_hi (the
+// 2^-22 a_lo·b_lo left out). Under a TF32 guard.
+void bmm_add_3xtf32(const SplitTf32& a, const SplitTf32& b, const Tensor& out, double beta) {
+  kernels::bmm_add(a.lo, b.hi, out, 1.0, beta);
+  kernels::bmm_add(a.hi, b.lo, out, 1.0, 1.0);
+  kernels::bmm_add(a.hi, b.hi, out, 1.0, 1.0);
+}
+
+// B = qᵀ·(a + ε·I)·q for (b, n, n) a and q, with (a + ε·I)·q as a·q added to ε·q in the product's epilogue.
+// In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown the small Rayleigh quotients
+// that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a GPU): each product as three
+// TF32 products of split operands (kernels::split_tf32), about f32's accuracy (2^-22 of the terms' size) at
+// ~8x the f32 FFMA rate a product.
+Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, double epsilon, bool split) {
+  const Tensor aq = mul(q, epsilon);
+  if (!split) {
+    const cuda::AllowTf32Guard exact(true, false);
+    kernels::bmm_add(a3, q, aq, 1.0, 1.0);
+    return matmul(q.transpose(-2, -1), aq);
+  }
+  const cuda::AllowTf32Guard on(true, true);
+  const SplitTf32 qs = split_tf32(q);
+  bmm_add_3xtf32(split_tf32(a3), qs, aq, 1.0);  // a's halves freed here
+  const Tensor coupled = empty_like(aq);
+  bmm_add_3xtf32(qs.transposed(), split_tf32(aq), coupled, 0.0);
+  return coupled;
+}
+
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
 Eigh checked_eigh(const char* op, const Tensor& ridged) {
   EighEx e = eigh_ex(ridged);
@@ -215,16 +254,10 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const Tensor a3 = a.contiguous().reshape({b, n, n});
   const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
   const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
-  // B = qᵀ·A·q with A = a + ε·I, in full f32 (TF32's 1e-3 would drown the small Rayleigh quotients): A·q as
-  // a·q added to ε·q in the product's epilogue. λ_j = B_jj, lifted as the eigen method lifts eigenvalues and
-  // floored at n·u·λ_max (u the dtype's unit roundoff).
-  Tensor coupled;
-  {
-    const cuda::AllowTf32Guard exact(true, false);
-    const Tensor aq = mul(q, options.epsilon);
-    kernels::bmm_add(a3, q, aq, 1.0, 1.0);
-    coupled = matmul(q.transpose(-2, -1), aq);
-  }
+  // B = qᵀ·A·q with A = a + ε·I (rayleigh_matrix). λ_j = B_jj, lifted as the eigen method lifts eigenvalues
+  // and floored at n·u·λ_max (u the dtype's unit roundoff).
+  const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
+  const Tensor coupled = rayleigh_matrix(a3, q, options.epsilon, tf32);
   const Tensor quotients = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1).contiguous();
   const Tensor lifted = lift_eigenvalues(quotients, options.epsilon);
   const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
@@ -273,7 +306,6 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     into.bump_version();  // an in-place write, as copy_ marks it (the basis is the caller's tensor)
   };
   // the roots' products q·M·qᵀ (and V·diag·Vᵀ for refreshed ones): in f32, or on TF32 where asked
-  const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
   const cuda::AllowTf32Guard products(true, tf32);
   if (!kept.empty()) {
     const Tensor q_kept = rows(q, kept);

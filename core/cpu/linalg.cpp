@@ -1,5 +1,6 @@
 // The linalg kernels on the CPU (core/kernels/linalg.h): Eigen's symmetric eigensolver in f64, a matrix a
-// task, so the result does not depend on the thread count; the kept basis' expansion in f64, a row a task.
+// task, so the result does not depend on the thread count; the kept basis' expansion in f64, a row a task;
+// the TF32 split, an element at a time.
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
@@ -83,6 +84,14 @@ void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& floored,
     kept_basis_expansion_as<double>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
   else
     kept_basis_expansion_as<float>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
+}
+
+void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
+  check_split_tf32(x, hi, lo);
+  const float* px = static_cast<const float*>(x.raw_data());
+  float* ph = static_cast<float*>(hi.raw_data());
+  float* pl = static_cast<float*>(lo.raw_data());
+  parallel_for(x.numel(), 4, [&](int64_t i) { split_tf32_value(px[i], ph[i], pl[i]); });
 }
 
 void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info) {

@@ -1,6 +1,8 @@
 #pragma once
 // Kernel family: dense linear algebra beyond the GEMM (core/linalg.h): the symmetric eigendecomposition,
-// batched, and the warm-started roots' kept-basis expansion.
+// batched, the warm-started roots' kept-basis expansion, and the TF32 split of f32 operands.
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <kiln/core/error.h>
@@ -33,7 +35,54 @@ KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floo
                                        const Tensor& diagonal_roots, double p, const Tensor& middle,
                                        const Tensor& coupling));
 
+// The split that carries an f32 product onto TF32 tensor cores at about f32's accuracy ("3xTF32"): x into
+// hi = x rounded to TF32 (to nearest, ties away from zero: its low 13 mantissa bits zero, so the tensor cores
+// read it exactly) and lo = x − hi (exact in f32; |lo| ≤ 2^-11·|hi| for a normal x). Then a·b = a_hi·b_hi + a_hi·b_lo +
+// a_lo·b_hi + a_lo·b_lo, and the last term, 2^-22 of the product's terms, is the one left out; the others' own
+// TF32 rounding is of the same order. A finite x whose rounding would overflow is truncated instead; a
+// non-finite x gives hi = x, lo = 0. x, hi and lo f32, contiguous, of one shape and device; bit-identical on
+// the CPU and the GPU.
+KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo));
+
 namespace kiln {
+// split_tf32's operands, checked by both implementations
+inline void check_split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
+  auto fits = [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.sizes() == x.sizes() &&
+           t.device() == x.device();
+  };
+  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
+  KILN_CHECK(x.defined() && fits(x) && fits(hi) && fits(lo),
+             "split_tf32: expected contiguous f32 x, hi and lo of one shape and device; got x ", str(x), ", hi ",
+             str(hi), ", lo ", str(lo));
+}
+
+// One f32's split (split_tf32), as bits: the CPU's loop and the GPU's kernel both call it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline void split_tf32_value(float x, float& hi, float& lo) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t bits = __float_as_uint(x);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+#endif
+  if ((bits & 0x7f800000u) == 0x7f800000u) {  // inf or NaN
+    hi = x;
+    lo = 0.0f;
+    return;
+  }
+  uint32_t rounded = (bits + 0x1000u) & 0xffffe000u;  // the magnitude's low 13 bits, to nearest (ties away)
+  if ((rounded & 0x7f800000u) == 0x7f800000u) rounded = bits & 0xffffe000u;  // would overflow: truncate
+#if defined(__CUDA_ARCH__)
+  hi = __uint_as_float(rounded);
+#else
+  std::memcpy(&hi, &rounded, 4);
+#endif
+  lo = x - hi;
+}
+
 // kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four
 // (batch, n) vectors and the middle of its dtype, device and shape, all contiguous.
 inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,

@@ -4,6 +4,8 @@
 // Shampoo's blocks of mixed sizes are), including ill-conditioned and singular matrices.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include <kiln/core/kernels/linalg.h>
@@ -117,7 +119,9 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
         std::printf("inverse_root_warm tf32 n=%lld: GPU vs CPU relative %.2e, vs the f32 products %.2e\n",
                     (long long)n, tf32_err, from_f32);
         EXPECT_LT(tf32_err, 1e-3) << n;
-        if (n >= 256) EXPECT_GT(from_f32, 1e-6) << n;
+        if (n >= 256) {
+          EXPECT_GT(from_f32, 1e-6) << n;
+        }
         EXPECT_EQ(cuda::allow_tf32(), before);
       }
     }
@@ -161,6 +165,81 @@ TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
       EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-4) << dtype_name(t) << " n " << n;
       EXPECT_LT(coupling_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
     }
+}
+
+// split_tf32 on the GPU is the CPU's bit for bit: random values over ~50 binades, the specials (ties, FLT_MAX,
+// a subnormal, infinities, NaN), through the 16-byte path and the one-at-a-time path (an offset view).
+TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
+  KILN_REQUIRE_GPU();
+  manual_seed(45);
+  const int64_t n = 100003;
+  Tensor x = cast(mul(randn({n}, {.dtype = DType::f64}), exp(mul(randn({n}, {.dtype = DType::f64}), 20.0))),
+                  DType::f32);
+  const std::vector<float> specials{0.0f, -0.0f, 1.0f + 0x1p-11f, -(1.0f + 0x1p-11f), 0x1p-140f, 3.4028235e38f,
+                                    INFINITY, -INFINITY, NAN};
+  x.narrow(0, 0, int64_t(specials.size())).copy_(from_vector(specials, {int64_t(specials.size())}));
+  for (int64_t offset : {0, 1}) {
+    const Tensor xc = x.narrow(0, offset, n - offset - 3);  // offset 1: not 16-byte aligned
+    const Tensor xg = x.to(gpu()).narrow(0, offset, n - offset - 3);
+    const Tensor hc = empty_like(xc), lc = empty_like(xc), hg = empty_like(xg), lg = empty_like(xg);
+    kernels::split_tf32(xc, hc, lc);
+    kernels::split_tf32(xg, hg, lg);
+    // bit for bit, NaN included
+    for (const auto& [got, want] : {std::pair{hg, hc}, std::pair{lg, lc}}) {
+      const std::vector<float> g = got.cpu().to_vector<float>(), w = want.to_vector<float>();
+      ASSERT_EQ(g.size(), w.size());
+      EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0) << "offset " << offset;
+    }
+  }
+}
+
+// ρ of the coupling in the step that decides whether a basis is kept, where it matters: an ill-conditioned
+// factor (eigenvalues 1 .. 1e-3) moved a little from its basis. With options.tf32, B = qᵀ·A·q runs as three
+// TF32 products a product; its ρ stays as near the f64 value as the f32 products' is, where a single TF32
+// pass (computed here) is far off, and would refresh a basis that should be kept.
+TEST(CudaLinalg, WarmRootsCouplingOnSplitTf32IsAsAccurateAsF32) {
+  KILN_REQUIRE_GPU();
+  manual_seed(46);
+  const int64_t batch = 2, n = 512;
+  // A = Q·diag(λ)·Qᵀ + a small symmetric move, and q = Q: the basis of the unmoved matrix
+  const Tensor g = randn({batch, n, n}, {.dtype = DType::f64});
+  const Tensor q64 = linalg::eigh(add(g, g.transpose(-2, -1))).eigenvectors;
+  const Tensor lambda = exp(mul(arange(n, {.dtype = DType::f64}), -std::log(1e3) / double(n - 1)));
+  const Tensor s = randn({batch, n, n}, {.dtype = DType::f64});
+  const Tensor moved = add(matmul(mul(q64, lambda.unsqueeze(-2)), q64.transpose(-2, -1)),
+                           mul(add(s, s.transpose(-2, -1)), 2e-6));  // ρ ≈ 0.02
+  const Tensor a = cast(moved, DType::f32), q = cast(q64, DType::f32);
+  // ρ_i = sqrt(Σ_{j≠i} B_ij² / (B_ii·B_jj)) of a B computed elsewhere (the quotients are far above the floor)
+  auto coupling_of = [&](const Tensor& b) {
+    const Tensor b64 = cast(b.cpu(), DType::f64).contiguous();
+    const Tensor d = b64.view({batch, n * n}).slice(1, 0, n * n, n + 1).contiguous();
+    const Tensor scaled = div(square(b64), mul(d.unsqueeze(-1), d.unsqueeze(-2)));
+    return sqrt(amax(add(sum(scaled, {-1}), -1.0), {-1}));  // the diagonal's B_ii²/(B_ii·B_ii) = 1 taken off
+  };
+  const std::vector<double> want =
+      coupling_of(matmul(cast(q, DType::f64).transpose(-2, -1), matmul(cast(a, DType::f64), cast(q, DType::f64))))
+          .to_vector<double>();
+  Tensor basis_f32 = q.to(gpu()), basis_split = q.to(gpu());
+  const auto f32 = linalg::inverse_root_warm(a.to(gpu()), 4, basis_f32, {.warm_tolerance = 0.1});
+  const auto split = linalg::inverse_root_warm(a.to(gpu()), 4, basis_split, {.tf32 = true, .warm_tolerance = 0.1});
+  Tensor one_pass_b;
+  {
+    const cuda::AllowTf32Guard on(true, true);
+    const Tensor ag = a.to(gpu()), qg = q.to(gpu());
+    one_pass_b = matmul(qg.transpose(-2, -1), matmul(ag, qg));
+  }
+  const std::vector<double> rf = f32.coupling.to_vector<double>(), rs = split.coupling.to_vector<double>(),
+                            r1 = coupling_of(one_pass_b).to_vector<double>();
+  for (size_t i = 0; i < size_t(batch); ++i) {
+    const double e_f32 = std::abs(rf[i] - want[i]), e_split = std::abs(rs[i] - want[i]),
+                 e_one = std::abs(r1[i] - want[i]);
+    std::printf("ρ of matrix %zu: f64 %.6e; f32 products %.6e (error %.1e), split TF32 %.6e (%.1e), one TF32 pass "
+                "%.6e (%.1e)\n", i, want[i], rf[i], e_f32, rs[i], e_split, r1[i], e_one);
+    EXPECT_LT(e_split, 3 * e_f32 + 1e-3 * want[i]) << i;
+    EXPECT_GT(e_one, 10 * e_split) << i;
+  }
+  EXPECT_EQ(f32.refreshed, 0);
+  EXPECT_EQ(split.refreshed, 0);  // kept as with f32 products
 }
 
 // The Newton iteration on TF32 tensor cores: converged to its tolerance (2e-3, no fallback) and within the
