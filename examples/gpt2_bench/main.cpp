@@ -121,7 +121,7 @@ void usage(std::ostream& os) {
         "  --amp f16: f16 autocast with dynamic loss scaling (optim::GradScaler; captured with the step)\n"
         "  --fp8: the blocks' Linear layers in FP8 (nn::Fp8Autocast: e4m3/e5m2, delayed scaling, history 16)\n"
         "  --cuda-graph, --no-cuda-graph: the step captured once as a CUDA graph, replayed after the warm-up\n"
-        "                (default: on GPUs with AdamW or --zero)\n"
+        "                (default: on GPUs; Shampoo's steps that compute roots run without it)\n"
      << examples::ShampooFlags::kHelp <<
         "  --shampoo-beta2 B: its factors' average (default 0.95, AdamW's β2 here)\n"
         "  --timeline: with several ranks on GPUs, one more DDP step whose all-reduces are placed on the device's\n"
@@ -171,7 +171,6 @@ Args parse_args(int argc, char** argv) {
   KILN_CHECK(a.amp != "f16" || (!a.step_in_backward && !a.overlap_step && a.shampoo == 0),
              "gpt2_bench: --amp f16 (a GradScaler, which steps after checking every gradient) needs AdamW or --zero "
              "stepping after backward (not --step-in-backward, --overlap-step or --shampoo)");
-  KILN_CHECK(a.cuda_graph != 1 || a.shampoo == 0, "gpt2_bench: --cuda-graph needs AdamW or --zero (not --shampoo)");
   a.shampoo_flags.check("gpt2_bench");
   KILN_CHECK(a.shampoo_flags.last.empty() || a.shampoo > 0, "gpt2_bench: ", a.shampoo_flags.last,
              " sets Shampoo, which runs only with --shampoo F");
@@ -190,7 +189,7 @@ int run(const Args& args) {
   if (group) dev = group->device();
   const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
   KILN_CHECK(args.cuda_graph != 1 || dev.is_cuda(), "gpt2_bench: --cuda-graph needs GPUs");
-  const bool use_graph = args.cuda_graph != 0 && dev.is_cuda() && args.shampoo == 0;
+  const bool use_graph = args.cuda_graph != 0 && dev.is_cuda();
   if (dev.is_cuda()) {
     KILN_CHECK(cuda::is_available(), "gpt2_bench: no CUDA device is available (or this build has no CUDA backend); "
                "--device cpu runs a (slow) CPU smoke test");
@@ -306,8 +305,11 @@ int run(const Args& args) {
   for (int64_t i = 0; i < args.warmup; ++i) step(i);
   std::optional<cuda::Graph> graph;  // --cuda-graph: the step on the batch in (gx, gy), replayed
   Tensor gx, gy;
+  const optim::Shampoo* shampoo = shampoo_stats;
   if (use_graph) {
     if (args.warmup == 0) eager_step(0);  // AdamW's state (and NCCL's connections) must exist before the capture
+    // Shampoo: a step without roots is captured (past its first roots, its state made)
+    for (int64_t i = 1; shampoo && !shampoo->capturable_next_step(); ++i) eager_step(args.warmup + i);
     gx = batches[0].first.clone();
     gy = batches[0].second.clone();
     graph.emplace(cuda::capture(
@@ -324,6 +326,7 @@ int run(const Args& args) {
         },
         /*warmup=*/0));
     step = [&](int64_t i) {
+      if (shampoo && shampoo->roots_due_next_step()) return eager_step(i);  // roots are computed on the host
       const auto& [x, y] = batches[size_t(i) % batches.size()];
       gx.copy_(x);
       gy.copy_(y);
