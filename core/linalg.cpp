@@ -19,13 +19,15 @@ namespace kiln::linalg {
 
 namespace {
 
-void check_matrices(const char* op, const Tensor& a) {
+// finite: also a pass over a (and a wait for it) that every element is finite
+void check_matrices(const char* op, const Tensor& a, bool finite = true) {
   KILN_CHECK(a.defined(), op, ": the input is an undefined tensor");
   KILN_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2), op, ": expected square matrices (..., n, n), got ", a.str());
   KILN_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::f64, op, ": expected f32 or f64 matrices, got ", a.str());
   KILN_CHECK(!(autograd::is_grad_enabled() && a.requires_grad()), op, ": has no backward, but ", a.str(),
              " requires grad; call it under NoGradGuard or on a detached tensor");
-  KILN_CHECK(a.numel() == 0 || all_true(isfinite(a)), op, ": the input ", a.str(), " has non-finite elements");
+  KILN_CHECK(!finite || a.numel() == 0 || all_true(isfinite(a)), op, ": the input ", a.str(),
+             " has non-finite elements");
 }
 
 Shape batch_shape(const Tensor& a) { return Shape(a.sizes().begin(), a.sizes().end() - 2); }
@@ -153,9 +155,10 @@ Eigh eigh(const Tensor& a) {
 }
 
 namespace {
-// What every inverse root takes: finite square f32/f64 matrices, p > 0, ε >= 0.
-void check_root(const char* op, const Tensor& a, double p, const InverseRootOptions& options) {
-  check_matrices(op, a);
+// What every inverse root takes: finite square f32/f64 matrices, p > 0, ε >= 0 (finite: checked here, else
+// by the caller)
+void check_root(const char* op, const Tensor& a, double p, const InverseRootOptions& options, bool finite = true) {
+  check_matrices(op, a, finite);
   KILN_CHECK(p > 0 && std::isfinite(p), op, ": the root p must be positive, got ", p);
   KILN_CHECK(options.epsilon >= 0, op, ": epsilon must be non-negative, got ", options.epsilon);
 }
@@ -234,7 +237,9 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
 
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
   const char* op = "linalg::inverse_root_warm";
-  check_root(op, a, p, options);
+  // Non-finite elements are found through ρ, not a pass of their own: a non-finite a makes every entry of
+  // its B, and so its ρ, non-finite (inf·0 is NaN), which refreshes it, and the refreshed are checked below.
+  check_root(op, a, p, options, /*finite=*/false);
   KILN_CHECK(options.warm_tolerance >= 0, op, ": warm_tolerance must be non-negative, got ", options.warm_tolerance);
   KILN_CHECK(basis.defined() && basis.sizes() == a.sizes() && basis.dtype() == a.dtype() &&
                  basis.device() == a.device() && basis.is_contiguous(),
@@ -314,7 +319,9 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     else root = kept_roots;  // every basis kept: no copy
   }
   if (!refreshed.empty()) {
-    const Eigh e = checked_eigh(op, ridge(rows(a3, refreshed), options.epsilon));
+    const Tensor fresh = rows(a3, refreshed);
+    KILN_CHECK(all_true(isfinite(fresh)), op, ": the input ", a.str(), " has non-finite elements");
+    const Eigh e = checked_eigh(op, ridge(fresh, options.epsilon));
     put(root, refreshed, root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, options.epsilon));
     Tensor q_rows = q;
     put(q_rows, refreshed, e.eigenvectors);

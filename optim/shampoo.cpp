@@ -223,12 +223,6 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         kernels::scale_matrices(from, rows, tensor(scales, {int64_t(scales.size())},
                                                    {.dtype = first.dtype(), .device = first.device()}));
       }
-      if (!all_true(isfinite(stacked))) {  // one read for the whole job; the culprit named only on failure
-        for (Factor* f : group)
-          KILN_CHECK(all_true(isfinite(f->factor)), "Shampoo: factor ", shape_str(f->factor.shape()), " of parameter ",
-                     f->param, " ", shape_str(param(f->param).shape()), " has non-finite elements (a non-finite "
-                     "gradient reached it)");
-      }
       bool done = false;
       try {
         const bool warm = root_method == linalg::RootMethod::warm_eigen;
@@ -271,6 +265,14 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
       } catch (const Error&) {
         // redone one by one below
       }
+      // A non-finite factor fails the batched job (linalg's error, or non-finite roots): it is named only then,
+      // so a job that succeeds costs no pass of its own over the factors.
+      if (!done)
+        for (size_t j = 0; j < group.size(); ++j)
+          KILN_CHECK(all_true(isfinite(stacked.select(0, int64_t(j)))), "Shampoo: factor ",
+                     shape_str(group[j]->factor.shape()), " of parameter ", group[j]->param, " ",
+                     shape_str(param(group[j]->param).shape()), " has non-finite elements (a non-finite gradient "
+                     "reached it)");
       for (size_t j = 0; j < group.size(); ++j) {
         Factor& f = *group[j];
         if (done) {

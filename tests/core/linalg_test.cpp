@@ -471,6 +471,24 @@ TEST(Linalg, BadInputIsAnError) {
   EXPECT_KILN_ERROR(linalg::inverse_root_warm(a, 2, zeros({3, 3})), "linalg::inverse_root_warm", "basis", "f32");
   EXPECT_KILN_ERROR(linalg::inverse_root_warm(a, 2, zeros({3, 3}, {.dtype = DType::f64}), {.warm_tolerance = -1}),
                     "linalg::inverse_root_warm", "warm_tolerance");
+  // non-finite input, found through ρ (no pass of its own): with a basis of zeros and with the exact one a
+  // finite matrix keeps; the basis is left as it was
+  for (DType t : {DType::f64, DType::f32})
+    for (double bad : {double(NAN), double(INFINITY), -double(INFINITY)}) {
+      const Tensor good = cast(mul(linalg::eye(3, {.dtype = DType::f64}), 2.0), t);
+      Tensor basis = zeros({2, 3, 3}, {.dtype = t});
+      const Tensor pair = stack({good, good});
+      linalg::inverse_root_warm(pair, 2, basis);  // the exact basis, kept below for the finite matrix
+      EXPECT_EQ(linalg::inverse_root_warm(pair, 2, basis).refreshed, 0);
+      Tensor poisoned = pair.clone();
+      poisoned.select(0, 1).select(0, 2).select(0, 1).fill_(bad);
+      const Tensor before = basis.clone();
+      EXPECT_KILN_ERROR(linalg::inverse_root_warm(poisoned, 2, basis, {.tf32 = true}), "linalg::inverse_root_warm",
+                        "non-finite");
+      EXPECT_EQ(max_abs(sub(basis, before)), 0.0);
+      EXPECT_KILN_ERROR(linalg::inverse_root_warm(poisoned, 2, zeros({2, 3, 3}, {.dtype = t})),
+                        "linalg::inverse_root_warm", "non-finite");
+    }
 }
 
 }  // namespace

@@ -467,6 +467,19 @@ TEST(Shampoo, BadOptionsAndNonFiniteFactorsAreErrors) {
   opt.newton_max_iterations = 100;
   w.set_grad(full({3, 3}, NAN));
   EXPECT_KILN_ERROR(opt.step(), "Shampoo", "factor", "parameter 0", "[3, 3]", "non-finite");
+  // warm-started roots, whose batched job has no finiteness pass of its own: a non-finite factor fails it,
+  // and is named then (after a step that made the bases: one a NaN reaches through a kept basis)
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    Tensor v = ones({3, 3}).requires_grad_();
+    Shampoo warm({v}, {.max_preconditioner_dim = 3, .precondition_frequency = 1});
+    warm.root_method = linalg::RootMethod::warm_eigen;
+    v.set_grad(randn({3, 3}));
+    warm.step();
+    Tensor g = randn({3, 3});
+    g.select(0, 1).select(0, 2).fill_(bad);
+    v.set_grad(g);
+    EXPECT_KILN_ERROR(warm.step(), "Shampoo", "factor", "parameter 0", "[3, 3]", "non-finite");
+  }
 }
 
 // Shampoo writes a parameter's kept half-precision copy (amp::cast_parameter's) along with its update, as
