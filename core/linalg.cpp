@@ -302,9 +302,11 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
       into.copy_(values);
       return;
     }
+    // copy_matrices reads rows of unit stride: eigenvectors come as the columns' (transposed) view
+    const Tensor rows_of_values = values.contiguous();
     std::vector<Tensor> from, to;
     for (size_t j = 0; j < which.size(); ++j) {
-      from.push_back(values.select(0, int64_t(j)));
+      from.push_back(rows_of_values.select(0, int64_t(j)));
       to.push_back(into.select(0, which[j]));
     }
     kernels::copy_matrices(from, to);

@@ -83,6 +83,9 @@ void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Te
   for (size_t i = 0; i < src.size(); ++i) {
     KILN_CHECK(src[i].sizes() == dst[i].sizes() && src[i].dtype() == dst[i].dtype() && src[i].dim() == 2, "copy_matrices: ",
                src[i].str(), " -> ", dst[i].str(), ": expected 2-D matrices of one shape and dtype");
+    // the GPU's layout rule, held here too so that the CPU's tests find a caller that breaks it
+    KILN_CHECK((src[i].stride(1) == 1 || src[i].size(1) == 1) && (dst[i].stride(1) == 1 || dst[i].size(1) == 1),
+               "copy_matrices: ", src[i].str(), " -> ", dst[i].str(), ": rows must be contiguous");
     copy(src[i], dst[i]);
   }
 }
