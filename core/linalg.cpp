@@ -80,18 +80,35 @@ void bmm_add_3xtf32(const SplitTf32& a, const SplitTf32& b, const Tensor& out, d
 // TF32 products of split operands (kernels::split_tf32), about f32's accuracy (2^-22 of the terms' size) at
 // ~8x the f32 FFMA rate a product.
 Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, double epsilon, bool split) {
-  const Tensor aq = mul(q, epsilon);
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
+    const Tensor aq = mul(q, epsilon);
     kernels::bmm_add(a3, q, aq, 1.0, 1.0);
     return matmul(q.transpose(-2, -1), aq);
   }
   const cuda::AllowTf32Guard on(true, true);
   const SplitTf32 qs = split_tf32(q);
-  bmm_add_3xtf32(split_tf32(a3), qs, aq, 1.0);  // a's halves freed here
+  const Tensor aq = empty_like(q);
+  {
+    // ε·I on the diagonal of a's remainder (lo): what it adds is kept there as in an f32 sum, where ε·q in
+    // the epilogue took a pass over q of its own. Below the products' own rounding (2^-22 of ‖a‖) it is lost
+    // either way.
+    SplitTf32 as = split_tf32(a3);
+    const int64_t n = a3.size(-1);
+    as.lo.view({a3.size(0), n * n}).slice(1, 0, n * n, n + 1).add_(epsilon);
+    bmm_add_3xtf32(as, qs, aq, 0.0);
+  }  // a's halves freed here
   const Tensor coupled = empty_like(aq);
   bmm_add_3xtf32(qs.transposed(), split_tf32(aq), coupled, 0.0);
   return coupled;
+}
+
+// max_j |‖q_j‖² − 1| of each (b, n, n) basis (1 for a basis of zeros): the column sums of q∘q as one product
+// with a row of ones (a sum over dim -2 would first copy q transposed)
+Tensor column_norm_gap(const Tensor& q) {
+  const cuda::AllowTf32Guard exact(true, false);
+  const Tensor norms = matmul(ones({1, q.size(-1)}, {.dtype = q.dtype(), .device = q.device()}), square(q));
+  return amax(abs(add(norms.squeeze(-2), -1.0)), {-1});
 }
 
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
@@ -275,7 +292,7 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const Tensor coupling = sqrt(amax(row_coupling, {-1}));
   // the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros); read with ρ in one
   // transfer
-  const Tensor norm_gap = amax(abs(add(sum(square(q), {-2}), -1.0)), {-1});
+  const Tensor norm_gap = column_norm_gap(q);
   const Tensor read = cast(stack({coupling, norm_gap}), DType::f64).cpu();
   const std::vector<double> v = read.contiguous().to_vector<double>();
   out.coupling = empty(batch, {.dtype = DType::f64});

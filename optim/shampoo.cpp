@@ -251,7 +251,9 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
           newton_iterations_ += r.iterations;
           newton_fallbacks_ += r.fallbacks;
         }
-        if (all_true(isfinite(roots))) {  // each factor's root (and basis) back into its state, one launch each
+        // finite roots (a finite sum: one read; a sum that overflows only sends the job to the f64 retry,
+        // which checks each root again) go back into the state, the roots (and bases) of a job in one launch
+        if (std::isfinite(sum(roots).item<double>())) {
           std::vector<Tensor> from, to, from_bases;
           for (size_t j = 0; j < group.size(); ++j) {
             from.push_back(roots.select(0, int64_t(j)));
