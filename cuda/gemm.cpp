@@ -387,11 +387,8 @@ void kernels::bmm(const Tensor& a_in, const Tensor& b_in, const Tensor& out) {
 
 void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alpha, double beta) {
   NvtxRange range("bmm_add");
-  KILN_CHECK(a_in.dtype() == out.dtype() && b_in.dtype() == out.dtype() && a_in.device() == out.device() &&
-                 b_in.device() == out.device() && out.is_contiguous(),
-             "bmm_add: expected a, b and a contiguous out of one dtype on one device, got ", a_in.str(), ", ",
-             b_in.str(), " -> ", out.str());
-  (void)type_info(out.dtype(), false);
+  check_bmm_add(a_in, b_in, out);
+  (void)type_info(a_in.dtype(), false);
   DeviceGuard guard(out.device().index);
   if (out.numel() == 0) return;
   if (a_in.size(2) == 0) {  // an empty product: out scaled alone (beta = 0: zeros, out not read, as cuBLASLt)

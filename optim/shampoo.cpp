@@ -262,6 +262,9 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
           }
           kernels::copy_matrices(from, to);
           if (bases_changed) kernels::copy_matrices(from_bases, bases);
+          for (const Tensor& t : to) t.bump_version();  // written in place, as copy_ marks it
+          if (bases_changed)
+            for (const Tensor& t : bases) t.bump_version();
           done = true;
         }
       } catch (const Error&) {
@@ -328,6 +331,20 @@ struct Shampoo::MatrixGroup {
   double beta2 = 0;
   std::vector<std::pair<int64_t, size_t>> members;  // (parameter index, block)
   Tensor factors[2], roots[2];                       // (B, m, m) and (B, n, n)
+  // Shampoo::bf16: roots i as bf16, cast again where the roots changed since (their storage's version moves
+  // with a root update, a retry's copy, a load into them). Cast in place, so that a CUDA graph captured after
+  // it reads the new copy at its next replay; the cast runs in the eager step that changed the roots (a
+  // root step is never captured).
+  const Tensor& half_roots(int i) {
+    Tensor& h = half[i];
+    const uint64_t version = roots[i].version();
+    if (!h.defined()) h = cast(roots[i], DType::bf16);
+    else if (version != half_version[i]) h.copy_(roots[i]);
+    half_version[i] = version;
+    return h;
+  }
+  Tensor half[2];
+  uint64_t half_version[2] = {0, 0};
 };
 
 namespace {
@@ -420,6 +437,8 @@ void Shampoo::step() {
   for (const auto& g : param_groups()) check_group(g);
   KILN_CHECK(newton_max_iterations >= 0, "Shampoo: newton_max_iterations must be non-negative, got ",
              newton_max_iterations);
+  KILN_CHECK(!(tf32 && bf16), "Shampoo: tf32 and bf16 both set: they choose two precisions for the statistics and "
+             "preconditioning products; set one");
   // Under CUDA graph capture (a step without roots: those are decided and computed on the host) the step
   // counts advance at each replay, whose hook also writes the bias corrections, lr and weight decay where the
   // captured kernels read them (as AdamW's).
@@ -589,7 +608,9 @@ void Shampoo::step() {
     const double b2 = std::get<4>(key);
     MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
                                       pending[members[0].pending].param.device(), b2);
-    const Tensor g = stack_blocks(gradients);
+    const Tensor stacked = stack_blocks(gradients);
+    // bf16: the products of the blocks rounded to bf16, accumulated into the f32 factors
+    const Tensor g = bf16 && stacked.dtype() == DType::f32 ? cast(stacked, DType::bf16) : stacked;
     // the average in the GEMM's own epilogue (alpha, beta): no product tensor, no pass over the factors
     const double weight = b2 == 1.0 ? 1.0 : 1.0 - b2;
     kernels::bmm_add(g, g.transpose(1, 2), group.factors[0], weight, b2);
@@ -656,7 +677,8 @@ void Shampoo::step() {
       if (started(pending[(*members)[j].pending])) rows.push_back(j);
     if (rows.empty()) continue;
     std::vector<Tensor> filtered;
-    Tensor r0 = group->roots[0], r1 = group->roots[1];
+    const bool half = bf16 && group->roots[0].dtype() == DType::f32;  // the products on bf16 (Shampoo::bf16)
+    Tensor r0 = half ? group->half_roots(0) : group->roots[0], r1 = half ? group->half_roots(1) : group->roots[1];
     if (!all_started) {  // some parameters have not reached start_preconditioning_step: their rows only
       std::vector<Tensor> a, b;
       for (size_t j : rows) a.push_back(r0.select(0, int64_t(j))), b.push_back(r1.select(0, int64_t(j)));
@@ -667,7 +689,13 @@ void Shampoo::step() {
       const Pending& w = pending[mb.pending];
       filtered.push_back(w.blocks.block(w.filtered, mb.block));
     }
-    products.push_back(matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2)));
+    if (half) {  // R₀·Ḡ rounded to bf16 once, then its product with R₁ᵀ accumulated and kept in f32
+      const Tensor left = matmul(r0, cast(stack_blocks(filtered), DType::bf16));
+      products.push_back(empty({left.size(0), left.size(1), r1.size(1)}, {.dtype = DType::f32, .device = left.device()}));
+      kernels::bmm_add(left, r1.transpose(1, 2), products.back(), 1.0, 0.0);
+    } else {
+      products.push_back(matmul(matmul(r0, stack_blocks(filtered)), r1.transpose(1, 2)));
+    }
     const Tensor pb = products.back();
     product_bytes += pb.numel() * int64_t(pb.element_size());
     Scatter& sc = scatters[{int(pb.dtype()), pb.device().str()}];

@@ -86,6 +86,12 @@ class Shampoo : public Optimizer {
   // (inputs rounded to 10-bit mantissas, f32 accumulation: ~8x the f32 rate on Hopper, ~1e-3 relative
   // products). Off by default: the statistics are then exact to f32 rounding. The roots stay f32 either way.
   bool tf32 = false;
+  // The same products of the matrix blocks (other orders stay in f32) on bf16 tensor cores: the blocks, Ḡ
+  // and the roots rounded to bf16 (8-bit mantissas; each group's roots cast once after they change),
+  // accumulated in f32 into the f32 factors and directions. Twice TF32's rate (GPT-2 124M: ~3.4 ms a step
+  // of TF32 products on an H100). The price: ~4e-3 relative rounding of each operand, so a factor's
+  // eigenvalues below ~1e-4 of its largest are rounding (TF32's ~1e-5). Off by default; not with tf32.
+  bool bf16 = false;
   // The roots' products on TF32 tensor cores too (linalg::InverseRootOptions::tf32). With root_method newton:
   // the iteration's (tolerance 2e-3); GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566
   // ms by f32 Newton; about 1% from the eigen roots (relative Frobenius distance). With warm_eigen: the

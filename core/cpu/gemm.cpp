@@ -101,12 +101,13 @@ void kernels::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 // The product in the compute dtype (f64, else f32), added to out's values there and rounded once.
 void kernels::bmm_add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  check_bmm_add(a, b, out);
   if (out.numel() == 0) return;
   const DType ct = out.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor prod = empty(out.sizes(), {.dtype = ct});
-  if (ct == out.dtype()) {
+  if (a.dtype() == ct) {
     kernels::bmm(a, b, prod);
-  } else {
+  } else {  // bf16/f16 operands: their values, exactly, in f32
     Tensor a32 = empty(a.sizes(), {.dtype = ct}), b32 = empty(b.sizes(), {.dtype = ct});
     copy(a, a32);
     copy(b, b32);

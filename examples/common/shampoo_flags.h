@@ -15,6 +15,7 @@ namespace kiln::examples {
 
 struct ShampooFlags {
   bool tf32 = false;                  // --shampoo-tf32: statistics and preconditioning products in TF32
+  bool bf16 = false;                  // --shampoo-bf16: ... on bf16 tensor cores instead
   bool newton_tf32 = false;           // --shampoo-newton-tf32: roots by the Newton iteration on TF32
   bool root_tf32 = false;             // --shampoo-root-tf32: the warm roots' products on TF32
   int64_t newton_iterations = 100;    // --shampoo-newton-iterations: its limit (Shampoo::newton_max_iterations)
@@ -29,6 +30,7 @@ struct ShampooFlags {
   bool read(ArgReader& r) {
     const std::string& f = r.flag();
     if (f == "--shampoo-tf32") tf32 = true;
+    else if (f == "--shampoo-bf16") bf16 = true;
     else if (f == "--shampoo-newton-tf32") newton_tf32 = true;
     else if (f == "--shampoo-root-tf32") root_tf32 = true;
     else if (f == "--shampoo-newton-iterations") newton_iterations = r.i64();
@@ -44,6 +46,8 @@ struct ShampooFlags {
 
   // Combinations that contradict each other, as errors naming the program.
   void check(const char* program) const {
+    KILN_CHECK(!(tf32 && bf16), program, ": --shampoo-tf32 and --shampoo-bf16 choose two precisions for the "
+               "statistics and preconditioning products: give one");
     KILN_CHECK(!(warm && newton_tf32), program, ": --shampoo-warm and --shampoo-newton-tf32 choose two root "
                "methods: give one");
     KILN_CHECK(!root_tf32 || warm, program, ": --shampoo-root-tf32 puts the warm roots' products on TF32 and needs "
@@ -63,6 +67,7 @@ struct ShampooFlags {
   // Into the optimizer: the products' precision and the root method.
   void apply(optim::Shampoo& s) const {
     s.tf32 = tf32;
+    s.bf16 = bf16;
     if (newton_tf32) {
       s.root_method = linalg::RootMethod::newton;
       s.root_tf32 = true;
@@ -75,16 +80,17 @@ struct ShampooFlags {
 
   // The usage lines of these flags, continuation lines after `indent`.
   static std::string synopsis(const std::string& indent) {
-    return "[--shampoo-tf32] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]]\n" + indent +
+    return "[--shampoo-tf32 | --shampoo-bf16] [--shampoo-newton-tf32 [--shampoo-newton-iterations N]]\n" + indent +
            "[--shampoo-warm [--shampoo-warm-tolerance T] [--shampoo-root-tf32]] [--shampoo-max-dim D]\n" + indent +
            "[--shampoo-epsilon E] [--shampoo-start S]";
   }
   static constexpr const char* kHelp =
       "  --shampoo-tf32: its statistics and preconditioning products on TF32 tensor cores (Shampoo::tf32)\n"
+      "  --shampoo-bf16: those products on bf16 tensor cores instead (Shampoo::bf16)\n"
       "  --shampoo-newton-tf32: its roots by the Newton iteration on TF32 tensor cores (Shampoo::root_tf32);\n"
       "                --shampoo-newton-iterations N: its limit, then the eigen method (default 100)\n"
       "  --shampoo-root-tf32: with --shampoo-warm, the products that build each root from its basis on TF32\n"
-      "                tensor cores (Shampoo::root_tf32)\n"
+      "                tensor cores, and its Rayleigh quotients as split TF32 products (Shampoo::root_tf32)\n"
       "  --shampoo-warm: its roots warm-started from each factor's eigenbasis (linalg::RootMethod::warm_eigen),\n"
       "                reused while its coupling (linalg::inverse_root_warm) is at most --shampoo-warm-tolerance (0.1)\n"
       "  --shampoo-max-dim D: its blocks' largest side (max_preconditioner_dim, default 1024)\n"

@@ -2,6 +2,7 @@
 // broadcast (stride 0) operands, and every float dtype.
 #include <gtest/gtest.h>
 
+#include <kiln/core/kernels/gemm.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
 
@@ -176,6 +177,26 @@ TEST(Matmul, MixedDtypesPromote) {
   EXPECT_TRUE(AllClose(c.to_vector<double>(),
                        naive_bmm(a.to_vector<double>(), b.to_vector<double>(), 1, 2, 3, 2, same(), same()), 1e-12));
   EXPECT_EQ(matmul(rnd({2, 3}, 1, DType::f16), rnd({3, 2}, 2, DType::bf16)).dtype(), DType::f32);
+}
+
+// kernels::bmm_add: bf16/f16 operands into an f32 out are their exact values' product in f32 (no rounding to 16
+// bits), scaled and added; mismatched dtypes and shapes are errors naming the operands.
+TEST(Matmul, BmmAddOfHalfOperandsIntoF32AndItsErrors) {
+  manual_seed(5);
+  for (DType t : {DType::bf16, DType::f16}) {
+    const Tensor a = cast(randn({2, 5, 7}), t), b = cast(randn({2, 7, 3}), t);
+    const Tensor old = randn({2, 5, 3});
+    Tensor out = old.clone();
+    kernels::bmm_add(a, b, out, 2.0, 0.5);
+    const Tensor want = add(mul(cast(old, DType::f64), 0.5), mul(matmul(cast(a, DType::f64), cast(b, DType::f64)), 2.0));
+    EXPECT_LT(amax(abs(sub(cast(out, DType::f64), want))).item<double>(), 1e-5) << dtype_name(t);
+  }
+  const Tensor a16 = zeros({2, 5, 7}, {.dtype = DType::bf16}), b32 = zeros({2, 7, 3});
+  EXPECT_KILN_ERROR(kernels::bmm_add(a16, b32, zeros({2, 5, 3}), 1.0, 0.0), "bmm_add", "bf16[2, 5, 7]");
+  EXPECT_KILN_ERROR(kernels::bmm_add(a16, zeros({2, 7, 3}, {.dtype = DType::bf16}), zeros({2, 5, 3}, {.dtype = DType::f64}),
+                                     1.0, 0.0), "bmm_add", "f64");
+  EXPECT_KILN_ERROR(kernels::bmm_add(zeros({2, 5, 7}), zeros({2, 6, 3}), zeros({2, 5, 3}), 1.0, 0.0), "bmm_add",
+                    "[2, 6, 3]");
 }
 
 TEST(Matmul, EmptyInnerDimGivesZeros) {

@@ -94,6 +94,27 @@ TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
       }
 }
 
+// bmm_add with bf16/f16 operands into an f32 out (Shampoo's bf16 statistics): the product of the 16-bit values
+// accumulated in f32 and added to out without rounding to 16 bits; the CPU's kernel agrees
+TEST(CudaGemm, BmmAddOfHalfOperandsIntoF32) {
+  KILN_REQUIRE_GPU();
+  manual_seed(4);
+  for (DType t : {DType::bf16, DType::f16})
+    for (bool tb : {false, true}) {
+      const Tensor a = rnd({2, 33, 130}, t);
+      const Tensor b = tb ? rnd({2, 70, 130}, t).transpose(1, 2) : rnd({2, 130, 70}, t);
+      const Tensor old = rnd({2, 33, 70}, DType::f32);
+      const Tensor want = add(mul(old.to(DType::f64), 0.5), mul(ref_matmul(a, b), 2.0));
+      Tensor got = old.to(gpu()).clone(), cpu = old.clone();
+      kernels::bmm_add(a.to(gpu()), b.to(gpu()), got, 2.0, 0.5);
+      kernels::bmm_add(a, b.contiguous(), cpu, 2.0, 0.5);
+      EXPECT_EQ(got.dtype(), DType::f32);
+      // f32 accumulation of exact 16-bit products: f32's tolerance, not the 16-bit dtype's
+      EXPECT_LT(rel_err(got, want), 1e-5) << dtype_name(t) << " tb=" << tb;
+      EXPECT_LT(rel_err(cpu, want), 1e-6) << dtype_name(t) << " (CPU)";
+    }
+}
+
 TEST(CudaGemm, BroadcastBatches) {
   KILN_REQUIRE_GPU();
   manual_seed(3);

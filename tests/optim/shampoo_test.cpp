@@ -380,6 +380,42 @@ TEST(Shampoo, Bf16ParametersKeepF32Statistics) {
   EXPECT_TRUE(all_true(isfinite(w)));
 }
 
+// Shampoo::bf16: the statistics are the f32 sums of the bf16-rounded gradients' products (exactly, where f32
+// gradients would be ~4e-3 off), and each step is the direct reference's with its operands rounded to bf16
+// where the products take them (the roots cast to bf16 again after every root update: roots every step
+// here). The reference stays nearer the bf16 run than the f32 run does (which shows the rounding ran).
+TEST(Shampoo, Bf16ProductsRoundTheirOperandsOnce) {
+  auto bf16_round = [](const Tensor& t) { return cast(cast(cast(t, DType::f32), DType::bf16), DType::f64); };
+  Generator gen(12);
+  const Tensor w0 = randn({5, 3}, {}, &gen);
+  Tensor w = w0.clone().requires_grad_(), w_f32 = w0.clone().requires_grad_();
+  ShampooOptions o = kPlain;
+  o.epsilon = 0.1;  // the roots well-conditioned: f32's and f64's factors give the same bf16 roots
+  Shampoo opt({w}, o), f32_opt({w_f32}, o);
+  opt.bf16 = true;
+  Tensor ref = cast(w0, DType::f64), L = zeros({5, 5}, kF64), R = zeros({3, 3}, kF64);
+  for (int step = 0; step < 5; ++step) {
+    const Tensor g = randn({5, 3}, {}, &gen);
+    w.set_grad(g.clone());
+    w_f32.set_grad(g.clone());
+    opt.step();
+    f32_opt.step();
+    const Tensor gb = bf16_round(g);
+    L = add(L, matmul(gb, gb.transpose(0, 1)));
+    R = add(R, matmul(gb.transpose(0, 1), gb));
+    EXPECT_LT(max_abs(sub(cast(opt.state(0).tensors.at("factor.0.0"), DType::f64), L)), 1e-6 * max_abs(L)) << step;
+    const Tensor left = bf16_round(matmul(bf16_round(reference_root(L, 4, 0.1)), gb));
+    ref = sub(ref, mul(matmul(left, bf16_round(reference_root(R, 4, 0.1))), 0.1));
+  }
+  const double to_reference = max_abs(sub(cast(w, DType::f64), ref)),
+               to_f32 = max_abs(sub(cast(w, DType::f64), cast(w_f32, DType::f64)));
+  std::printf("bf16 products: %.2e from their reference, %.2e from the f32 run\n", to_reference, to_f32);
+  EXPECT_LT(to_reference, 0.01 * to_f32);
+  EXPECT_GT(to_f32, 1e-4);
+  f32_opt.tf32 = f32_opt.bf16 = true;
+  EXPECT_KILN_ERROR(f32_opt.step(), "Shampoo", "tf32", "bf16");
+}
+
 // A root that fails (ε = 0 and a factor of zeros: its eigenvalues 0, its root infinite in f32 and in the f64
 // retry) keeps the previous root and counts the failure in "root_failures"; a root that succeeds sets its
 // count back to 0, and a parameter whose roots succeed beside it keeps its count at 0; max_root_failures

@@ -18,6 +18,7 @@ expect_error "--shampoo-warm sets Shampoo, which runs only with --optimizer sham
   "$char" --shampoo-warm
 expect_error "--shampoo-root-tf32 sets Shampoo, which runs only with --optimizer shampoo" "$char" --shampoo-warm --shampoo-root-tf32
 expect_error "--shampoo-root-tf32 puts the warm roots' products on TF32 and needs --shampoo-warm" "$char" --optimizer shampoo --shampoo-root-tf32
+expect_error "--shampoo-tf32 and --shampoo-bf16 choose two precisions" "$char" --optimizer shampoo --shampoo-tf32 --shampoo-bf16
 expect_error "choose two root methods" "$char" --optimizer shampoo --shampoo-warm --shampoo-newton-tf32
 expect_error "runs only with --shampoo-newton-tf32" "$char" --optimizer shampoo --shampoo-newton-iterations 30
 expect_error "--cuda-graph with --optimizer shampoo needs --amp bf16 or none" \
