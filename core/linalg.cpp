@@ -74,30 +74,19 @@ void bmm_add_3xtf32(const SplitTf32& a, const SplitTf32& b, const Tensor& out, d
   kernels::bmm_add(a.hi, b.hi, out, 1.0, 1.0);
 }
 
-// B = qᵀ·(a + ε·I)·q for (b, n, n) a and q, with (a + ε·I)·q as a·q added to ε·q in the product's epilogue.
-// In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown the small Rayleigh quotients
-// that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a GPU): each product as three
-// TF32 products of split operands (kernels::split_tf32), about f32's accuracy (2^-22 of the terms' size) at
-// ~8x the f32 FFMA rate a product.
-Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, double epsilon, bool split) {
+// qᵀ·a·q for (b, n, n) a and q. In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown
+// the small Rayleigh quotients that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a
+// GPU): each product as three TF32 products of split operands (kernels::split_tf32), about f32's accuracy
+// (2^-22 of the terms' size) at ~8x the f32 FFMA rate a product.
+Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
-    const Tensor aq = mul(q, epsilon);
-    kernels::bmm_add(a3, q, aq, 1.0, 1.0);
-    return matmul(q.transpose(-2, -1), aq);
+    return matmul(q.transpose(-2, -1), matmul(a3, q));
   }
   const cuda::AllowTf32Guard on(true, true);
   const SplitTf32 qs = split_tf32(q);
   const Tensor aq = empty_like(q);
-  {
-    // ε·I on the diagonal of a's remainder (lo): what it adds is kept there as in an f32 sum, where ε·q in
-    // the epilogue took a pass over q of its own. Below the products' own rounding (2^-22 of ‖a‖) it is lost
-    // either way.
-    SplitTf32 as = split_tf32(a3);
-    const int64_t n = a3.size(-1);
-    as.lo.view({a3.size(0), n * n}).slice(1, 0, n * n, n + 1).add_(epsilon);
-    bmm_add_3xtf32(as, qs, aq, 0.0);
-  }  // a's halves freed here
+  bmm_add_3xtf32(split_tf32(a3), qs, aq, 0.0);  // a's halves freed here
   const Tensor coupled = empty_like(aq);
   bmm_add_3xtf32(qs.transposed(), split_tf32(aq), coupled, 0.0);
   return coupled;
@@ -254,8 +243,9 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
 
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
   const char* op = "linalg::inverse_root_warm";
-  // Non-finite elements are found through ρ, not a pass of their own: a non-finite a makes every entry of
-  // its B, and so its ρ, non-finite (inf·0 is NaN), which refreshes it, and the refreshed are checked below.
+  // Non-finite elements are found through B, not a pass of their own: a non-finite a makes every entry of its
+  // B non-finite (inf·0 is NaN), so its ρ (n > 1) and its quotients' sum, which refreshes it, and the
+  // refreshed are checked below.
   check_root(op, a, p, options, /*finite=*/false);
   KILN_CHECK(options.warm_tolerance >= 0, op, ": warm_tolerance must be non-negative, got ", options.warm_tolerance);
   KILN_CHECK(basis.defined() && basis.sizes() == a.sizes() && basis.dtype() == a.dtype() &&
@@ -276,11 +266,15 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const Tensor a3 = a.contiguous().reshape({b, n, n});
   const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
   const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
-  // B = qᵀ·A·q with A = a + ε·I (rayleigh_matrix). λ_j = B_jj, lifted as the eigen method lifts eigenvalues
-  // and floored at n·u·λ_max (u the dtype's unit roundoff).
+  // B = qᵀ·A·q with A = a + ε·I, as qᵀ·a·q (rayleigh_matrix) + ε·I: qᵀ·q is I to the eigensolver's rounding
+  // for the bases it made, and a kept basis' columns are within 1e-3 of unit norm (checked below), so
+  // ε·(qᵀ·q − I) is under 1e-3 of ε (ε·q added through the product took a pass over q of its own). λ_j = B_jj,
+  // lifted as the eigen method lifts eigenvalues and floored at n·u·λ_max (u the dtype's unit roundoff).
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
-  const Tensor coupled = rayleigh_matrix(a3, q, options.epsilon, tf32);
-  const Tensor quotients = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1).contiguous();
+  const Tensor coupled = rayleigh_matrix(a3, q, tf32);
+  Tensor diagonal = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1);
+  diagonal.add_(options.epsilon);
+  const Tensor quotients = diagonal.contiguous();
   const Tensor lifted = lift_eigenvalues(quotients, options.epsilon);
   const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
   const Tensor floored = maximum(lifted, mul(amax(lifted, {-1}, true), double(n) * unit_roundoff));
@@ -290,10 +284,11 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), pow(lifted, -1.0 / p), p, middle,
                                 row_coupling);
   const Tensor coupling = sqrt(amax(row_coupling, {-1}));
-  // the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros); read with ρ in one
-  // transfer
+  // the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and the quotients'
+  // sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is); read with
+  // ρ in one transfer
   const Tensor norm_gap = column_norm_gap(q);
-  const Tensor read = cast(stack({coupling, norm_gap}), DType::f64).cpu();
+  const Tensor read = cast(stack({coupling, norm_gap, sum(quotients, {-1})}), DType::f64).cpu();
   const std::vector<double> v = read.contiguous().to_vector<double>();
   out.coupling = empty(batch, {.dtype = DType::f64});
   double* rho = static_cast<double*>(out.coupling.raw_data());
@@ -303,7 +298,8 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
     const double coupling_i = v[size_t(i)], gap = v[size_t(b + i)];
     const bool unit_columns = gap <= 1e-3;  // false for NaN
     rho[i] = unit_columns ? coupling_i : gap;
-    const bool reuse = unit_columns && rho[i] <= options.warm_tolerance;  // false for NaN
+    const bool reuse = unit_columns && rho[i] <= options.warm_tolerance &&  // false for NaN
+                       std::isfinite(v[size_t(2 * b + i)]);
     (reuse ? kept : refreshed).push_back(i);
   }
   auto rows = [&](const Tensor& t, const std::vector<int64_t>& which) {

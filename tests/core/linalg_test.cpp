@@ -489,6 +489,13 @@ TEST(Linalg, BadInputIsAnError) {
       EXPECT_KILN_ERROR(linalg::inverse_root_warm(poisoned, 2, zeros({2, 3, 3}, {.dtype = t})),
                         "linalg::inverse_root_warm", "non-finite");
     }
+  // 1 x 1: no off-diagonal entry carries it into ρ; the quotients' own sum does
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    Tensor basis = zeros({1, 1, 1}, {.dtype = DType::f64});
+    linalg::inverse_root_warm(full({1, 1, 1}, 2.0, {.dtype = DType::f64}), 2, basis);  // basis [1]
+    EXPECT_KILN_ERROR(linalg::inverse_root_warm(full({1, 1, 1}, bad, {.dtype = DType::f64}), 2, basis),
+                      "linalg::inverse_root_warm", "non-finite");
+  }
 }
 
 }  // namespace
