@@ -679,6 +679,16 @@ void Shampoo::step() {
     std::vector<Tensor> filtered;
     const bool half = bf16 && group->roots[0].dtype() == DType::f32;  // the products on bf16 (Shampoo::bf16)
     Tensor r0 = half ? group->half_roots(0) : group->roots[0], r1 = half ? group->half_roots(1) : group->roots[1];
+    if (half && graph)  // a replay reads the bf16 copies: cast again first where the roots changed since
+      for (const auto& shared : groups_)
+        if (shared.get() == group)
+          graph->on_replay([weak = std::weak_ptr<MatrixGroup>(shared)] {
+            if (const std::shared_ptr<MatrixGroup> g = weak.lock()) {
+              const NoGradGuard no_grad;
+              g->half_roots(0);
+              g->half_roots(1);
+            }
+          });
     if (!all_started) {  // some parameters have not reached start_preconditioning_step: their rows only
       std::vector<Tensor> a, b;
       for (size_t j : rows) a.push_back(r0.select(0, int64_t(j))), b.push_back(r1.select(0, int64_t(j)));

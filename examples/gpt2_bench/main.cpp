@@ -306,10 +306,16 @@ int run(const Args& args) {
   std::optional<cuda::Graph> graph;  // --cuda-graph: the step on the batch in (gx, gy), replayed
   Tensor gx, gy;
   const optim::Shampoo* shampoo = shampoo_stats;
+  // Shampoo: a step without roots is captured (past its first roots, its state made), within a frequency's
+  // steps more; roots at every step (--shampoo 1) leave none to capture: no graph then
+  bool capture = use_graph;
   if (use_graph) {
     if (args.warmup == 0) eager_step(0);  // AdamW's state (and NCCL's connections) must exist before the capture
-    // Shampoo: a step without roots is captured (past its first roots, its state made)
-    for (int64_t i = 1; shampoo && !shampoo->capturable_next_step(); ++i) eager_step(args.warmup + i);
+    for (int64_t i = 1; shampoo && !shampoo->capturable_next_step() && i <= args.shampoo + 1; ++i)
+      eager_step(args.warmup + i);
+    capture = !shampoo || shampoo->capturable_next_step();
+  }
+  if (capture) {
     gx = batches[0].first.clone();
     gy = batches[0].second.clone();
     graph.emplace(cuda::capture(
@@ -418,7 +424,7 @@ int run(const Args& args) {
   std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s\n", tps, mfu,
               peak_gib, 1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
               args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "",
-              use_graph ? " cuda_graph=1" : "", args.fp8 ? " fp8=1" : "", args.overlap_step ? " overlap_step=1" : "",
+              graph ? " cuda_graph=1" : "", args.fp8 ? " fp8=1" : "", args.overlap_step ? " overlap_step=1" : "",
               args.step_in_backward ? " step_in_backward=1" : "");
   return 0;
 }

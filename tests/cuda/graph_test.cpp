@@ -561,7 +561,8 @@ TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncl
 // bf16: under autocast, whose kept copies of the weights the updates write (in the replays too), equal to
 // the eager run's and to the new weights rounded.
 namespace {
-void check_shampoo_graph_steps(bool bf16) {
+// bf16_products: Shampoo::bf16, whose bf16 copies of the roots a replay must read as the last root step left them
+void check_shampoo_graph_steps(bool bf16, bool bf16_products = false) {
   auto make = [] { return gpu_mlp(7, 48); };
   Generator gen(8);
   std::vector<Tensor> xs, ys;
@@ -573,6 +574,7 @@ void check_shampoo_graph_steps(bool bf16) {
                                       .momentum = 0.5, .precondition_frequency = 3};
   auto eager_net = make(), graph_net = make();
   optim::Shampoo eager_opt(eager_net->parameters(), options), graph_opt(graph_net->parameters(), options);
+  eager_opt.bf16 = graph_opt.bf16 = bf16_products;
   auto step = [bf16](nn::Module& net, optim::Shampoo& opt, const Tensor& x, const Tensor& y) {
     opt.zero_grad();
     std::optional<amp::Autocast> autocast;  // bf16: the weights' kept copies, written by Shampoo's update
@@ -632,6 +634,8 @@ TEST(CudaGraph, ShampooStepsWithoutRootsReplayAndRootStepsRunOutsideTheGraph) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
     check_shampoo_graph_steps(bf16);
   }
+  SCOPED_TRACE("bf16 products");
+  check_shampoo_graph_steps(false, /*bf16_products=*/true);
 }
 
 // A GradScaler's captured step needs an optimizer that skips on the device, and a device copy of the scale
