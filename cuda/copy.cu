@@ -5,6 +5,8 @@
 // a double); strided copies whose innermost run is contiguous on both sides in whole 16-byte vectors (a
 // permute of the outer dims, as in attention's head layouts) move one vector per index computation. In a
 // GPT-2 step, before these paths, casts and strided copies ran at 0.4-0.6 TB/s and took about a fifth of it.
+#include <cuda_bf16.h>
+
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -206,6 +208,23 @@ __global__ void copy_matrices_kernel(const __grid_constant__ MatrixPairs m) {
   }
 }
 
+// copy_matrices' converting form, f32 rows into bf16 rows (rounded to nearest even). Block (x, y): matrix y,
+// rows x, x + gridDim.x, ...; the threads along a row, two elements at a time where the pair allows (word 2).
+__global__ void convert_matrices_kernel(const __grid_constant__ MatrixPairs m) {
+  const int k = int(blockIdx.y);
+  const int64_t width = m.row_bytes[k] / int64_t(sizeof(float));
+  for (int64_t r = blockIdx.x; r < m.rows[k]; r += gridDim.x) {
+    const float* s = reinterpret_cast<const float*>(m.src[k] + r * m.src_ld[k]);
+    __nv_bfloat16* d = reinterpret_cast<__nv_bfloat16*>(m.dst[k] + r * m.dst_ld[k]);
+    if (m.word[k] == 2) {
+      for (int64_t i = threadIdx.x; i < width / 2; i += blockDim.x)
+        reinterpret_cast<__nv_bfloat162*>(d)[i] = __float22bfloat162_rn(reinterpret_cast<const float2*>(s)[i]);
+    } else {
+      for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = __float2bfloat16_rn(s[i]);
+    }
+  }
+}
+
 // Block (x, y): matrix y, rows x, x + gridDim.x, ...; each element scaled by scale[y]. 16-byte units where
 // the pair allows them (word 16), else elements.
 template <class T>
@@ -235,29 +254,38 @@ __global__ void scale_matrices_kernel(const __grid_constant__ MatrixPairs m, con
 
 // Fills `pairs` with the (src, dst) pairs from `first` on, at most kMaxMatrices; returns how many and the
 // most rows of any. Checks each pair as copy_matrices needs it.
+// to_bf16: every pair f32 into bf16 (copy_matrices' converting form); else every pair of one dtype.
 int pack_pairs(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, size_t first, MatrixPairs& p,
-               int64_t& most_rows, const char* op) {
+               int64_t& most_rows, const char* op, bool to_bf16 = false) {
   int count = 0;
   most_rows = 0;
   for (size_t i = first; i < src.size() && count < kMaxMatrices; ++i) {
     const Tensor &s = src[i], &d = dst[i];
-    KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && s.dtype() == d.dtype() && s.device().is_cuda() &&
-                   s.device() == d.device(),
-               op, ": ", s.str(), " -> ", d.str(), ": expected 2-D matrices of one shape, dtype and device");
+    const bool dtypes = to_bf16 ? s.dtype() == DType::f32 && d.dtype() == DType::bf16 : s.dtype() == d.dtype();
+    KILN_CHECK(s.dim() == 2 && s.sizes() == d.sizes() && dtypes && s.device().is_cuda() && s.device() == d.device(),
+               op, ": ", s.str(), " -> ", d.str(), ": expected 2-D matrices of one shape and device, and ",
+               to_bf16 ? "every pair f32 -> bf16 (as the first)" : "one dtype");
     KILN_CHECK((s.stride(1) == 1 || s.size(1) == 1) && (d.stride(1) == 1 || d.size(1) == 1), op, ": ", s.str(), " -> ",
                d.str(), ": rows must be contiguous");
-    const int64_t es = int64_t(s.element_size());
+    const int64_t es = int64_t(s.element_size()), ed = int64_t(d.element_size());
     p.src[count] = static_cast<const char*>(s.raw_data());
     p.dst[count] = static_cast<char*>(d.raw_data());
     p.rows[count] = s.numel() == 0 ? 0 : s.size(0);
     p.row_bytes[count] = s.size(1) * es;
     p.src_ld[count] = (s.size(0) > 1 ? s.stride(0) : s.size(1)) * es;
-    p.dst_ld[count] = (d.size(0) > 1 ? d.stride(0) : d.size(1)) * es;
+    p.dst_ld[count] = (d.size(0) > 1 ? d.stride(0) : d.size(1)) * ed;
     auto fits = [&](int64_t w) {
       return (reinterpret_cast<uintptr_t>(p.src[count]) | reinterpret_cast<uintptr_t>(p.dst[count])) % uint64_t(w) == 0 &&
              p.row_bytes[count] % w == 0 && p.src_ld[count] % w == 0 && p.dst_ld[count] % w == 0;
     };
-    p.word[count] = fits(16) ? 16 : fits(4) ? 4 : 1;
+    if (to_bf16) {  // 2: pairs of elements (8 bytes read, 4 written), where the rows' starts and widths allow
+      const bool pairs = reinterpret_cast<uintptr_t>(p.src[count]) % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.dst[count]) % 4 == 0 && s.size(1) % 2 == 0 &&
+                         p.src_ld[count] % 8 == 0 && p.dst_ld[count] % 4 == 0;
+      p.word[count] = pairs ? 2 : 1;
+    } else {
+      p.word[count] = fits(16) ? 16 : fits(4) ? 4 : 1;
+    }
     most_rows = std::max(most_rows, p.rows[count]);
     ++count;
   }
@@ -297,14 +325,20 @@ void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Te
   KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
   if (src.empty()) return;
   DeviceGuard guard(dst[0].device().index);
+  const bool to_bf16 = src[0].dtype() != dst[0].dtype();  // the converting form (checked pair by pair)
   auto pairs = std::make_unique<MatrixPairs>();
   for (size_t first = 0; first < src.size(); first += kMaxMatrices) {
     int64_t most_rows = 0;
-    const int count = pack_pairs(src, dst, first, *pairs, most_rows, "copy_matrices");
+    const int count = pack_pairs(src, dst, first, *pairs, most_rows, "copy_matrices", to_bf16);
     if (most_rows == 0) continue;
     const dim3 grid(unsigned(std::min<int64_t>(most_rows, 64)), unsigned(count));
-    copy_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
-    KILN_LAUNCH_CHECK("copy_matrices_kernel", "copy_matrices");
+    if (to_bf16) {
+      convert_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
+      KILN_LAUNCH_CHECK("convert_matrices_kernel", "copy_matrices");
+    } else {
+      copy_matrices_kernel<<<grid, 128, 0, current_stream()>>>(*pairs);
+      KILN_LAUNCH_CHECK("copy_matrices_kernel", "copy_matrices");
+    }
   }
 }
 

@@ -74,11 +74,12 @@ Tensor mode_product(const Tensor& r, const Tensor& x, int64_t i) {
 Tensor frobenius(const Tensor& x) { return sqrt(sum(mul(x, x))); }
 
 // Blocks of one shape (2-D views, rows contiguous) stacked into a new (B, m, n) tensor: one launch
-// (kernels::copy_matrices), where stack would copy them one by one.
-Tensor stack_blocks(const std::vector<Tensor>& blocks) {
+// (kernels::copy_matrices), where stack would copy them one by one. to_bf16: f32 blocks stacked as bf16 (the
+// converting copy: Shampoo::bf16's operands without a cast pass of their own).
+Tensor stack_blocks(const std::vector<Tensor>& blocks, bool to_bf16 = false) {
   const Tensor& first = blocks.front();
   Tensor out = empty({int64_t(blocks.size()), first.size(0), first.size(1)},
-                     {.dtype = first.dtype(), .device = first.device()});
+                     {.dtype = to_bf16 ? DType::bf16 : first.dtype(), .device = first.device()});
   std::vector<Tensor> rows;
   for (size_t j = 0; j < blocks.size(); ++j) rows.push_back(out.select(0, int64_t(j)));
   kernels::copy_matrices(blocks, rows);
@@ -608,9 +609,8 @@ void Shampoo::step() {
     const double b2 = std::get<4>(key);
     MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
                                       pending[members[0].pending].param.device(), b2);
-    const Tensor stacked = stack_blocks(gradients);
     // bf16: the products of the blocks rounded to bf16, accumulated into the f32 factors
-    const Tensor g = bf16 && stacked.dtype() == DType::f32 ? cast(stacked, DType::bf16) : stacked;
+    const Tensor g = stack_blocks(gradients, bf16 && gradients.front().dtype() == DType::f32);
     // the average in the GEMM's own epilogue (alpha, beta): no product tensor, no pass over the factors
     const double weight = b2 == 1.0 ? 1.0 : 1.0 - b2;
     kernels::bmm_add(g, g.transpose(1, 2), group.factors[0], weight, b2);
@@ -700,7 +700,7 @@ void Shampoo::step() {
       filtered.push_back(w.blocks.block(w.filtered, mb.block));
     }
     if (half) {  // R₀·Ḡ rounded to bf16 once, then its product with R₁ᵀ accumulated and kept in f32
-      const Tensor left = matmul(r0, cast(stack_blocks(filtered), DType::bf16));
+      const Tensor left = matmul(r0, stack_blocks(filtered, /*to_bf16=*/true));
       products.push_back(empty({left.size(0), left.size(1), r1.size(1)}, {.dtype = DType::f32, .device = left.device()}));
       kernels::bmm_add(left, r1.transpose(1, 2), products.back(), 1.0, 0.0);
     } else {

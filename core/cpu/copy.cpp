@@ -81,8 +81,12 @@ void kernels::scale_matrices(const std::vector<Tensor>& src, const std::vector<T
 void kernels::copy_matrices(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
   KILN_CHECK(src.size() == dst.size(), "copy_matrices: ", src.size(), " sources and ", dst.size(), " destinations");
   for (size_t i = 0; i < src.size(); ++i) {
-    KILN_CHECK(src[i].sizes() == dst[i].sizes() && src[i].dtype() == dst[i].dtype() && src[i].dim() == 2, "copy_matrices: ",
-               src[i].str(), " -> ", dst[i].str(), ": expected 2-D matrices of one shape and dtype");
+    const bool to_bf16 = src[0].dtype() != dst[0].dtype();  // the converting form, f32 -> bf16, for every pair
+    const bool dtypes = to_bf16 ? src[i].dtype() == DType::f32 && dst[i].dtype() == DType::bf16
+                                : src[i].dtype() == dst[i].dtype();
+    KILN_CHECK(src[i].sizes() == dst[i].sizes() && dtypes && src[i].dim() == 2, "copy_matrices: ", src[i].str(), " -> ",
+               dst[i].str(), ": expected 2-D matrices of one shape, and ",
+               to_bf16 ? "every pair f32 -> bf16 (as the first)" : "one dtype");
     // the GPU's layout rule, held here too so that the CPU's tests find a caller that breaks it
     KILN_CHECK((src[i].stride(1) == 1 || src[i].size(1) == 1) && (dst[i].stride(1) == 1 || dst[i].size(1) == 1),
                "copy_matrices: ", src[i].str(), " -> ", dst[i].str(), ": rows must be contiguous");

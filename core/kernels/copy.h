@@ -10,7 +10,7 @@ KILN_KERNEL(copy, void(const Tensor& src, const Tensor& dst));
 // dst[i] ← src[i] for many 2-D matrices: each pair of one shape and dtype, each matrix's rows contiguous (unit
 // column stride) at any row stride. The gathers and scatters of batched per-block work (Shampoo's blocks into
 // and out of their groups' stacks): one launch on the GPU for hundreds of pairs, where copy would take one
-// each.
+// each. The converting form: every pair f32 into bf16 (rounded to nearest even; Shampoo::bf16's gathers).
 KILN_KERNEL(copy_matrices, void(const std::vector<Tensor>& src, const std::vector<Tensor>& dst));
 // dst[i] ← scale[i] · src[i], copy_matrices' layouts, f32 or f64 matrices; scale (count) contiguous, of their
 // dtype, on their device. Shampoo's grafted directions scattered back with each block's step size.

@@ -110,6 +110,42 @@ TEST(CudaCopy, CopyMatricesCopiesEveryPairAndNothingElse) {
   EXPECT_THROW(kernels::copy_matrices({src[0]}, {dst[1]}), Error);  // shapes differ
 }
 
+// copy_matrices' converting form (Shampoo::bf16's gathers): f32 blocks into bf16 blocks, the pairs path (even
+// widths, aligned starts) and the element path (odd widths, offset starts), more than one launch's worth:
+// bit for bit the CPU's cast (round to nearest even), nothing around a destination written; a launch that
+// mixes the forms is an error.
+TEST(CudaCopy, CopyMatricesIntoBf16IsTheCpusCast) {
+  KILN_REQUIRE_GPU();
+  manual_seed(32);
+  std::vector<Tensor> src, dst, big, want;
+  for (int i = 0; i < 600; ++i) {
+    const int64_t rows = 1 + i % 5, cols = 2 + (i * 3) % 40;
+    const Tensor a = mul(randn({rows + 2, cols + 4}), 1000.0);
+    Tensor b = zeros({rows + 1, cols + 6}, {.dtype = DType::bf16, .device = gpu()});
+    const int64_t at = i % 2 == 0 ? 0 : 1;  // even offsets keep the pairs path where the width allows
+    src.push_back(a.to(gpu()).narrow(0, 1, rows).narrow(1, 2 * at, cols));
+    dst.push_back(b.narrow(0, 1, rows).narrow(1, i % 3 == 0 ? 2 : 1, cols));
+    big.push_back(b);
+    want.push_back(cast(a.narrow(0, 1, rows).narrow(1, 2 * at, cols), DType::bf16));
+  }
+  kernels::copy_matrices(src, dst);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor got = dst[i].cpu();
+    ASSERT_TRUE(same_values(got.to(DType::f32), want[i].to(DType::f32))) << i;
+    EXPECT_EQ(sum(abs(big[i].cpu().to(DType::f32))).item<double>(), sum(abs(got.to(DType::f32))).item<double>()) << i;
+  }
+  // the CPU's converting copy_matrices too
+  std::vector<Tensor> cpu_src, cpu_dst;
+  for (size_t i = 0; i < 5; ++i) {
+    cpu_src.push_back(src[i].cpu());
+    cpu_dst.push_back(empty(src[i].sizes(), {.dtype = DType::bf16}));
+  }
+  kernels::copy_matrices(cpu_src, cpu_dst);
+  for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(same_values(cpu_dst[i].to(DType::f32), want[i].to(DType::f32))) << i;
+  const Tensor f32_dst = zeros(src[1].sizes(), {.device = gpu()});
+  EXPECT_THROW(kernels::copy_matrices({src[0], src[1]}, {dst[0], f32_dst}), Error);  // forms mixed
+}
+
 // kernels::scale_matrices and kernels::matrix_sum_squares (Shampoo's grafting): f32 and f64 blocks of wider
 // matrices (row strides, the 16-byte and element paths, empty ones), more than one launch's worth, against
 // the CPU kernels; nothing around a destination written; each sum of squares against its definition in f64.
