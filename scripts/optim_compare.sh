@@ -27,13 +27,16 @@ second=$(( gpus > 1 ? 1 : 0 ))
 if [ "$what" = perf ] || [ "$what" = all ]; then
   "$build/bench/kiln_shampoo_bench" > "$out/shampoo_bench.txt" 2>&1
   python3 bench/shampoo_torch.py > "$out/shampoo_torch.txt" 2>&1
-  "$build/examples/gpt2_bench" --steps 30 --trace "$out/gpt2_trace.json" > "$out/gpt2_adamw.txt" 2> "$out/gpt2_adamw.err"
+  "$build/examples/gpt2_bench" --steps 30 --step-ms --trace "$out/gpt2_trace.json" > "$out/gpt2_adamw.txt" 2> "$out/gpt2_adamw.err"
   "$build/examples/gpt2_bench" --steps 30 --shampoo 10 > "$out/gpt2_shampoo.txt" 2>&1
   # GPT-2's cheapest Shampoo step so far (session 30, docs/optim.md): TF32 products, warm-started roots with
   # their products on TF32, β2 0.999; timed after 500 steps, once the factors move slowly enough for their
   # bases to be kept (char_gpt's Newton settings, session 29, cost 63-108 ms a step here)
-  "$build/examples/gpt2_bench" --warmup 500 --steps 30 --shampoo 10 --shampoo-tf32 --shampoo-beta2 0.999 \
+  "$build/examples/gpt2_bench" --warmup 500 --steps 30 --step-ms --shampoo 10 --shampoo-tf32 --shampoo-beta2 0.999 \
     --shampoo-warm --shampoo-root-tf32 > "$out/gpt2_shampoo_tuned.txt" 2>&1
+  # the same with bf16 statistics and preconditioning products (session 31: 1.22x AdamW against 1.28x, H200)
+  "$build/examples/gpt2_bench" --warmup 500 --steps 30 --step-ms --shampoo 10 --shampoo-bf16 --shampoo-beta2 0.999 \
+    --shampoo-warm --shampoo-root-tf32 > "$out/gpt2_shampoo_bf16.txt" 2>&1
 fi
 
 char() {  # char NAME DEVICE FLAGS...
@@ -91,7 +94,7 @@ fi
 echo "==== optim_compare summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $gpus GPUs)"
 [ -f "$out/shampoo_bench.txt" ] && grep -h '^#' "$out/shampoo_bench.txt" | sed 's/^#/kiln /'
 [ -f "$out/shampoo_torch.txt" ] && grep -h '^#' "$out/shampoo_torch.txt" | sed 's/^#/torch/'
-for f in gpt2_adamw gpt2_shampoo gpt2_shampoo_tuned; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
+for f in gpt2_adamw gpt2_shampoo gpt2_shampoo_tuned gpt2_shampoo_bf16; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
 python3 - "$out/runs" <<'PY'
 import json, os, re, sys
 root = sys.argv[1]
