@@ -94,7 +94,7 @@ fi
 echo "==== optim_compare summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $gpus GPUs)"
 [ -f "$out/shampoo_bench.txt" ] && grep -h '^#' "$out/shampoo_bench.txt" | sed 's/^#/kiln /'
 [ -f "$out/shampoo_torch.txt" ] && grep -h '^#' "$out/shampoo_torch.txt" | sed 's/^#/torch/'
-for f in gpt2_adamw gpt2_shampoo gpt2_shampoo_tuned gpt2_shampoo_bf16; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE" "$out/$f.txt" | sed "s/^/$f: /"; done
+for f in gpt2_adamw gpt2_shampoo gpt2_shampoo_tuned gpt2_shampoo_bf16; do [ -f "$out/$f.txt" ] && grep -h "RESULT\|TRACE\|STEP_MS" "$out/$f.txt" | sed "s/^/$f: /"; done
 python3 - "$out/runs" <<'PY'
 import json, os, re, sys
 root = sys.argv[1]
