@@ -26,6 +26,7 @@
 // attention score and value products, forward and backward), times tokens/s, over the H100/H200's dense
 // bf16 peak of 989 TFLOP/s. peak_gib is the caching allocator's high-water mark of allocated bytes over
 // the whole run (model, optimizer state, activations), like torch.cuda.max_memory_allocated.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -306,14 +307,17 @@ int run(const Args& args) {
   std::optional<cuda::Graph> graph;  // --cuda-graph: the step on the batch in (gx, gy), replayed
   Tensor gx, gy;
   const optim::Shampoo* shampoo = shampoo_stats;
-  // Shampoo: a step without roots is captured (past its first roots, its state made), within a frequency's
-  // steps more; roots at every step (--shampoo 1) leave none to capture: no graph then
+  // Shampoo: a step without roots is captured (past its first roots, its state made): at the latest a
+  // frequency's steps after its first root step; roots at every step (--shampoo 1) leave none to capture
   bool capture = use_graph;
   if (use_graph) {
     if (args.warmup == 0) eager_step(0);  // AdamW's state (and NCCL's connections) must exist before the capture
-    for (int64_t i = 1; shampoo && !shampoo->capturable_next_step() && i <= args.shampoo + 1; ++i)
-      eager_step(args.warmup + i);
+    const int64_t first_roots = args.shampoo_flags.start >= 0 ? args.shampoo_flags.start : args.shampoo;
+    const int64_t most = std::max<int64_t>(first_roots - args.warmup, 0) + args.shampoo + 1;
+    for (int64_t i = 1; shampoo && !shampoo->capturable_next_step() && i <= most; ++i) eager_step(args.warmup + i);
     capture = !shampoo || shampoo->capturable_next_step();
+    KILN_CHECK(capture || args.cuda_graph != 1, "gpt2_bench: --cuda-graph: Shampoo computes roots at every step "
+               "(--shampoo ", args.shampoo, "), which leaves no step to capture");
   }
   if (capture) {
     gx = batches[0].first.clone();
