@@ -241,11 +241,11 @@ InverseRoot inverse_root_ex(const Tensor& a, double p, const InverseRootOptions&
   return out;
 }
 
-WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
+WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
   const char* op = "linalg::inverse_root_warm";
   // Non-finite elements are found through B, not a pass of their own: a non-finite a makes every entry of its
-  // B non-finite (inf·0 is NaN), so its ρ (n > 1) and its quotients' sum, which refreshes it, and the
-  // refreshed are checked below.
+  // B non-finite (inf·0 is NaN), so its ρ (n > 1) and its quotients' sum, which refresh it, and the
+  // refreshed are checked (finish_warm_roots).
   check_root(op, a, p, options, /*finite=*/false);
   KILN_CHECK(options.warm_tolerance >= 0, op, ": warm_tolerance must be non-negative, got ", options.warm_tolerance);
   KILN_CHECK(basis.defined() && basis.sizes() == a.sizes() && basis.dtype() == a.dtype() &&
@@ -255,21 +255,25 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const NoGradGuard no_grad;
   const amp::Autocast full_precision(a.device(), DType::bf16, /*enabled=*/false);  // products in a's dtype
   const int64_t n = a.size(-1);
-  const Shape batch = batch_shape(a);
-  const int64_t b = count(batch);
-  WarmInverseRoot out;
+  const int64_t b = count(batch_shape(a));
+  const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
+  WarmRootsStarted out;
+  out.p = p;
+  out.options = options;
   if (b == 0 || n == 0) {
-    out.root = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
-    out.coupling = zeros(batch, {.dtype = DType::f64});
+    out.root = empty(a.sizes(), like);
+    out.figures = zeros({3, b}, like);  // ρ 0, columns of unit norm, finite: nothing refreshed
     return out;
   }
-  const Tensor a3 = a.contiguous().reshape({b, n, n});
-  const Tensor q = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
-  const TensorOptions like{.dtype = a.dtype(), .device = a.device()};
+  out.matrices = a.contiguous().reshape({b, n, n});
+  out.basis = basis.reshape({b, n, n});  // a view: refreshed rows are written through it
+  const Tensor& a3 = out.matrices;
+  const Tensor& q = out.basis;
   // B = qᵀ·A·q with A = a + ε·I, as qᵀ·a·q (rayleigh_matrix) + ε·I: qᵀ·q is I to the eigensolver's rounding
-  // for the bases it made, and a kept basis' columns are within 1e-3 of unit norm (checked below), so
-  // ε·(qᵀ·q − I) is under 1e-3 of ε (ε·q added through the product took a pass over q of its own). λ_j = B_jj,
-  // lifted as the eigen method lifts eigenvalues and floored at n·u·λ_max (u the dtype's unit roundoff).
+  // for the bases it made, and a kept basis' columns are within 1e-3 of unit norm (checked by the figures),
+  // so ε·(qᵀ·q − I) is under 1e-3 of ε (ε·q added through the product took a pass over q of its own).
+  // λ_j = B_jj, lifted as the eigen method lifts eigenvalues and floored at n·u·λ_max (u the dtype's unit
+  // roundoff).
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
   const Tensor coupled = rayleigh_matrix(a3, q, tf32);
   Tensor diagonal = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1);
@@ -283,67 +287,81 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
   const Tensor middle = empty({b, n, n}, like), row_coupling = empty({b, n}, like);
   kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), pow(lifted, -1.0 / p), p, middle,
                                 row_coupling);
-  const Tensor coupling = sqrt(amax(row_coupling, {-1}));
-  // the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and the quotients'
-  // sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is); read with
-  // ρ in one transfer
-  const Tensor norm_gap = column_norm_gap(q);
-  const Tensor read = cast(stack({coupling, norm_gap, sum(quotients, {-1})}), DType::f64).cpu();
-  const std::vector<double> v = read.contiguous().to_vector<double>();
-  out.coupling = empty(batch, {.dtype = DType::f64});
+  // the figures: ρ, the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and
+  // the quotients' sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is)
+  out.figures = stack({sqrt(amax(row_coupling, {-1})), column_norm_gap(q), sum(quotients, {-1})});
+  // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
+  // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on TF32 where asked
+  const cuda::AllowTf32Guard products(true, tf32);
+  out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());
+  return out;
+}
+
+WarmInverseRoot finish_warm_roots(const WarmRootsStarted& started, const std::vector<double>& figures) {
+  const char* op = "linalg::inverse_root_warm";
+  const Tensor& a3 = started.matrices;
+  const Tensor& q = started.basis;
+  const int64_t b = started.figures.size(1);
+  KILN_CHECK(int64_t(figures.size()) == 3 * b, op, ": finish_warm_roots takes the 3 x ", b,
+             " figures of start_warm_roots, got ", figures.size(), " values");
+  const NoGradGuard no_grad;
+  WarmInverseRoot out;
+  out.root = started.root;
+  out.coupling = empty(batch_shape(started.root), {.dtype = DType::f64});
+  if (!a3.defined()) {  // no matrices, or matrices of size 0
+    out.coupling.zero_();
+    return out;
+  }
   double* rho = static_cast<double*>(out.coupling.raw_data());
-  std::vector<int64_t> kept, refreshed;
+  std::vector<int64_t> refreshed;
   for (int64_t i = 0; i < b; ++i) {
     // columns of unit norm (a basis of zeros is off by 1); columns that are not orthogonal show in ρ
-    const double coupling_i = v[size_t(i)], gap = v[size_t(b + i)];
+    const double coupling_i = figures[size_t(i)], gap = figures[size_t(b + i)];
     const bool unit_columns = gap <= 1e-3;  // false for NaN
     rho[i] = unit_columns ? coupling_i : gap;
-    const bool reuse = unit_columns && rho[i] <= options.warm_tolerance &&  // false for NaN
-                       std::isfinite(v[size_t(2 * b + i)]);
-    (reuse ? kept : refreshed).push_back(i);
+    const bool reuse = unit_columns && rho[i] <= started.options.warm_tolerance &&  // false for NaN
+                       std::isfinite(figures[size_t(2 * b + i)]);
+    if (!reuse) refreshed.push_back(i);
   }
-  auto rows = [&](const Tensor& t, const std::vector<int64_t>& which) {
-    if (int64_t(which.size()) == b) return t;
-    const Tensor index = from_vector(which, {int64_t(which.size())}, {.dtype = DType::i64, .device = a.device()});
-    return index_select(t, 0, index);
-  };
-  Tensor root = int64_t(kept.size()) == b ? Tensor() : empty({b, n, n}, like);
+  if (refreshed.empty()) return out;
+  const amp::Autocast full_precision(a3.device(), DType::bf16, /*enabled=*/false);
+  const bool tf32 = started.options.tf32 && a3.dtype() == DType::f32 && a3.device().is_cuda();
+  const cuda::AllowTf32Guard products(true, tf32);  // V·diag·Vᵀ as the kept roots' products
+  const int64_t n = a3.size(-1);
   // values' rows into rows `which` of `into`: one launch however many (a job of 146 factors with one refreshed
-  // writes 145 kept roots)
-  auto put = [&](Tensor& into, const std::vector<int64_t>& which, const Tensor& values) {
-    if (int64_t(which.size()) == b) {
+  // writes its one root)
+  auto put = [&](Tensor into, const Tensor& values) {
+    if (int64_t(refreshed.size()) == b) {
       into.copy_(values);
       return;
     }
     // copy_matrices reads rows of unit stride: eigenvectors come as the columns' (transposed) view
     const Tensor rows_of_values = values.contiguous();
     std::vector<Tensor> from, to;
-    for (size_t j = 0; j < which.size(); ++j) {
+    for (size_t j = 0; j < refreshed.size(); ++j) {
       from.push_back(rows_of_values.select(0, int64_t(j)));
-      to.push_back(into.select(0, which[j]));
+      to.push_back(into.select(0, refreshed[j]));
     }
     kernels::copy_matrices(from, to);
     into.bump_version();  // an in-place write, as copy_ marks it (the basis is the caller's tensor)
   };
-  // the roots' products q·M·qᵀ (and V·diag·Vᵀ for refreshed ones): in f32, or on TF32 where asked
-  const cuda::AllowTf32Guard products(true, tf32);
-  if (!kept.empty()) {
-    const Tensor q_kept = rows(q, kept);
-    const Tensor kept_roots = matmul(matmul(q_kept, rows(middle, kept)), q_kept.transpose(-2, -1));
-    if (root.defined()) put(root, kept, kept_roots);
-    else root = kept_roots;  // every basis kept: no copy
-  }
-  if (!refreshed.empty()) {
-    const Tensor fresh = rows(a3, refreshed);
-    KILN_CHECK(all_true(isfinite(fresh)), op, ": the input ", a.str(), " has non-finite elements");
-    const Eigh e = checked_eigh(op, ridge(fresh, options.epsilon));
-    put(root, refreshed, root_from_eigenpairs(e.eigenvalues, e.eigenvectors, p, options.epsilon));
-    Tensor q_rows = q;
-    put(q_rows, refreshed, e.eigenvectors);
-    out.refreshed = int64_t(refreshed.size());
-  }
-  out.root = root.reshape(a.sizes());
+  Tensor fresh = a3;
+  if (int64_t(refreshed.size()) != b)
+    fresh = index_select(a3, 0, from_vector(refreshed, {int64_t(refreshed.size())},
+                                            {.dtype = DType::i64, .device = a3.device()}));
+  KILN_CHECK(all_true(isfinite(fresh)), op, ": the input ", started.root.str(), " has non-finite elements");
+  const Eigh e = checked_eigh(op, ridge(fresh, started.options.epsilon));
+  put(out.root.reshape({b, n, n}),
+      root_from_eigenpairs(e.eigenvalues, e.eigenvectors, started.p, started.options.epsilon));
+  put(q, e.eigenvectors);
+  out.refreshed = int64_t(refreshed.size());
   return out;
+}
+
+WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
+  const WarmRootsStarted started = start_warm_roots(a, p, basis, options);
+  // ρ, the column norms' deviation and the quotients' sum in one transfer
+  return finish_warm_roots(started, cast(started.figures, DType::f64).cpu().contiguous().to_vector<double>());
 }
 
 Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options) {

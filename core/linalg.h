@@ -6,6 +6,7 @@
 // Not differentiable: they raise a kiln::Error for an input that requires grad while grad mode is on
 // (call them under NoGradGuard, or on a detached tensor).
 #include <cstdint>
+#include <vector>
 
 #include <kiln/core/tensor.h>
 
@@ -98,5 +99,25 @@ struct WarmInverseRoot {
   int64_t refreshed = 0;   // matrices eigendecomposed afresh
 };
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options = {});
+
+// inverse_root_warm in two halves, for a caller with several batches (Shampoo's jobs, one per matrix size)
+// that reads the figures of all of them in one transfer, so that the device runs every batch's products back
+// to back instead of idling at two host waits a batch. start_warm_roots checks its arguments and enqueues
+// every matrix's root in its kept basis and the figures that decide which bases hold, without waiting for
+// the device; finish_warm_roots takes those figures as read on the host (figures.cpu(), as f64, in their
+// order) and eigendecomposes afresh the matrices whose bases do not hold, overwriting their roots and rows
+// of `basis`. Between the two, `basis` and `a` must not change. inverse_root_warm(a, p, basis, options) is
+// finish_warm_roots(start_warm_roots(a, p, basis, options), figures read).
+struct WarmRootsStarted {
+  Tensor root;     // (..., n, n): every matrix's root as though its basis were kept (refreshed rows: overwritten)
+  Tensor figures;  // (3, b) on a's device, a's dtype (b the batch's count): ρ, the largest column-norm
+                   // deviation of the basis, the Rayleigh quotients' sum (non-finite with a)
+  // what finish_warm_roots needs
+  Tensor matrices, basis;  // (b, n, n) views of a and of the caller's basis
+  double p = 0;
+  InverseRootOptions options;
+};
+WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options = {});
+WarmInverseRoot finish_warm_roots(const WarmRootsStarted& started, const std::vector<double>& figures);
 
 }  // namespace kiln::linalg

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -203,79 +204,131 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
   };
   try {
     // one batched job per (size, dtype, device, exponent, ε)
-    std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> jobs;
+    std::map<std::tuple<int64_t, int, std::string, double, double>, std::vector<Factor*>> keyed;
     for (Factor& f : factors)
-      jobs[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
-    for (auto& [key, group] : jobs) {
-      const double p = std::get<3>(key), eps = std::get<4>(key);
+      keyed[{f.factor.size(0), int(f.factor.dtype()), f.factor.device().str(), f.exponent, f.epsilon}].push_back(&f);
+    struct Job {
+      std::vector<Factor*> group;
+      double p = 0;
+      Tensor stacked, stacked_bases, roots;
+      std::optional<linalg::WarmRootsStarted> started;  // warm_eigen: the roots in the kept bases, to finish
+      Tensor figures;                                   // f64 on the device: (warm: ρ, gaps, quotients' sums), the roots' sum
+      std::vector<double> read;                         // ... as read
+      bool failed = false;                              // the batched computation threw: redone one by one
+    };
+    std::vector<Job> jobs;
+    const bool warm = root_method == linalg::RootMethod::warm_eigen;
+    // Every job's work is enqueued first and its figures read in one transfer a device after (warm_eigen: the
+    // device runs the jobs back to back; two host waits a job left it idle ~2-6 ms a GPT-2 root step). The
+    // eigen and Newton methods wait inside (the solver's info, the residuals).
+    for (auto& [key, group] : keyed) {
+      Job& job = jobs.emplace_back();
+      job.group = group;
+      job.p = std::get<3>(key);
+      const double eps = std::get<4>(key);
       // the factors, bias-corrected, into one stack: one launch for the job (a scale and a stack a factor took
       // two launches and two passes each: 684 launches for GPT-2 124M's 342 factors)
       const Tensor& first = group.front()->factor;
-      const Tensor stacked = empty({int64_t(group.size()), first.size(0), first.size(1)},
-                                   {.dtype = first.dtype(), .device = first.device()});
+      job.stacked = empty({int64_t(group.size()), first.size(0), first.size(1)},
+                          {.dtype = first.dtype(), .device = first.device()});
       {
         std::vector<Tensor> from, rows;
         std::vector<double> scales;
         for (size_t j = 0; j < group.size(); ++j) {
           from.push_back(group[j]->factor);
-          rows.push_back(stacked.select(0, int64_t(j)));
+          rows.push_back(job.stacked.select(0, int64_t(j)));
           scales.push_back(group[j]->scale);
         }
         kernels::scale_matrices(from, rows, tensor(scales, {int64_t(scales.size())},
                                                    {.dtype = first.dtype(), .device = first.device()}));
       }
-      bool done = false;
       try {
-        const bool warm = root_method == linalg::RootMethod::warm_eigen;
         const linalg::InverseRootOptions options{.epsilon = eps, .method = root_method,
                                                  .max_iterations = newton_max_iterations, .tf32 = root_tf32,
                                                  .warm_tolerance = warm_tolerance};
-        std::vector<Tensor> bases, basis_rows;
-        const Tensor stacked_bases = warm ? empty_like(stacked) : Tensor();
+        // finite roots are checked by their sum (one read; a sum that overflows only sends the job to the f64
+        // retry, which checks each root again)
+        std::vector<Tensor> figures;
         if (warm) {
+          job.stacked_bases = empty_like(job.stacked);
+          std::vector<Tensor> bases, basis_rows;
           for (size_t j = 0; j < group.size(); ++j) {
             bases.push_back(group[j]->basis);
-            basis_rows.push_back(stacked_bases.select(0, int64_t(j)));
+            basis_rows.push_back(job.stacked_bases.select(0, int64_t(j)));
           }
           kernels::copy_matrices(bases, basis_rows);
-        }
-        Tensor roots;
-        bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
-        if (warm) {
-          const linalg::WarmInverseRoot r = linalg::inverse_root_warm(stacked, p, stacked_bases, options);
-          roots = r.root;
-          eigen_refreshes_ += r.refreshed;
-          bases_changed = r.refreshed > 0;
+          job.started = linalg::start_warm_roots(job.stacked, job.p, job.stacked_bases, options);
+          job.roots = job.started->root;
+          figures.push_back(cast(job.started->figures, DType::f64).reshape({-1}));
         } else {
-          linalg::InverseRoot r = linalg::inverse_root_ex(stacked, p, options);
-          roots = r.root;
+          linalg::InverseRoot r = linalg::inverse_root_ex(job.stacked, job.p, options);
+          job.roots = r.root;
           newton_iterations_ += r.iterations;
           newton_fallbacks_ += r.fallbacks;
         }
-        // finite roots (a finite sum: one read; a sum that overflows only sends the job to the f64 retry,
-        // which checks each root again) go back into the state, the roots (and bases) of a job in one launch
-        if (std::isfinite(sum(roots).item<double>())) {
-          std::vector<Tensor> from, to, from_bases;
-          for (size_t j = 0; j < group.size(); ++j) {
-            from.push_back(roots.select(0, int64_t(j)));
-            to.push_back(group[j]->root);
-            if (bases_changed) from_bases.push_back(stacked_bases.select(0, int64_t(j)));
-          }
-          kernels::copy_matrices(from, to);
-          if (bases_changed) kernels::copy_matrices(from_bases, bases);
-          for (const Tensor& t : to) t.bump_version();  // written in place, as copy_ marks it
-          if (bases_changed)
-            for (const Tensor& t : bases) t.bump_version();
-          done = true;
-        }
+        figures.push_back(cast(sum(job.roots), DType::f64).reshape({1}));
+        job.figures = figures.size() == 1 ? figures[0] : cat(figures, 0);
       } catch (const Error&) {
-        // redone one by one below
+        job.failed = true;  // redone one by one below
+      }
+    }
+    {  // the figures of every job, one read a device
+      std::map<std::string, std::vector<Job*>> by_device;
+      for (Job& job : jobs)
+        if (!job.failed) by_device[job.stacked.device().str()].push_back(&job);
+      for (auto& [device, on] : by_device) {
+        std::vector<Tensor> all;
+        for (Job* job : on) all.push_back(job->figures);
+        const std::vector<double> read = cat(all, 0).cpu().to_vector<double>();
+        size_t at = 0;
+        for (Job* job : on) {
+          const size_t count = size_t(job->figures.numel());
+          job->read.assign(read.begin() + std::ptrdiff_t(at), read.begin() + std::ptrdiff_t(at + count));
+          at += count;
+        }
+      }
+    }
+    for (Job& job : jobs) {
+      const std::vector<Factor*>& group = job.group;
+      bool done = false;
+      if (!job.failed) {
+        try {
+          double roots_sum = job.read.back();
+          bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
+          if (warm) {
+            job.read.pop_back();
+            const linalg::WarmInverseRoot r = linalg::finish_warm_roots(*job.started, job.read);
+            job.started.reset();
+            eigen_refreshes_ += r.refreshed;
+            bases_changed = r.refreshed > 0;
+            if (bases_changed) roots_sum = sum(job.roots).item<double>();  // the refreshed roots too
+          }
+          // finite roots (and bases) go back into the state, the roots (and bases) of a job in one launch
+          if (std::isfinite(roots_sum)) {
+            std::vector<Tensor> from, to, from_bases, bases;
+            for (size_t j = 0; j < group.size(); ++j) {
+              from.push_back(job.roots.select(0, int64_t(j)));
+              to.push_back(group[j]->root);
+              if (bases_changed) {
+                from_bases.push_back(job.stacked_bases.select(0, int64_t(j)));
+                bases.push_back(group[j]->basis);
+              }
+            }
+            kernels::copy_matrices(from, to);
+            if (bases_changed) kernels::copy_matrices(from_bases, bases);
+            for (const Tensor& t : to) t.bump_version();  // written in place, as copy_ marks it
+            for (const Tensor& t : bases) t.bump_version();
+            done = true;
+          }
+        } catch (const Error&) {
+          // redone one by one below
+        }
       }
       // A non-finite factor fails the batched job (linalg's error, or non-finite roots): it is named only then,
       // so a job that succeeds costs no pass of its own over the factors.
       if (!done)
         for (size_t j = 0; j < group.size(); ++j)
-          KILN_CHECK(all_true(isfinite(stacked.select(0, int64_t(j)))), "Shampoo: factor ",
+          KILN_CHECK(all_true(isfinite(job.stacked.select(0, int64_t(j)))), "Shampoo: factor ",
                      shape_str(group[j]->factor.shape()), " of parameter ", group[j]->param, " ",
                      shape_str(param(group[j]->param).shape()), " has non-finite elements (a non-finite gradient "
                      "reached it)");
@@ -288,7 +341,8 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         ++f64_retries_;
         bool ok = false;
         try {
-          const Tensor r = linalg::inverse_root(cast(stacked.select(0, int64_t(j)), DType::f64), p, {.epsilon = eps});
+          const Tensor r =
+              linalg::inverse_root(cast(job.stacked.select(0, int64_t(j)), DType::f64), job.p, {.epsilon = f.epsilon});
           if (all_true(isfinite(r))) {
             f.root.copy_(r);
             ok = true;
@@ -310,6 +364,7 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
                       std::to_string(int64_t(in_a_row)) + " times in a row, in its dtype and in f64 " +
                       "(max_root_failures = " + std::to_string(max_root_failures) + ")";
       }
+      job = Job();  // its stacks freed before the next job's retries
     }
   } catch (...) {
     try {

@@ -292,6 +292,44 @@ TEST(LinalgInverseRootWarm, ANearbyMatrixKeepsItsBasisAndAFarOneIsRefreshed) {
   EXPECT_EQ(linalg::inverse_root_warm(moved, 4, basis.clone(), {.warm_tolerance = 1e-12}).refreshed, 1);
 }
 
+// The two halves (start_warm_roots, finish_warm_roots) for two batches of different sizes, both started
+// before either's figures are read, give what inverse_root_warm gives each: the same roots, couplings,
+// refreshes and bases; the started root of a kept matrix is already its final root. Figures of the wrong
+// count are an error.
+TEST(LinalgInverseRootWarm, StartedBatchesFinishedAfterOneReadGiveTheWholeCall) {
+  Generator gen(12);
+  const Tensor a = spd({2, 16, 16}, gen), c = spd({3, 8, 8}, gen);
+  Tensor basis_a = zeros({2, 16, 16}, {.dtype = DType::f64}), basis_c = zeros({3, 8, 8}, {.dtype = DType::f64});
+  linalg::inverse_root_warm(a, 4, basis_a);
+  linalg::inverse_root_warm(c, 2, basis_c);
+  // a moved a little (both kept), c's matrix 1 replaced (refreshed)
+  const Tensor moved_a = add(a, mul(spd({2, 16, 16}, gen), 0.003));
+  Tensor moved_c = c.clone();
+  moved_c.select(0, 1).copy_(spd({8, 8}, gen));
+  Tensor whole_a = basis_a.clone(), whole_c = basis_c.clone();
+  const auto want_a = linalg::inverse_root_warm(moved_a, 4, whole_a, {.warm_tolerance = 0.1});
+  const auto want_c = linalg::inverse_root_warm(moved_c, 2, whole_c, {.warm_tolerance = 0.1});
+  ASSERT_EQ(want_a.refreshed, 0);
+  ASSERT_EQ(want_c.refreshed, 1);
+  const auto started_a = linalg::start_warm_roots(moved_a, 4, basis_a, {.warm_tolerance = 0.1});
+  const auto started_c = linalg::start_warm_roots(moved_c, 2, basis_c, {.warm_tolerance = 0.1});
+  const Tensor kept_root = started_a.root.clone();
+  EXPECT_EQ(started_a.figures.sizes(), Shape({3, 2}));
+  const std::vector<double> read = cat({started_a.figures.reshape({-1}), started_c.figures.reshape({-1})}, 0).to_vector<double>();
+  const auto got_a = linalg::finish_warm_roots(started_a, std::vector<double>(read.begin(), read.begin() + 6));
+  const auto got_c = linalg::finish_warm_roots(started_c, std::vector<double>(read.begin() + 6, read.end()));
+  EXPECT_EQ(got_a.refreshed, 0);
+  EXPECT_EQ(got_c.refreshed, 1);
+  EXPECT_EQ(max_abs(sub(got_a.root, want_a.root)), 0.0);
+  EXPECT_EQ(max_abs(sub(got_c.root, want_c.root)), 0.0);
+  EXPECT_EQ(max_abs(sub(got_a.root, kept_root)), 0.0);
+  EXPECT_EQ(max_abs(sub(got_a.coupling, want_a.coupling)), 0.0);
+  EXPECT_EQ(max_abs(sub(got_c.coupling, want_c.coupling)), 0.0);
+  EXPECT_EQ(max_abs(sub(basis_a, whole_a)), 0.0);
+  EXPECT_EQ(max_abs(sub(basis_c, whole_c)), 0.0);
+  EXPECT_KILN_ERROR(linalg::finish_warm_roots(started_a, {1.0, 2.0}), "linalg::inverse_root_warm", "3 x 2", "2 values");
+}
+
 TEST(LinalgInverseRootWarm, AnExactBasisOfAnIllConditionedMatrixGivesItsRoot) {
   Generator gen(10);
   const auto [a, q, expected] = ill_conditioned(gen);
