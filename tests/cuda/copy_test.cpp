@@ -1,6 +1,7 @@
 // Device copies and casts against the CPU: the 16-byte-vector paths (contiguous f32 <-> bf16/f16 casts,
 // strided copies whose innermost runs are contiguous) and the generic kernels they fall back to, on
 // lengths that are and are not multiples of the vector, aligned and misaligned views.
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -122,11 +123,13 @@ TEST(CudaCopy, CopyMatricesIntoBf16IsTheCpusCast) {
     const int64_t rows = 1 + i % 5, cols = 2 + (i * 3) % 40;
     const Tensor a = mul(randn({rows + 2, cols + 4}), 1000.0);
     Tensor b = zeros({rows + 1, cols + 6}, {.dtype = DType::bf16, .device = gpu()});
-    const int64_t at = i % 2 == 0 ? 0 : 1;  // even offsets keep the pairs path where the width allows
-    src.push_back(a.to(gpu()).narrow(0, 1, rows).narrow(1, 2 * at, cols));
+    // the source's start 0 or 4 bytes past an 8-byte boundary (the pairs path needs 0), the destination's
+    // 0 or 2 past a 4-byte one; with even widths and row strides the rest take the pairs path
+    const int64_t at = i % 2;
+    src.push_back(a.to(gpu()).narrow(0, 1, rows).narrow(1, at, cols));
     dst.push_back(b.narrow(0, 1, rows).narrow(1, i % 3 == 0 ? 2 : 1, cols));
     big.push_back(b);
-    want.push_back(cast(a.narrow(0, 1, rows).narrow(1, 2 * at, cols), DType::bf16));
+    want.push_back(cast(a.narrow(0, 1, rows).narrow(1, at, cols), DType::bf16));
   }
   kernels::copy_matrices(src, dst);
   for (size_t i = 0; i < src.size(); ++i) {
@@ -144,6 +147,29 @@ TEST(CudaCopy, CopyMatricesIntoBf16IsTheCpusCast) {
   for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(same_values(cpu_dst[i].to(DType::f32), want[i].to(DType::f32))) << i;
   const Tensor f32_dst = zeros(src[1].sizes(), {.device = gpu()});
   EXPECT_THROW(kernels::copy_matrices({src[0], src[1]}, {dst[0], f32_dst}), Error);  // forms mixed
+  // rounding, on both paths: ties to even (down and up), the largest f32 to inf, one below a tie, a
+  // subnormal, -0, values exact in bf16
+  const std::vector<uint32_t> bits{0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f7f7fffu,
+                                   0x00000001u, 0x80000000u, 0x3f800000u, 0xc0400000u};
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * 4);
+  const Tensor row = from_vector(values, {1, int64_t(values.size())});
+  const Tensor wide = zeros({1, int64_t(values.size()) + 1});
+  wide.narrow(1, 1, int64_t(values.size())).copy_(row);
+  for (const Tensor& from : {row.to(gpu()), wide.to(gpu()).narrow(1, 1, int64_t(values.size()))}) {
+    Tensor to = empty({1, int64_t(values.size())}, {.dtype = DType::bf16, .device = gpu()});
+    kernels::copy_matrices({from}, {to});
+    const std::vector<float> got = to.cpu().to(DType::f32).to_vector<float>(),
+                             expect = cast(row, DType::bf16).to(DType::f32).to_vector<float>();
+    ASSERT_EQ(got.size(), expect.size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(got[j], expect[j]) << "value " << j;
+      EXPECT_EQ(std::signbit(got[j]), std::signbit(expect[j])) << "value " << j;
+    }
+    EXPECT_EQ(got[0], 1.0f);
+    EXPECT_EQ(got[1], 1.015625f);
+    EXPECT_TRUE(std::isinf(got[2]));
+  }
 }
 
 // kernels::scale_matrices and kernels::matrix_sum_squares (Shampoo's grafting): f32 and f64 blocks of wider
