@@ -411,26 +411,26 @@ bool is_row(const Tensor& t, const Tensor& stacked, int64_t j) {
 }
 }  // namespace
 
+bool Shampoo::linked(const MatrixGroup& g) const {
+  for (size_t j = 0; j < g.members.size(); ++j) {
+    const auto& tensors = state(g.members[j].first).tensors;
+    for (int64_t i = 0; i < 2; ++i) {
+      auto f = tensors.find(factor_name(g.members[j].second, i)), r = tensors.find(root_name(g.members[j].second, i));
+      if (f == tensors.end() || r == tensors.end() || !is_row(f->second, g.factors[i], int64_t(j)) ||
+          !is_row(r->second, g.roots[i], int64_t(j)))
+        return false;
+    }
+  }
+  return true;
+}
+
 Shampoo::MatrixGroup& Shampoo::matrix_group(const std::vector<std::pair<int64_t, size_t>>& members, int64_t m,
                                             int64_t n, DType dtype, const Device& device, double beta2) {
   const std::string dev = device.str();
   std::shared_ptr<MatrixGroup>* slot = nullptr;
   for (auto& g : groups_)
     if (g->m == m && g->n == n && g->dtype == dtype && g->device == dev && g->beta2 == beta2) slot = &g;
-  auto linked = [&](const MatrixGroup& g) {
-    if (g.members != members) return false;
-    for (size_t j = 0; j < members.size(); ++j) {
-      const auto& tensors = state(members[j].first).tensors;
-      for (int64_t i = 0; i < 2; ++i) {
-        auto f = tensors.find(factor_name(members[j].second, i)), r = tensors.find(root_name(members[j].second, i));
-        if (f == tensors.end() || r == tensors.end() || !is_row(f->second, g.factors[i], int64_t(j)) ||
-            !is_row(r->second, g.roots[i], int64_t(j)))
-          return false;
-      }
-    }
-    return true;
-  };
-  if (slot && linked(**slot)) return **slot;
+  if (slot && (*slot)->members == members && linked(**slot)) return **slot;
   KILN_CHECK(!cuda::is_capturing(), "Shampoo: the stacked factors and roots of the ", m, "x", n, " blocks are new "
              "(loaded, moved or first made) while a CUDA graph is captured (a replay would stack the old ones again): "
              "run a step without capture first");
@@ -734,11 +734,18 @@ void Shampoo::step() {
     std::vector<Tensor> filtered;
     const bool half = bf16 && group->roots[0].dtype() == DType::f32;  // the products on bf16 (Shampoo::bf16)
     Tensor r0 = half ? group->half_roots(0) : group->roots[0], r1 = half ? group->half_roots(1) : group->roots[1];
-    if (half && graph)  // a replay reads the bf16 copies: cast again first where the roots changed since
+    // A replay reads this group's stacks: an error where the state is no longer their rows (loaded or moved
+    // since the capture: the next eager step stacks it again, and a new capture reads those). With bf16
+    // products it reads the bf16 copies: cast again first where the roots changed since.
+    if (graph)
       for (const auto& shared : groups_)
         if (shared.get() == group)
-          graph->on_replay([weak = std::weak_ptr<MatrixGroup>(shared)] {
-            if (const std::shared_ptr<MatrixGroup> g = weak.lock()) {
+          graph->on_replay([this, half, m = group->m, n = group->n, weak = std::weak_ptr<MatrixGroup>(shared)] {
+            const std::shared_ptr<MatrixGroup> g = weak.lock();
+            KILN_CHECK(g && linked(*g), "Shampoo: the state of the ", m, "x", n, " blocks was loaded or moved "
+                       "since this CUDA graph was captured, and the graph reads the stacks it had: run a step "
+                       "without the graph (which stacks the state again) and capture again");
+            if (half) {
               const NoGradGuard no_grad;
               g->half_roots(0);
               g->half_roots(1);

@@ -126,6 +126,7 @@ class Shampoo : public Optimizer {
   struct MatrixGroup;  // the order-2 blocks of one shape: stacked factors and roots
   MatrixGroup& matrix_group(const std::vector<std::pair<int64_t, size_t>>& members, int64_t m, int64_t n, DType dtype,
                             const Device& device, double beta2);
+  bool linked(const MatrixGroup& g) const;  // the state's per-block tensors are still rows of g's stacks
   std::vector<std::shared_ptr<MatrixGroup>> groups_;
   int64_t root_updates_ = 0, f64_retries_ = 0, kept_roots_ = 0, eigen_refreshes_ = 0;
   int64_t newton_iterations_ = 0, newton_fallbacks_ = 0;

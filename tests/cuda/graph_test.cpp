@@ -557,7 +557,7 @@ TEST(CudaGraph, F16StepsWithAGradScalerReplayToTheUncapturedOnesSkippedStepsIncl
 // Shampoo's steps without roots captured (roots every 3 steps, from step 3): the loop replays the graph
 // where no roots are due and runs the root steps without it. The parameters, losses and step counts equal
 // the all-uncaptured run's bit for bit, with the learning rate changed at every step (read at each replay);
-// a replay at a root step is an error that changes nothing.
+// a replay at a root step is an error that changes nothing, and so is one after the state was loaded.
 // bf16: under autocast, whose kept copies of the weights the updates write (in the replays too), equal to
 // the eager run's and to the new weights rounded.
 namespace {
@@ -585,8 +585,17 @@ void check_shampoo_graph_steps(bool bf16, bool bf16_products = false) {
     opt.step();
     return loss;
   };
+  // bf16 products: before step 5 (a replay) the roots change outside step(), in both runs: the replay must
+  // read them through its hook's cast, as the eager step does through its own
+  auto disturb_roots = [&](optim::Shampoo& opt, int i) {
+    if (!bf16_products || i != 4) return;
+    for (int64_t p = 0; p < int64_t(opt.param_groups()[0].params.size()); ++p)
+      for (auto& [name, t] : opt.state(p).tensors)
+        if (name.rfind("root.", 0) == 0) t.mul_(0.5);
+  };
   std::vector<double> eager_losses, graph_losses;
   for (int i = 0; i < 10; ++i) {
+    disturb_roots(eager_opt, i);
     eager_opt.param_groups()[0].set_lr(1e-2 / (i + 1));
     eager_losses.push_back(step(*eager_net, eager_opt, xs[size_t(i)], ys[size_t(i)]).item<double>());
   }
@@ -594,6 +603,7 @@ void check_shampoo_graph_steps(bool bf16, bool bf16_products = false) {
   std::optional<cuda::Graph> graph;
   int replays = 0;
   for (int i = 0; i < 10; ++i) {  // step t = i + 1: roots at 3, 6, 9
+    disturb_roots(graph_opt, i);
     graph_opt.param_groups()[0].set_lr(1e-2 / (i + 1));
     if (!graph && i >= 3 && !graph_opt.roots_due_next_step())
       graph.emplace(cuda::capture([&] { loss = step(*graph_net, graph_opt, x, y); }, 0));
@@ -625,6 +635,13 @@ void check_shampoo_graph_steps(bool bf16, bool bf16_products = false) {
   const std::string e = error_of([&] { graph->replay(); });
   EXPECT_NE(e.find("roots are due at this step"), std::string::npos) << e;
   EXPECT_EQ(graph_opt.state(0).step, 11);
+  // step 12 (roots) outside the graph; then the state loaded since the capture (new tensors): a replay would
+  // read the stacks it captured, no longer the state, so it is an error that steps nothing
+  step(*graph_net, graph_opt, xs[10], ys[10]);
+  graph_opt.load_state_dict(graph_opt.state_dict());
+  const std::string loaded = error_of([&] { graph->replay(); });
+  EXPECT_NE(loaded.find("loaded or moved since this CUDA graph was captured"), std::string::npos) << loaded;
+  EXPECT_EQ(graph_opt.state(0).step, 12);
 }
 }  // namespace
 
