@@ -31,7 +31,7 @@ constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 
 struct TensorList {
-  void* ptr[5][kMaxTensors];
+  void* ptr[7][kMaxTensors];
   int64_t size[kMaxTensors];
   bool vec[kMaxTensors];  // every pointer of the tensor aligned for 4-element vectors
   unsigned char chunk_tensor[kMaxChunks];
@@ -169,9 +169,11 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
   }
 }
 
-// Lists: 0 gradients (P), 1 filtered (S), 2 first moments, 3 grafting statistics, 4 grafted directions (S;
-// the lists a step does not use hold the filtered tensors, untouched: never read or written here). Arithmetic
-// in S; 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
+// Lists: 0 gradients (P), 1 filtered (S; null where only its bf16 copy is wanted), 2 first moments, 3 grafting
+// statistics, 4 grafted directions (S; the lists a step does not use hold the gradients, untouched: never read
+// or written here), 5 and 6 bf16 copies of the gradient and of the filtered gradient (null where a tensor has
+// none). Arithmetic in S;
+// 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
 // memory, which replace a's.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
@@ -184,10 +186,12 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
     const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
     const int64_t n = min(kChunk, tl.size[t] - base);
     const DP* g = static_cast<const DP*>(tl.ptr[0][t]) + base;
-    S* f = static_cast<S*>(tl.ptr[1][t]) + base;
+    S* f = tl.ptr[1][t] ? static_cast<S*>(tl.ptr[1][t]) + base : nullptr;  // null: f only as its bf16 copy
     S* m = static_cast<S*>(tl.ptr[2][t]) + base;
     S* v = static_cast<S*>(tl.ptr[3][t]) + base;
     S* gr = static_cast<S*>(tl.ptr[4][t]) + base;
+    __nv_bfloat16* gc = tl.ptr[5][t] ? static_cast<__nv_bfloat16*>(tl.ptr[5][t]) + base : nullptr;
+    __nv_bfloat16* fc = tl.ptr[6][t] ? static_cast<__nv_bfloat16*>(tl.ptr[6][t]) + base : nullptr;
     int64_t i = 0;
     if (tl.vec[t])
       for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
@@ -198,22 +202,36 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
         if (graft) vv = *reinterpret_cast<const Four<S>*>(v + j);
 #pragma unroll
         for (int e = 0; e < 4; ++e) moments_update(convert<S>(gv.v[e]), mv.v[e], vv.v[e], fv.v[e], rv.v[e], a);
-        *reinterpret_cast<Four<S>*>(f + j) = fv;
+        if (f) *reinterpret_cast<Four<S>*>(f + j) = fv;
         if (a.first) *reinterpret_cast<Four<S>*>(m + j) = mv;
         if (graft) {
           *reinterpret_cast<Four<S>*>(v + j) = vv;
           *reinterpret_cast<Four<S>*>(gr + j) = rv;
         }
+        if (gc) {
+          Four<__nv_bfloat16> c;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c.v[e] = convert<__nv_bfloat16>(gv.v[e]);
+          *reinterpret_cast<Four<__nv_bfloat16>*>(gc + j) = c;
+        }
+        if (fc) {
+          Four<__nv_bfloat16> c;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c.v[e] = convert<__nv_bfloat16>(fv.v[e]);
+          *reinterpret_cast<Four<__nv_bfloat16>*>(fc + j) = c;
+        }
       }
     for (i += threadIdx.x; i < n; i += kThreads) {
       S mi = a.first ? m[i] : S(0), vi = graft ? v[i] : S(0), fi, ri = S(0);
       moments_update(convert<S>(g[i]), mi, vi, fi, ri, a);
-      f[i] = fi;
+      if (f) f[i] = fi;
       if (a.first) m[i] = mi;
       if (graft) {
         v[i] = vi;
         gr[i] = ri;
       }
+      if (gc) gc[i] = convert<__nv_bfloat16>(g[i]);
+      if (fc) fc[i] = convert<__nv_bfloat16>(fi);
     }
   }
 }
@@ -423,8 +441,8 @@ void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype
     if (l[0].empty()) continue;
     KILN_DISPATCH_FLOATING(pd, op, {
       using S = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-      for (const Tensor& t : l[state])
-        KILN_CHECK(t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32), op, ": ", t.str(),
+      for (const Tensor& t : l[state])  // (an undefined one: a filtered gradient kept only as its copy)
+        KILN_CHECK(!t.defined() || t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32), op, ": ", t.str(),
                    " is not in the state dtype of ", dtype_name(pd), " parameters");
       for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); });
     });
@@ -435,30 +453,39 @@ void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype
 
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
-                              const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
+                              const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
+                              const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h) {
   NvtxRange range("shampoo_moments");
   if (grads.empty()) return;
   const bool first = h.beta1 > 0.0, graft = h.grafting == 2 || h.grafting == 3;
-  for (const auto* l : {&grads, &filtered}) check_list(*l, "shampoo_moments");
+  check_list(grads, "shampoo_moments");
   if (first) check_list(exp_avgs, "shampoo_moments");
   if (graft) {
     check_list(grafting_states, "shampoo_moments");
     check_list(grafted, "shampoo_moments");
   }
+  check_moments_copies(grads, filtered, grad_copies, filtered_copies, h);
+  for (const auto* l : {&filtered, &grad_copies, &filtered_copies})
+    for (const Tensor& t : *l)
+      if (t.defined()) check_list({t}, "shampoo_moments");
   DeviceGuard guard(grads[0].device().index);
   const MomentsArgs a{h.beta1, h.bias_correction1, h.grafting_beta2, h.grafting_bias_correction, h.grafting_epsilon,
                       graft ? h.grafting : 0, first};
-  // lists the step does not use hold the filtered tensors (untouched)
+  // lists the step does not use hold the gradients (untouched: never read or written); undefined tensors
+  // (filtered ones kept only as copies, absent copies) are null
+  const Tensor none;
   auto entry = [&](size_t i, size_t k) -> const Tensor& {
     switch (k) {
       case 0: return grads[i];
-      case 2: return first ? exp_avgs[i] : filtered[i];
-      case 3: return graft ? grafting_states[i] : filtered[i];
-      case 4: return graft ? grafted[i] : filtered[i];
+      case 2: return first ? exp_avgs[i] : grads[i];
+      case 3: return graft ? grafting_states[i] : grads[i];
+      case 4: return graft ? grafted[i] : grads[i];
+      case 5: return grad_copies.empty() ? none : grad_copies[i];
+      case 6: return filtered_copies.empty() ? none : filtered_copies[i];
       default: return filtered[i];
     }
   };
-  launch_by_param_dtype("shampoo_moments", grads.size(), 5, [&](size_t i) { return grads[i].dtype(); }, entry, 1,
+  launch_by_param_dtype("shampoo_moments", grads.size(), 7, [&](size_t i) { return grads[i].dtype(); }, entry, 1,
                         [&](auto p, auto st, const TensorList& tl) {
                           auto kernel = shampoo_moments_kernel<decltype(p), decltype(st)>;
                           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,

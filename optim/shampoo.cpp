@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -544,13 +545,15 @@ void Shampoo::step() {
     Tensor filtered, grafted;
   };
   std::map<int64_t, Moments> moments;
+  // the kernel's launches wait until the groups are known: with bf16 products it also writes the products'
+  // bf16 operands into the groups' stacks (below)
+  struct Batch {
+    std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted;  // one entry per parameter
+    ShampooMomentsHyper h;
+    std::vector<int64_t> params;
+  };
+  std::map<std::pair<const ParamGroup*, int64_t>, Batch> batches;
   {
-    struct Batch {
-      std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted;
-      ShampooMomentsHyper h;
-      std::vector<int64_t> params;
-    };
-    std::map<std::pair<const ParamGroup*, int64_t>, Batch> batches;
     for_each_param([&](ParamGroup& g, Tensor& p, int64_t index) {
       const Tensor grad = p.grad();
       if (!grad.defined()) return;
@@ -582,14 +585,12 @@ void Shampoo::step() {
         b.grafted.push_back(mo.grafted);
       }
     });
-    for (auto& [key, b] : batches) {
+    for (auto& [key, b] : batches)
       if (graph && b.grads[0].device().is_cuda()) {
         uint64_t* words = graph->replay_words(2);
         b.h.device_hyper = reinterpret_cast<const double*>(words);
         replay_batches.push_back({words, b.params, key.first->get("beta1"), key.first->get("grafting_beta2")});
       }
-      kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, b.h);
-    }
   }
   std::map<int64_t, int64_t> step_of;  // this step's t of each parameter (captured: the next replay's)
   for (const ReplayBatch& b : replay_batches)
@@ -652,8 +653,73 @@ void Shampoo::step() {
     pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index, Tensor()});
   });
 
+  // Shampoo::bf16: the groups whose blocks are all whole rows of their parameters (contiguous: GPT-2's but
+  // the (768, 3072) MLP projections') get the products' bf16 operands, G and Ḡ, from the moments kernel
+  // itself, written into rows of two stacks a group: no gathers (GPT-2 124M on an H100: 0.64 ms a step of
+  // converting copies). Their parameters go to the kernel block by block, each block's copies a stack row.
+  std::map<GroupKey, std::pair<Tensor, Tensor>> operand_stacks;       // (G, Ḡ) stacks of such groups
+  std::map<std::pair<int64_t, size_t>, std::pair<Tensor, Tensor>> operand_rows;  // (parameter, block): rows
+  std::map<int64_t, size_t> pending_of;                                 // parameter -> its pending entry
+  for (size_t i = 0; i < pending.size(); ++i) pending_of[pending[i].index] = i;
+  auto whole_rows = [](const ShampooBlocks& blocks) {
+    for (const Shape& shape : blocks.shapes)
+      if (shape.size() != 2 || shape[1] != blocks.merged[1]) return false;
+    return true;
+  };
+  if (bf16)
+    for (auto& [key, members] : matrix_blocks) {
+      if (DType(std::get<2>(key)) != DType::f32) continue;
+      bool direct = true;
+      for (const Member& mb : members) direct = direct && whole_rows(pending[mb.pending].blocks);
+      if (!direct) continue;
+      const TensorOptions o{.dtype = DType::bf16, .device = pending[members[0].pending].param.device()};
+      const Tensor gs = empty({int64_t(members.size()), std::get<0>(key), std::get<1>(key)}, o), fs = empty_like(gs);
+      operand_stacks[key] = {gs, fs};
+      for (size_t j = 0; j < members.size(); ++j)
+        operand_rows[{pending[members[j].pending].index, members[j].block}] = {gs.select(0, int64_t(j)),
+                                                                                fs.select(0, int64_t(j))};
+    }
+  // the moments (pass 0's kernels), a parameter with operand rows block by block
+  for (auto& [key, b] : batches) {
+    if (operand_rows.empty()) {
+      kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, {}, {}, b.h);
+      continue;
+    }
+    std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies;
+    // with Adam's or AdaGrad's grafting nothing reads a copied block's f32 Ḡ (its direction D is the
+    // grafted one): the kernel writes that block's Ḡ only in bf16
+    const bool graft = !b.grafted.empty();
+    auto entry = [&](size_t i, const std::function<Tensor(const Tensor&)>& part, const Tensor& gc, const Tensor& fc) {
+      grads.push_back(part(b.grads[i]));
+      filtered.push_back(graft && fc.defined() ? Tensor() : part(b.filtered[i]));
+      if (!b.exp_avgs.empty()) exp_avgs.push_back(part(b.exp_avgs[i]));
+      if (!b.grafting_states.empty()) grafting_states.push_back(part(b.grafting_states[i]));
+      if (!b.grafted.empty()) grafted.push_back(part(b.grafted[i]));
+      grad_copies.push_back(gc);
+      filtered_copies.push_back(fc);
+    };
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const auto at = pending_of.find(b.params[i]);
+      const ShampooBlocks* blocks = at == pending_of.end() ? nullptr : &pending[at->second].blocks;
+      bool has_rows = false;
+      for (size_t k = 0; blocks && k < blocks->size(); ++k) has_rows = has_rows || operand_rows.count({b.params[i], k});
+      if (!has_rows) {
+        entry(i, [](const Tensor& t) { return t; }, Tensor(), Tensor());
+        continue;
+      }
+      for (size_t k = 0; k < blocks->size(); ++k) {  // whole rows: each block a contiguous view
+        const auto rows = operand_rows.find({b.params[i], k});
+        const bool copied = rows != operand_rows.end();
+        entry(i, [&](const Tensor& t) { return blocks->block(t, k); }, copied ? rows->second.first : Tensor(),
+              copied ? rows->second.second : Tensor());
+      }
+    }
+    kernels::shampoo_moments(grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies, b.h);
+  }
+
   // the order-2 blocks' statistics, one batched product per group: F_0 += G·Gᵀ, F_1 += Gᵀ·G (β2-averaged)
   std::vector<std::pair<MatrixGroup*, std::vector<Member>*>> groups;
+  std::map<MatrixGroup*, Tensor> filtered_stacks;  // groups whose Ḡ the moments wrote in bf16
   for (auto& [key, members] : matrix_blocks) {
     std::vector<std::pair<int64_t, size_t>> ids;
     std::vector<Tensor> gradients;
@@ -665,7 +731,11 @@ void Shampoo::step() {
     MatrixGroup& group = matrix_group(ids, std::get<0>(key), std::get<1>(key), DType(std::get<2>(key)),
                                       pending[members[0].pending].param.device(), b2);
     // bf16: the products of the blocks rounded to bf16, accumulated into the f32 factors
-    const Tensor g = stack_blocks(gradients, bf16 && gradients.front().dtype() == DType::f32);
+    const auto operands = operand_stacks.find(key);
+    if (operands != operand_stacks.end()) filtered_stacks[&group] = operands->second.second;
+    const Tensor g = operands != operand_stacks.end()
+                         ? operands->second.first
+                         : stack_blocks(gradients, bf16 && gradients.front().dtype() == DType::f32);
     // the average in the GEMM's own epilogue (alpha, beta): no product tensor, no pass over the factors
     const double weight = b2 == 1.0 ? 1.0 : 1.0 - b2;
     kernels::bmm_add(g, g.transpose(1, 2), group.factors[0], weight, b2);
@@ -761,8 +831,20 @@ void Shampoo::step() {
       const Pending& w = pending[mb.pending];
       filtered.push_back(w.blocks.block(w.filtered, mb.block));
     }
+    // Ḡ in bf16: the moments kernel's stack (its started rows), or gathered
+    Tensor filtered_half;
+    if (const auto written = filtered_stacks.find(group); half && written != filtered_stacks.end()) {
+      filtered_half = written->second;
+      if (!all_started) {
+        std::vector<Tensor> started_rows;
+        for (size_t j : rows) started_rows.push_back(filtered_half.select(0, int64_t(j)));
+        filtered_half = stack(started_rows);
+      }
+    } else if (half) {
+      filtered_half = stack_blocks(filtered, /*to_bf16=*/true);
+    }
     if (half) {  // R₀·Ḡ rounded to bf16 once, then its product with R₁ᵀ accumulated and kept in f32
-      const Tensor left = matmul(r0, stack_blocks(filtered, /*to_bf16=*/true));
+      const Tensor left = matmul(r0, filtered_half);
       products.push_back(empty({left.size(0), left.size(1), r1.size(1)}, {.dtype = DType::f32, .device = left.device()}));
       kernels::bmm_add(left, r1.transpose(1, 2), products.back(), 1.0, 0.0);
     } else {

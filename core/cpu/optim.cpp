@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <kiln/core/cpu/strided.h>
+#include <kiln/core/half.h>
 #include <kiln/core/kernels/optim.h>
 
 namespace kiln::cpu {
@@ -29,12 +30,14 @@ void adamw_typed(const Tensor& p_t, const Tensor& g_t, const Tensor& m_t, const 
 
 template <class P, class S>
 void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v_t, const Tensor& f_t,
-                           const Tensor& gr_t, const ShampooMomentsHyper& h) {
+                           const Tensor& gr_t, const Tensor& gc_t, const Tensor& fc_t, const ShampooMomentsHyper& h) {
   const P* g = static_cast<const P*>(g_t.raw_data());
   S* m = m_t.defined() ? static_cast<S*>(m_t.raw_data()) : nullptr;
   S* v = v_t.defined() ? static_cast<S*>(v_t.raw_data()) : nullptr;
-  S* f = static_cast<S*>(f_t.raw_data());
+  S* f = f_t.defined() ? static_cast<S*>(f_t.raw_data()) : nullptr;  // null: f only as its bf16 copy
   S* gr = gr_t.defined() ? static_cast<S*>(gr_t.raw_data()) : nullptr;
+  BFloat16* gc = gc_t.defined() ? static_cast<BFloat16*>(gc_t.raw_data()) : nullptr;
+  BFloat16* fc = fc_t.defined() ? static_cast<BFloat16*>(fc_t.raw_data()) : nullptr;
   parallel_for(g_t.numel(), 8, [&](int64_t i) {
     const double gi = double(g[i]);
     double fi = gi;
@@ -42,13 +45,16 @@ void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v
       m[i] = S(h.beta1 * double(m[i]) + (1.0 - h.beta1) * gi);
       fi = double(m[i]) / h.bias_correction1;
     }
-    f[i] = S(fi);
+    const S f_state = S(fi);
+    if (f) f[i] = f_state;
+    if (gc) gc[i] = BFloat16(float(g[i]));  // g and f rounded once to bf16 (from P, and from S: as a cast does)
+    if (fc) fc[i] = BFloat16(float(f_state));
     if (h.grafting == 3) {
       v[i] = S(h.grafting_beta2 * double(v[i]) + (1.0 - h.grafting_beta2) * gi * gi);
-      gr[i] = S(double(f[i]) / (std::sqrt(double(v[i]) / h.grafting_bias_correction) + h.grafting_epsilon));
+      gr[i] = S(double(f_state) / (std::sqrt(double(v[i]) / h.grafting_bias_correction) + h.grafting_epsilon));
     } else if (h.grafting == 2) {
       v[i] = S(double(v[i]) + gi * gi);
-      gr[i] = S(double(f[i]) / (std::sqrt(double(v[i])) + h.grafting_epsilon));
+      gr[i] = S(double(f_state) / (std::sqrt(double(v[i])) + h.grafting_epsilon));
     }
   });
 }
@@ -73,18 +79,22 @@ void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t
 
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
-                              const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h) {
+                              const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
+                              const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h) {
   KILN_CHECK(!h.device_hyper, "shampoo_moments: device hyper-parameters (CUDA graphs) given to the CPU kernel");
+  check_moments_copies(grads, filtered, grad_copies, filtered_copies, h);
   const bool graft = h.grafting == 2 || h.grafting == 3;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor m = h.beta1 > 0.0 ? exp_avgs[i] : Tensor(), v = graft ? grafting_states[i] : Tensor();
     const Tensor gr = graft ? grafted[i] : Tensor();
-    if (filtered[i].dtype() == DType::f64) {
+    const Tensor gc = grad_copies.empty() ? Tensor() : grad_copies[i];
+    const Tensor fc = filtered_copies.empty() ? Tensor() : filtered_copies[i];
+    if ((filtered[i].defined() ? filtered[i] : gr).dtype() == DType::f64) {  // the state dtype
       KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
-                             shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, h));
+                             shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, gc, fc, h));
     } else {
       KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
-                             shampoo_moments_typed<scalar_t, float>(grads[i], m, v, filtered[i], gr, h));
+                             shampoo_moments_typed<scalar_t, float>(grads[i], m, v, filtered[i], gr, gc, fc, h));
     }
   }
 }

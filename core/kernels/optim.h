@@ -60,10 +60,40 @@ KILN_KERNEL(amp_unscale, void(const std::vector<Tensor>& tensors, const Tensor& 
 //   Adam grafting:             v ← βg v + (1-βg) g², grafted[i] ← f / (sqrt(v / bcg) + ε)
 //   AdaGrad grafting:          v ← v + g²,           grafted[i] ← f / (sqrt(v) + ε)
 // exp_avgs is empty without a first moment; grafting_states and grafted are empty for none / SGD grafting
-// (whose direction is f itself).
+// (whose direction is f itself). grad_copies and filtered_copies (each empty, or one per tensor, undefined or
+// a contiguous bf16 tensor of the gradient's numel, any shape, on its device) get g and f rounded to bf16 in
+// the same pass: Shampoo::bf16 writes the operands of its products there, rows of the stacks they read. With
+// Adam's or AdaGrad's grafting, filtered[i] may be undefined where filtered_copies[i] is defined: f is then
+// written only as that copy.
 KILN_KERNEL(shampoo_moments, void(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                                   const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
-                                  const std::vector<Tensor>& grafted, const ShampooMomentsHyper& h));
+                                  const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
+                                  const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h));
+namespace kiln {
+// shampoo_moments' filtered tensors and copies, checked by both implementations
+inline void check_moments_copies(const std::vector<Tensor>& grads, const std::vector<Tensor>& filtered,
+                                 const std::vector<Tensor>& grad_copies, const std::vector<Tensor>& filtered_copies,
+                                 const ShampooMomentsHyper& h) {
+  KILN_CHECK(filtered.size() == grads.size(), "shampoo_moments: ", filtered.size(), " filtered tensors for ",
+             grads.size(), " gradients");
+  const bool graft = h.grafting == 2 || h.grafting == 3;
+  for (size_t i = 0; i < grads.size(); ++i)
+    KILN_CHECK(filtered[i].defined() || (graft && !filtered_copies.empty() && filtered_copies[i].defined()),
+               "shampoo_moments: the filtered gradient of ", grads[i].str(), " is undefined, which only a tensor "
+               "with a bf16 copy of it and Adam's or AdaGrad's grafting may leave");
+  for (const auto* l : {&grad_copies, &filtered_copies}) {
+    KILN_CHECK(l->empty() || l->size() == grads.size(), "shampoo_moments: ", l->size(), " copies for ",
+               grads.size(), " gradients");
+    for (size_t i = 0; i < l->size(); ++i) {
+      const Tensor& c = (*l)[i];
+      KILN_CHECK(!c.defined() || (c.dtype() == DType::bf16 && c.is_contiguous() && c.numel() == grads[i].numel() &&
+                                  c.device() == grads[i].device()),
+                 "shampoo_moments: a copy ", c.defined() ? c.str() : std::string(), " does not fit gradient ",
+                 grads[i].str(), " (expected a contiguous bf16 tensor of its numel on its device)");
+    }
+  }
+}
+}  // namespace kiln
 // Shampoo's update over many tensors: with d = directions[i] (state dtype),
 //   momentum μ > 0:  b ← μ b + d (momentum_buffers[i]);  d ← nesterov ? d + μ b : b
 //   p ← p (1 - lr·wd) - lr·d        computed in the state dtype, rounded once into p's dtype

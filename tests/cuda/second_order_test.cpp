@@ -184,8 +184,8 @@ TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
 
 // Shampoo's fused multi-tensor kernels (kernels::shampoo_moments, kernels::shampoo_apply) on the GPU against
 // the CPU's: tensors of several sizes (one past a launch's chunk; views off 4-element alignment), f32 and bf16
-// parameters (f32 state), Adam and AdaGrad grafting, with and without a first moment, Nesterov momentum and
-// decay, and without momentum.
+// parameters (f32 state), Adam and AdaGrad grafting, with and without a first moment, the moments' bf16 copies
+// of g and f, Nesterov momentum and decay, and without momentum.
 TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(23);
@@ -216,8 +216,36 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
         }
         const ShampooMomentsHyper h{b1, 1.0 - std::pow(b1, 3.0), grafting, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-6};
         const std::vector<Tensor> none;
-        kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, h);
-        kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, h);
+        // bf16 copies of g and f (Shampoo::bf16's operands): none on the 5; on the 4096 a row of a stack of
+        // another shape (vector path); on the 70001 past a chunk; on the view, a destination one element into its
+        // storage (scalar path)
+        std::vector<Tensor> gc, fc, gcg, fcg;
+        for (size_t i = 0; i < g.size(); ++i) {
+          const int64_t n = g[i].numel();
+          for (auto [cpu, gpu_list] : {std::pair{&gc, &gcg}, std::pair{&fc, &fcg}}) {
+            if (n == 5) {
+              cpu->push_back(Tensor());
+              gpu_list->push_back(Tensor());
+            } else if (n == 4096) {
+              cpu->push_back(zeros({2, 64, 64}, {.dtype = DType::bf16}).select(0, 1));
+              gpu_list->push_back(zeros({2, 64, 64}, {.dtype = DType::bf16, .device = gpu()}).select(0, 1));
+            } else {
+              const int64_t at = n == 9000 ? 1 : 0;
+              cpu->push_back(zeros({n + at}, {.dtype = DType::bf16}).narrow(0, at, n));
+              gpu_list->push_back(zeros({n + at}, {.dtype = DType::bf16, .device = gpu()}).narrow(0, at, n));
+            }
+          }
+        }
+        kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, gc, fc, h);
+        kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, gcg, fcg, h);
+        for (size_t i = 0; i < g.size(); ++i) {
+          if (!gc[i].defined()) continue;
+          // each copy its own device's value rounded, as a cast rounds it
+          EXPECT_TRUE(all_true(eq(gcg[i].cpu(), cast(gg[i].cpu(), DType::bf16).reshape(gc[i].shape())))) << "g copy " << i;
+          EXPECT_TRUE(all_true(eq(fcg[i].cpu(), cast(fg[i].cpu(), DType::bf16).reshape(fc[i].shape())))) << "f copy " << i;
+          EXPECT_TRUE(all_true(eq(gc[i], cast(g[i], DType::bf16).reshape(gc[i].shape())))) << "cpu g copy " << i;
+          EXPECT_TRUE(all_true(eq(fc[i], cast(f[i], DType::bf16).reshape(fc[i].shape())))) << "cpu f copy " << i;
+        }
         const ShampooApplyHyper a{0.01, 0.1, 0.5, true};
         kernels::shampoo_apply(p, gr, b, {}, a);
         kernels::shampoo_apply(pg, grg, bg, {}, a);

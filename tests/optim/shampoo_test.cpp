@@ -416,6 +416,83 @@ TEST(Shampoo, Bf16ProductsRoundTheirOperandsOnce) {
   EXPECT_KILN_ERROR(f32_opt.step(), "Shampoo", "tf32", "bf16");
 }
 
+// bf16 products over several parameters and blocks: the groups whose blocks are whole rows of their
+// parameters ((3, 3): two blocks of a (7, 3) and a (3, 3); (1, 3): the (7, 3)'s last) take G and Ḡ in bf16
+// from the moments kernel, written into their stacks; the others ((2, 3), (2, 2): a (2, 5)'s column blocks)
+// gather them. Every block follows its own f64 reference with the same roundings as the one-block test.
+TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
+  auto bf16_round = [](const Tensor& t) { return cast(cast(cast(t, DType::f32), DType::bf16), DType::f64); };
+  Generator gen(13);
+  const std::vector<Shape> shapes{{7, 3}, {3, 3}, {2, 5}};
+  std::vector<Tensor> ws, ws_f32, refs;
+  for (const Shape& shape : shapes) {
+    const Tensor w0 = randn(shape, {}, &gen);
+    ws.push_back(w0.clone().requires_grad_());
+    ws_f32.push_back(w0.clone().requires_grad_());
+    refs.push_back(cast(w0, DType::f64));
+  }
+  ShampooOptions o = kPlain;
+  o.epsilon = 0.1;
+  o.max_preconditioner_dim = 3;
+  Shampoo opt(ws, o), f32_opt(ws_f32, o);
+  opt.bf16 = true;
+  std::vector<ShampooBlocks> plans;
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> factors;  // per parameter, per block: (L, R) in f64
+  for (const Shape& shape : shapes) {
+    plans.push_back(ShampooBlocks::plan(shape, 3));
+    factors.emplace_back();
+    for (const Shape& b : plans.back().shapes) factors.back().push_back({zeros({b[0], b[0]}, kF64), zeros({b[1], b[1]}, kF64)});
+  }
+  EXPECT_EQ(plans[0].size(), 3u);
+  EXPECT_EQ(plans[2].size(), 2u);
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Tensor g = randn(shapes[i], {}, &gen);
+      ws[i].set_grad(g.clone());
+      ws_f32[i].set_grad(g.clone());
+      Tensor direction = zeros(shapes[i], kF64);
+      for (size_t b = 0; b < plans[i].size(); ++b) {
+        const Tensor gb = bf16_round(plans[i].block(g, b));
+        auto& [L, R] = factors[i][b];
+        L = add(L, matmul(gb, gb.transpose(0, 1)));
+        R = add(R, matmul(gb.transpose(0, 1), gb));
+        const Tensor left = bf16_round(matmul(bf16_round(reference_root(L, 4, 0.1)), gb));
+        plans[i].block(direction, b).copy_(matmul(left, bf16_round(reference_root(R, 4, 0.1))));
+      }
+      refs[i] = sub(refs[i], mul(direction, 0.1));
+    }
+    opt.step();
+    f32_opt.step();
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const double to_reference = max_abs(sub(cast(ws[i], DType::f64), refs[i])),
+                 to_f32 = max_abs(sub(cast(ws[i], DType::f64), cast(ws_f32[i], DType::f64)));
+    std::printf("parameter %s: %.2e from the reference, %.2e from the f32 run\n", shape_str(shapes[i]).c_str(),
+                to_reference, to_f32);
+    EXPECT_LT(to_reference, 0.01 * to_f32) << i;
+    EXPECT_GT(to_f32, 1e-4) << i;
+  }
+  // With Adam's grafting, a first moment and momentum (the kernel then keeps a written block's Ḡ in bf16
+  // only): the (7, 3) alone, its (3, 3) blocks written by the moments, steps to the same bits as beside a
+  // (3, 6), whose column blocks send the (3, 3) group to the gathers
+  const ShampooOptions adam{.lr = 0.05, .betas = {0.9, 0.99}, .epsilon = 0.1, .weight_decay = 0.01, .momentum = 0.5,
+                            .max_preconditioner_dim = 3, .precondition_frequency = 2, .start_preconditioning_step = 2};
+  const Tensor p0 = randn({7, 3}, {}, &gen);
+  Tensor alone = p0.clone().requires_grad_(), beside = p0.clone().requires_grad_(), other = randn({3, 6}, {}, &gen).requires_grad_();
+  Shampoo written({alone}, adam), gathered({beside, other}, adam);
+  written.bf16 = gathered.bf16 = true;
+  for (int step = 0; step < 5; ++step) {
+    const Tensor g = randn({7, 3}, {}, &gen);
+    alone.set_grad(g.clone());
+    beside.set_grad(g.clone());
+    other.set_grad(randn({3, 6}, {}, &gen));
+    written.step();
+    gathered.step();
+    EXPECT_TRUE(all_true(eq(alone, beside))) << "step " << step;
+  }
+  EXPECT_GT(max_abs(sub(cast(alone, DType::f64), cast(p0, DType::f64))), 0.01);
+}
+
 // A root that fails (ε = 0 and a factor of zeros: its eigenvalues 0, its root infinite in f32 and in the f64
 // retry) keeps the previous root and counts the failure in "root_failures"; a root that succeeds sets its
 // count back to 0, and a parameter whose roots succeed beside it keeps its count at 0; max_root_failures
