@@ -8,6 +8,7 @@
 // (28 bytes for f32 params; 30 with a bf16 copy). Unscale reads and writes each gradient once.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 
@@ -236,6 +237,10 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
   }
 }
 
+// a·b rounded once, never contracted into a later add
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 struct ApplyArgs {
   double decay, lr, momentum;
   bool nesterov;
@@ -252,8 +257,10 @@ __device__ __forceinline__ S apply_update(S p, S d, S& b, const ApplyArgs& a) {
 }
 
 // Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no
-// momentum, then never written). 4-element accesses where the tensor's pointers allow them. hyper (CUDA
-// graphs): {lr, weight_decay} in device memory, which replace a's (rounded as the host rounds them).
+// momentum, then never written), 3 kept copies, 4 the direction's scale (one S; null: none), d ← scale·d
+// rounded in S (no contraction into the update's multiply-adds: as a scaled copy of d would round).
+// 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {lr, weight_decay} in device
+// memory, which replace a's (rounded as the host rounds them).
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_constant__ TensorList tl, ApplyArgs a,
                                                                 const double* hyper, CopyKind copy_kind) {
@@ -267,6 +274,8 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
     DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
     const S* d = static_cast<const S*>(tl.ptr[1][t]) + base;
     S* b = static_cast<S*>(tl.ptr[2][t]) + base;
+    const bool scaled = tl.ptr[4][t] != nullptr;
+    const S scale = scaled ? *static_cast<const S*>(tl.ptr[4][t]) : S(1);
     const CopyKind ck = tl.ptr[3][t] ? copy_kind : CopyKind::none;
     void* copy = ck == CopyKind::bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(tl.ptr[3][t]) + base)
                  : ck == CopyKind::f16 ? static_cast<void*>(static_cast<__half*>(tl.ptr[3][t]) + base) : nullptr;
@@ -275,7 +284,10 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
       for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
         const int64_t j = i + int64_t(threadIdx.x) * 4;
         Four<DP> pv = *reinterpret_cast<const Four<DP>*>(p + j);
-        const Four<S> dv = *reinterpret_cast<const Four<S>*>(d + j);
+        Four<S> dv = *reinterpret_cast<const Four<S>*>(d + j);
+        if (scaled)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dv.v[e] = mul_rn(scale, dv.v[e]);
         Four<S> bv{};
         if (momentum) bv = *reinterpret_cast<const Four<S>*>(b + j);
 #pragma unroll
@@ -286,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
       }
     for (i += threadIdx.x; i < n; i += kThreads) {
       S bi = momentum ? b[i] : S(0);
-      p[i] = convert<DP>(apply_update(convert<S>(p[i]), d[i], bi, a));
+      p[i] = convert<DP>(apply_update(convert<S>(p[i]), scaled ? mul_rn(scale, d[i]) : d[i], bi, a));
       if (copy) store_copy(ck, copy, i, p[i]);
       if (momentum) b[i] = bi;
     }
@@ -328,9 +340,10 @@ __global__ void __launch_bounds__(kThreads) unscale_kernel(const __grid_constant
 }
 
 // Packs tensors into as few launches as the argument block allows and calls launch(list). A tensor whose
-// chunks do not all fit continues in the next launch.
+// chunks do not all fit continues in the next launch. Lists from vector_lists on hold one-element tensors
+// (scalars), left out of the 4-element alignment.
 template <class Launch>
-void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& launch) {
+void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& launch, size_t vector_lists = SIZE_MAX) {
   auto tl = std::make_unique<TensorList>();
   int nt = 0;
   tl->chunks = 0;
@@ -343,8 +356,10 @@ void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& lau
     const int64_t n = lists[0][i].numel();
     if (n == 0) continue;
     bool vec = true;
-    for (const auto& l : lists)  // an undefined tensor (a parameter without a kept copy) is a null pointer
-      vec &= !l[i].defined() || reinterpret_cast<uintptr_t>(l[i].raw_data()) % (4 * l[i].element_size()) == 0;
+    for (size_t k = 0; k < std::min(lists.size(), vector_lists); ++k) {  // (lists past vector_lists: scalars)
+      const Tensor& t = lists[k][i];  // an undefined tensor (a parameter without a kept copy) is a null pointer
+      vec &= !t.defined() || reinterpret_cast<uintptr_t>(t.raw_data()) % (4 * t.element_size()) == 0;
+    }
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
       if (tl->chunks == kMaxChunks || (c == 0 && nt == kMaxTensors)) flush();
@@ -432,7 +447,7 @@ namespace {
 // launches the kernel.
 template <class DTypeOf, class Entry, class Launch>
 void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype_of, Entry entry, size_t state,
-                           Launch launch) {
+                           Launch launch, size_t vector_lists = SIZE_MAX) {
   for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     std::vector<std::vector<Tensor>> l(lists);
     for (size_t i = 0; i < n; ++i)
@@ -444,7 +459,7 @@ void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype
       for (const Tensor& t : l[state])  // (an undefined one: a filtered gradient kept only as its copy)
         KILN_CHECK(!t.defined() || t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32), op, ": ", t.str(),
                    " is not in the state dtype of ", dtype_name(pd), " parameters");
-      for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); });
+      for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); }, vector_lists);
     });
   }
 }
@@ -496,11 +511,14 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
                             const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
-                            const ShampooApplyHyper& h) {
+                            const std::vector<Tensor>& direction_scales, const ShampooApplyHyper& h) {
   NvtxRange range("shampoo_apply");
   if (params.empty()) return;
   const bool momentum = h.momentum > 0.0;
   for (const auto* l : {&params, &directions}) check_list(*l, "shampoo_apply");
+  check_apply_scales(params, directions, direction_scales);
+  for (const Tensor& t : direction_scales)
+    if (t.defined()) check_list({t}, "shampoo_apply");
   if (momentum) check_list(momentum_buffers, "shampoo_apply");
   KILN_CHECK(copies.empty() || copies.size() == params.size(), "shampoo_apply: ", copies.size(), " copies for ",
              params.size(), " parameters");
@@ -518,15 +536,18 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
       const size_t i = ids[j];
       if (k == 0) return params[i];
       if (k == 3) return copies.empty() ? Tensor() : copies[i];
+      if (k == 4) return direction_scales.empty() ? Tensor() : direction_scales[i];
       return k == 1 || !momentum ? directions[i] : momentum_buffers[i];
     };
-    launch_by_param_dtype("shampoo_apply", ids.size(), 4, [&](size_t j) { return params[ids[j]].dtype(); }, entry, 1,
-                          [&](auto p, auto st, const TensorList& tl) {
-                            auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
-                            kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
-                                     current_stream()>>>(tl, a, h.device_hyper, ck);
-                            KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
-                          });
+    launch_by_param_dtype(
+        "shampoo_apply", ids.size(), 5, [&](size_t j) { return params[ids[j]].dtype(); }, entry, 1,
+        [&](auto p, auto st, const TensorList& tl) {
+          auto kernel = shampoo_apply_kernel<decltype(p), decltype(st)>;
+          kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0, current_stream()>>>(
+              tl, a, h.device_hyper, ck);
+          KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
+        },
+        /*vector_lists=*/4);
   }
 }
 

@@ -60,13 +60,15 @@ void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v
 }
 
 template <class P, class S>
-void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t, const ShampooApplyHyper& h) {
+void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t, const Tensor& s_t,
+                         const ShampooApplyHyper& h) {
   P* p = static_cast<P*>(p_t.raw_data());
   const S* d = static_cast<const S*>(d_t.raw_data());
   S* b = b_t.defined() ? static_cast<S*>(b_t.raw_data()) : nullptr;
+  const S* scale = s_t.defined() ? static_cast<const S*>(s_t.raw_data()) : nullptr;
   const double decay = 1.0 - h.lr * h.weight_decay;
   parallel_for(p_t.numel(), 4, [&](int64_t i) {
-    double di = double(d[i]);
+    double di = scale ? double(S(*scale * d[i])) : double(d[i]);  // scaled in S, as a scaled copy would be
     if (b) {
       b[i] = S(h.momentum * double(b[i]) + di);
       di = h.nesterov ? di + h.momentum * double(b[i]) : double(b[i]);
@@ -101,18 +103,20 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
                             const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
-                            const ShampooApplyHyper& h) {
+                            const std::vector<Tensor>& direction_scales, const ShampooApplyHyper& h) {
   KILN_CHECK(!h.device_hyper, "shampoo_apply: device hyper-parameters (CUDA graphs) given to the CPU kernel");
   KILN_CHECK(copies.empty() || copies.size() == params.size(), "shampoo_apply: ", copies.size(), " copies for ",
              params.size(), " parameters");
+  check_apply_scales(params, directions, direction_scales);
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor b = h.momentum > 0.0 ? momentum_buffers[i] : Tensor();
+    const Tensor s = direction_scales.empty() ? Tensor() : direction_scales[i];
     if (directions[i].dtype() == DType::f64) {
       KILN_DISPATCH_FLOATING(params[i].dtype(), "shampoo_apply",
-                             shampoo_apply_typed<scalar_t, double>(params[i], directions[i], b, h));
+                             shampoo_apply_typed<scalar_t, double>(params[i], directions[i], b, s, h));
     } else {
       KILN_DISPATCH_FLOATING(params[i].dtype(), "shampoo_apply",
-                             shampoo_apply_typed<scalar_t, float>(params[i], directions[i], b, h));
+                             shampoo_apply_typed<scalar_t, float>(params[i], directions[i], b, s, h));
     }
     if (!copies.empty() && copies[i].defined()) Tensor(copies[i]).copy_(params[i]);  // rounded as cast rounds
   }

@@ -93,13 +93,32 @@ inline void check_moments_copies(const std::vector<Tensor>& grads, const std::ve
     }
   }
 }
+// shampoo_apply's directions and their scales, checked by both implementations
+inline void check_apply_scales(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
+                               const std::vector<Tensor>& direction_scales) {
+  KILN_CHECK(directions.size() == params.size() && (direction_scales.empty() || direction_scales.size() == params.size()),
+             "shampoo_apply: ", directions.size(), " directions and ", direction_scales.size(), " scales for ",
+             params.size(), " parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    KILN_CHECK(directions[i].numel() == params[i].numel(), "shampoo_apply: direction ", directions[i].str(),
+               " for parameter ", params[i].str());
+    const Tensor& s = direction_scales.empty() ? directions[i] : direction_scales[i];
+    KILN_CHECK(direction_scales.empty() || !s.defined() ||
+                   (s.numel() == 1 && s.dtype() == directions[i].dtype() && s.device() == directions[i].device()),
+               "shampoo_apply: a direction's scale ", s.defined() ? s.str() : std::string(),
+               " must be one element in the direction's dtype and device: direction ", directions[i].str());
+  }
+}
 }  // namespace kiln
 // Shampoo's update over many tensors: with d = directions[i] (state dtype),
 //   momentum μ > 0:  b ← μ b + d (momentum_buffers[i]);  d ← nesterov ? d + μ b : b
 //   p ← p (1 - lr·wd) - lr·d        computed in the state dtype, rounded once into p's dtype
 // momentum_buffers is empty when μ = 0. copies as adamw_step's (amp::cast_parameter's kept copies, written
-// with the new p in the same pass).
+// with the new p in the same pass). direction_scales (empty, or one per tensor, each undefined or a one-element
+// tensor in the state dtype on the tensor's device): d ← scale·d first, rounded in the state dtype (a Shampoo
+// block's grafting step size, its direction read where its product left it: no scaled copy). A direction
+// needs only the parameter's numel (any shape).
 KILN_KERNEL(shampoo_apply, void(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
                                 const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
-                                const ShampooApplyHyper& h));
+                                const std::vector<Tensor>& direction_scales, const ShampooApplyHyper& h));
 

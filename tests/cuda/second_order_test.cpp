@@ -185,7 +185,7 @@ TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
 // Shampoo's fused multi-tensor kernels (kernels::shampoo_moments, kernels::shampoo_apply) on the GPU against
 // the CPU's: tensors of several sizes (one past a launch's chunk; views off 4-element alignment), f32 and bf16
 // parameters (f32 state), Adam and AdaGrad grafting, with and without a first moment, the moments' bf16 copies
-// of g and f, Nesterov momentum and decay, and without momentum.
+// of g and f, Nesterov momentum and decay with the directions' scales, and without momentum.
 TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(23);
@@ -247,8 +247,16 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
           EXPECT_TRUE(all_true(eq(fc[i], cast(f[i], DType::bf16).reshape(fc[i].shape())))) << "cpu f copy " << i;
         }
         const ShampooApplyHyper a{0.01, 0.1, 0.5, true};
-        kernels::shampoo_apply(p, gr, b, {}, a);
-        kernels::shampoo_apply(pg, grg, bg, {}, a);
+        // the directions' scales (a grafting step size read by the update): none on the 5; one element of a
+        // longer tensor (off 4-element alignment) on the others
+        const Tensor scale_values = from_vector(std::vector<float>{0.f, 0.5f, 3.f, 1.7f}, {4});
+        std::vector<Tensor> sc, scg;
+        for (size_t i = 0; i < g.size(); ++i) {
+          sc.push_back(i == 0 ? Tensor() : scale_values.narrow(0, int64_t(std::min<size_t>(i, 3)), 1));
+          scg.push_back(i == 0 ? Tensor() : scale_values.to(gpu()).narrow(0, int64_t(std::min<size_t>(i, 3)), 1));
+        }
+        kernels::shampoo_apply(p, gr, b, {}, sc, a);
+        kernels::shampoo_apply(pg, grg, bg, {}, scg, a);
         for (size_t i = 0; i < g.size(); ++i) {
           EXPECT_LT(rel_err(fg[i].cpu(), f[i]), 1e-6);
           EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6);
@@ -272,8 +280,8 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
             copies.push_back(kind == 2 ? Tensor() : zeros(p[i].shape(), {.dtype = kind == 0 ? DType::bf16 : DType::f16}));
             copies_gpu.push_back(kind == 2 ? Tensor() : copies.back().to(gpu()));
           }
-        kernels::shampoo_apply(p, gr, {}, copies, plain);
-        kernels::shampoo_apply(pg, grg, {}, copies_gpu, plain);
+        kernels::shampoo_apply(p, gr, {}, copies, {}, plain);
+        kernels::shampoo_apply(pg, grg, {}, copies_gpu, {}, plain);
         for (size_t i = 0; i < g.size(); ++i) {
           EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6) << "no momentum, tensor " << i;
           EXPECT_LT(rel_err(grg[i].cpu(), gr[i]), 1e-6) << "no momentum, tensor " << i;
