@@ -349,7 +349,8 @@ WarmInverseRoot finish_warm_roots(const WarmRootsStarted& started, const std::ve
   if (int64_t(refreshed.size()) != b)
     fresh = index_select(a3, 0, from_vector(refreshed, {int64_t(refreshed.size())},
                                             {.dtype = DType::i64, .device = a3.device()}));
-  KILN_CHECK(all_true(isfinite(fresh)), op, ": the input ", started.root.str(), " has non-finite elements");
+  KILN_CHECK(all_true(isfinite(fresh)), op, ": the input ", a3.str(), " has non-finite elements (matrix ",
+             refreshed.front(), " among those refreshed)");
   const Eigh e = checked_eigh(op, ridge(fresh, started.options.epsilon));
   put(out.root.reshape({b, n, n}),
       root_from_eigenpairs(e.eigenvalues, e.eigenvectors, started.p, started.options.epsilon));

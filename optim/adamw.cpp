@@ -122,7 +122,8 @@ void AdamW::step() {
         if (graph && ps[0].device().is_cuda()) {
           uint64_t* hyper = graph->replay_words(7);
           h.device_hyper = reinterpret_cast<const double*>(hyper);
-          graph->on_replay([this, group_index, ids, hyper] {
+          graph->on_replay([this, group_index, ids, hyper, loads = state_loads()] {
+            check_not_loaded_since(loads);
             const ParamGroup& group = param_groups()[group_index];
             check_group(group, type());  // before anything changes: a bad lr leaves the step counts as they were
             const AdamWHyper r = hyper_at(group, state(ids[0]).step + 1, decoupled_);

@@ -241,6 +241,13 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = sd.param_groups[gi].options;
   state_ = std::move(state);
   global_ = std::move(global);
+  ++state_loads_;
+}
+
+void Optimizer::check_not_loaded_since(uint64_t loads) const {
+  KILN_CHECK(state_loads_ == loads, type_, ": the state was loaded (load_state_dict) since this CUDA graph was "
+             "captured, and the graph reads the state tensors it captured: run a step without the graph and "
+             "capture again");
 }
 
 Tensor Optimizer::kept_copy_to_write(const Tensor& param) {

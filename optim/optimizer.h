@@ -114,6 +114,9 @@ class Optimizer : public Stateful {
   void load_state_dict(const OptimizerStateDict& sd);
   // The mismatches load_state_dict would report, one line each (empty when sd fits this optimizer).
   std::vector<std::string> check_state_dict(const OptimizerStateDict& sd) const;
+  // How many times load_state_dict replaced the state (new tensors): a CUDA graph captured before reads the
+  // tensors it captured, so its replays check this (check_not_loaded_since).
+  uint64_t state_loads() const { return state_loads_; }
   // The optimizer's own state (a step counter, a shared statistic), kept on the parameters' device.
   std::map<std::string, Tensor>& global_state() { return global_; }
   const std::map<std::string, Tensor>& global_state() const { return global_; }
@@ -123,6 +126,8 @@ class Optimizer : public Stateful {
   std::vector<std::string> check_state(const State& state) const override;
 
  protected:
+  // A replay hook's check: a kiln::Error where the state was loaded since the capture that saw `loads`
+  void check_not_loaded_since(uint64_t loads) const;
   // Whether step() honours device_skip_flag() inside a CUDA graph capture (see step_unless).
   virtual bool skips_on_device() const { return false; }
   // During a captured step_unless: GradScaler's flag, which this step's update kernels must read and skip
@@ -166,6 +171,7 @@ class Optimizer : public Stateful {
   Options defaults_;
   std::vector<ParamGroup> groups_;
   std::vector<ParamState> state_;  // one per parameter, by global index
+  uint64_t state_loads_ = 0;
   std::map<std::string, Tensor> global_;
 };
 

@@ -220,8 +220,10 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
     std::vector<Job> jobs;
     const bool warm = root_method == linalg::RootMethod::warm_eigen;
     // Every job's work is enqueued first and its figures read in one transfer a device after (warm_eigen: the
-    // device runs the jobs back to back; two host waits a job left it idle ~2-6 ms a GPT-2 root step). The
-    // eigen and Newton methods wait inside (the solver's info, the residuals).
+    // device runs the jobs back to back, where it had two host waits a job; a job that refreshes a basis
+    // waits again, for its eigensolver and its roots' sum). The eigen and Newton methods wait inside (the
+    // solver's info, the residuals). The price: every job's stacks are alive until the read (GPT-2 124M:
+    // the factors, bases and roots of all 342, ~1 GB each in f32), not one job's.
     for (auto& [key, group] : keyed) {
       Job& job = jobs.emplace_back();
       job.group = group;
@@ -784,8 +786,8 @@ void Shampoo::step() {
   // direction where its group's product P left it, scaled there by the block's grafting step size: no
   // scaled copy into a direction tensor (GPT-2 124M on an H100: 0.35 ms a step). The others' blocks are
   // scattered into their direction.
-  auto in_place = [&](const Pending& w) {
-    return started(w) && w.blocks.merged.size() == 2 && whole_rows(w.blocks);
+  auto in_place = [&](const Pending& w) {  // (a parameter that is not contiguous: its blocks would be copies)
+    return started(w) && w.blocks.merged.size() == 2 && whole_rows(w.blocks) && w.param.is_contiguous();
   };
   std::map<std::pair<int64_t, size_t>, std::pair<Tensor, Tensor>> block_directions;  // (P row, scale or none)
   for (Pending& w : pending)
@@ -796,9 +798,10 @@ void Shampoo::step() {
   // Each block's direction goes into its parameter's in one launch for the blocks of many groups (and one
   // pair of sums of squares for the grafting's step sizes, ‖D_b‖ / (‖P_b‖ + 1e-16): read where the blocks
   // are, no gathered copy; the scale applied as the blocks are scattered back). The groups' products P wait
-  // for it: flushed once they hold kFlushBytes, so the wait costs at most that much memory.
+  // for it: flushed once they hold kFlushBytes, so the wait costs at most that much memory, except the rows
+  // the update reads in place (in_place), which live until the update as the direction tensors they replace.
   constexpr int64_t kFlushBytes = int64_t(256) << 20;
-  std::vector<Tensor> products;  // groups' P (B, m, n), alive until scattered
+  std::vector<Tensor> products;  // groups' P (B, m, n), alive until scattered (in-place rows: their views)
   int64_t product_bytes = 0;
   struct Scatter {  // by state dtype and device (the kernels take one of each)
     std::vector<Tensor> copy_from, copy_to;    // blocks of groups without grafting: P as it is
@@ -843,16 +846,16 @@ void Shampoo::step() {
     const bool half = bf16 && group->roots[0].dtype() == DType::f32;  // the products on bf16 (Shampoo::bf16)
     Tensor r0 = half ? group->half_roots(0) : group->roots[0], r1 = half ? group->half_roots(1) : group->roots[1];
     // A replay reads this group's stacks: an error where the state is no longer their rows (loaded or moved
-    // since the capture: the next eager step stacks it again, and a new capture reads those). With bf16
-    // products it reads the bf16 copies: cast again first where the roots changed since.
+    // since the capture, or the members changed: an eager step stacks it again, and a new capture reads
+    // those). With bf16 products it reads the bf16 copies: cast again first where the roots changed since.
     if (graph)
       for (const auto& shared : groups_)
         if (shared.get() == group)
           graph->on_replay([this, half, m = group->m, n = group->n, weak = std::weak_ptr<MatrixGroup>(shared)] {
             const std::shared_ptr<MatrixGroup> g = weak.lock();
-            KILN_CHECK(g && linked(*g), "Shampoo: the state of the ", m, "x", n, " blocks was loaded or moved "
-                       "since this CUDA graph was captured, and the graph reads the stacks it had: run a step "
-                       "without the graph (which stacks the state again) and capture again");
+            KILN_CHECK(g && linked(*g), "Shampoo: the ", m, "x", n, " blocks were stacked again (their state "
+                       "loaded or moved, or the blocks with gradients changed) since this CUDA graph was captured, "
+                       "and the graph reads the stacks it had: run a step without the graph and capture again");
             if (half) {
               const NoGradGuard no_grad;
               g->half_roots(0);
@@ -985,7 +988,8 @@ void Shampoo::step() {
   }
   mark_written_copies(written_copies, graph);
   if (graph)
-    graph->on_replay([this, stepped, replay_batches, replay_updates] {
+    graph->on_replay([this, stepped, replay_batches, replay_updates, loads = state_loads()] {
+      check_not_loaded_since(loads);
       for (const auto& g : param_groups()) check_group(g);  // before anything changes
       KILN_CHECK(!roots_due_next_step(), "Shampoo: roots are due at this step, which a CUDA graph replay cannot "
                  "compute: run it without the graph (roots_due_next_step() says when)");

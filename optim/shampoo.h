@@ -33,6 +33,10 @@
 // "root.b.i" a view of its row; a step updates a group's factors and applies its roots with one batched
 // matmul each instead of one per block (GPT-2 124M: 342 factors in 4 shapes). A state loaded or moved
 // since (new tensors, not views) is stacked again on the next step. Blocks of other orders go one by one.
+// A parameter cut into whole rows (each block contiguous in it) is read and written in place: with bf16
+// products the moments kernel writes its blocks' G and Ḡ in bf16 into their groups' stacks (where every
+// block of the group is such a block), and the update reads each block's direction from its row of the
+// group's product, scaled there by its grafting step size. Other blocks are gathered and scattered.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/optim.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -266,6 +267,27 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
           }
           EXPECT_LT(rel_err(bg[i].cpu(), b[i]), 1e-6);
           EXPECT_LT(rel_err(pg[i].cpu(), p[i]), pd == DType::bf16 ? 4e-3 : 1e-6);
+        }
+        // the scale read by the update gives the bits of the scaled copy followed by the update (bf16
+        // parameters: the same rounding into them), and the moments without their f32 filtered gradient (kept
+        // only as its bf16 copy) the same grafted directions and copies
+        if (grafting == 3) {
+          const Tensor d = grg[1], s = scg[1];
+          Tensor scaled = empty_like(d.reshape({64, 64}));
+          kernels::scale_matrices({d.reshape({64, 64})}, {scaled}, s);
+          Tensor p_copy = pg[1].clone(), b_copy = bg[1].clone(), p_read = pg[1].clone(), b_read = bg[1].clone();
+          kernels::shampoo_apply({p_copy}, {scaled.reshape({4096})}, {b_copy}, {}, {}, a);
+          kernels::shampoo_apply({p_read}, {d}, {b_read}, {}, {s}, a);
+          EXPECT_TRUE(all_true(eq(p_read.cpu(), p_copy.cpu())));
+          EXPECT_TRUE(all_true(eq(b_read.cpu(), b_copy.cpu())));
+          Tensor m1 = randn({4096}).to(gpu()), v1 = abs(randn({4096})).to(gpu()), m2 = m1.clone(), v2 = v1.clone();
+          Tensor f1 = empty({4096}, {.device = gpu()}), r1 = empty_like(f1), r2 = empty_like(f1);
+          Tensor c1 = empty({4096}, {.dtype = DType::bf16, .device = gpu()}), c2 = empty_like(c1);
+          kernels::shampoo_moments({gg[1]}, {m1}, {v1}, {f1}, {r1}, {}, {c1}, h);
+          kernels::shampoo_moments({gg[1]}, {m2}, {v2}, {Tensor()}, {r2}, {}, {c2}, h);
+          EXPECT_TRUE(all_true(eq(r2.cpu(), r1.cpu())));
+          EXPECT_TRUE(all_true(eq(c2.cpu(), c1.cpu())));
+          EXPECT_TRUE(all_true(eq(m2.cpu(), m1.cpu())));
         }
         // without momentum (the buffer list then holds the directions, never written)
         const ShampooApplyHyper plain{0.01, 0.1, 0.0, false};

@@ -12,6 +12,8 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/kernels/copy.h>
+#include <kiln/core/kernels/optim.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -491,6 +493,43 @@ TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
     EXPECT_TRUE(all_true(eq(alone, beside))) << "step " << step;
   }
   EXPECT_GT(max_abs(sub(cast(alone, DType::f64), cast(p0, DType::f64))), 0.01);
+}
+
+// The update's direction scale (kernels::shampoo_apply reading a block's direction where its product left it)
+// gives the bits the scaled copy of the direction (kernels::scale_matrices) followed by the update gave: f32
+// and f64 state, Nesterov momentum and decay. And the moments kernel with its f32 filtered gradient left out
+// (kept only as its bf16 copy) writes the same grafted direction and copies as with it.
+TEST(Shampoo, KernelsReadingBlocksInPlaceGiveTheBitsOfTheCopies) {
+  Generator gen(14);
+  for (const DType dt : {DType::f32, DType::f64}) {
+    const TensorOptions o{.dtype = dt};
+    const Tensor p0 = randn({6, 5}, o, &gen), d = randn({6, 5}, o, &gen), b0 = randn({6, 5}, o, &gen);
+    const Tensor scale = tensor(std::vector<double>{0.37}, {1}, o);
+    Tensor p_copy = p0.clone(), b_copy = b0.clone(), scaled = empty_like(d);
+    kernels::scale_matrices({d}, {scaled}, scale);
+    const ShampooApplyHyper h{0.03, 0.1, 0.9, true};
+    kernels::shampoo_apply({p_copy}, {scaled}, {b_copy}, {}, {}, h);
+    Tensor p_read = p0.clone(), b_read = b0.clone();
+    kernels::shampoo_apply({p_read}, {d.reshape({30})}, {b_read}, {}, {scale}, h);  // a direction of any shape
+    EXPECT_TRUE(all_true(eq(p_read, p_copy))) << dtype_name(dt);
+    EXPECT_TRUE(all_true(eq(b_read, b_copy))) << dtype_name(dt);
+    EXPECT_FALSE(all_true(eq(p_read, p0)));
+    EXPECT_KILN_ERROR(kernels::shampoo_apply({p_read}, {d}, {b_read}, {}, {tensor(std::vector<double>{1, 2}, {2}, o)}, h),
+                      "shampoo_apply", "scale", "[2]");
+  }
+  const Tensor g = randn({40}, {}, &gen), m0 = randn({40}, {}, &gen), v0 = abs(randn({40}, {}, &gen));
+  const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 2.0), 3, 0.99, 1.0 - std::pow(0.99, 2.0), 1e-8};
+  Tensor m1 = m0.clone(), v1 = v0.clone(), f1 = empty({40}), r1 = empty({40}), fc1 = empty({40}, {.dtype = DType::bf16});
+  Tensor m2 = m0.clone(), v2 = v0.clone(), r2 = empty({40}), fc2 = empty({40}, {.dtype = DType::bf16});
+  kernels::shampoo_moments({g}, {m1}, {v1}, {f1}, {r1}, {}, {fc1}, h);
+  kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {fc2}, h);
+  EXPECT_TRUE(all_true(eq(r2, r1)));
+  EXPECT_TRUE(all_true(eq(fc2, fc1)));
+  EXPECT_TRUE(all_true(eq(fc1, cast(f1, DType::bf16))));
+  EXPECT_TRUE(all_true(eq(m2, m1)));
+  // without a copy, or without grafting, the filtered gradient must be there
+  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {}, h), "shampoo_moments",
+                    "filtered gradient", "[40]");
 }
 
 // A root that fails (ε = 0 and a factor of zeros: its eigenvalues 0, its root infinite in f32 and in the f64
