@@ -58,7 +58,6 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
 // An f32 operand as its TF32 part and the remainder (kernels::split_tf32)
 struct SplitTf32 {
   Tensor hi, lo;
-  SplitTf32 transposed() const { return {hi.transpose(-2, -1), lo.transpose(-2, -1)}; }
 };
 SplitTf32 split_tf32(const Tensor& x) {
   SplitTf32 s{empty_like(x), empty_like(x)};
@@ -76,8 +75,15 @@ void bmm_add_3xtf32(const SplitTf32& a, const SplitTf32& b, const Tensor& out, d
 
 // qᵀ·a·q for (b, n, n) a and q. In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown
 // the small Rayleigh quotients that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a
-// GPU): each product as three TF32 products of split operands (kernels::split_tf32), about f32's accuracy
-// (2^-22 of the terms' size) at ~8x the f32 FFMA rate a product.
+// GPU): T = a·q as three TF32 products of split operands (kernels::split_tf32), about f32's accuracy (2^-22 of
+// the terms' size) at ~8x the f32 FFMA rate a product; then qᵀ·T as one TF32 pass of q and T rounded to TF32
+// (the tensor cores would truncate them: a bias of ~-2^-11 on every entry). That product is not symmetric:
+// its entry (i, j) = q_iᵀ·T_j is off by ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so each pair's
+// entry in the column of the smaller quotient is about as accurate as f32 products' in the units
+// ΔB_ij/sqrt(λ_i·λ_j) that ρ and the root follow (a CPU emulation, n 256..1024, condition 1e3..1e8: largest
+// 6e-5..1e-4, where three TF32 products gave ~1e-5 and the f32 products measured on the GPU 2-6e-4). The caller
+// reads that entry (kernels::kept_basis_expansion's pick). Three TF32 passes here took a third of a GPT-2
+// root step's ~29 ms.
 Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
@@ -87,8 +93,9 @@ Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   const SplitTf32 qs = split_tf32(q);
   const Tensor aq = empty_like(q);
   bmm_add_3xtf32(split_tf32(a3), qs, aq, 0.0);  // a's halves freed here
+  kernels::split_tf32(aq, aq, Tensor());         // rounded to TF32 in place
   const Tensor coupled = empty_like(aq);
-  bmm_add_3xtf32(qs.transposed(), split_tf32(aq), coupled, 0.0);
+  kernels::bmm_add(qs.hi.transpose(-2, -1), aq, coupled, 1.0, 0.0);
   return coupled;
 }
 

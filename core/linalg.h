@@ -50,8 +50,9 @@ struct InverseRootOptions {
   // f32 on a GPU: products on TF32 tensor cores (about 10 mantissa bits a product, several times faster).
   // newton: the iteration's products; the default tolerance is then 2e-3, which TF32's rounding still
   // reaches. warm_eigen: the roots' products from the basis (q·M·qᵀ, V·diag·Vᵀ); and qᵀ·A·q, whose small
-  // Rayleigh quotients need f32's accuracy, as three TF32 products of split operands a product
-  // (kernels::split_tf32: 2^-22 of the terms, against f32's 2^-24, at ~8x the f32 FFMA rate each).
+  // Rayleigh quotients need f32's accuracy: A·q as three TF32 products of split operands (kernels::split_tf32:
+  // 2^-22 of the terms, against f32's 2^-24, at ~8x the f32 FFMA rate each), qᵀ·(A·q) as one TF32 pass read
+  // where it is accurate (each pair's entry in the column of the smaller quotient).
   bool tf32 = false;
   // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused (root error ~ρ²/8)
   double warm_tolerance = 0.1;
@@ -87,7 +88,7 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // starts, is off by 1) is refreshed at any tolerance; columns that are not orthogonal show in ρ. Refreshed matrices are
 // eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
 // eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two; with
-// options.tf32 the first two as three TF32 products each and the root's on TF32) and one pass over B
+// options.tf32 A·q as three TF32 products and the others on TF32) and one pass over B
 // (kernels::kept_basis_expansion), where cuSOLVER's eigensolver spends ~10x as long on its tridiagonal
 // reduction. Non-finite input is a kiln::Error, found without a pass of its own: it makes every entry of its
 // B non-finite, so it is refreshed, and refreshed matrices are checked. `basis` must be contiguous, with

@@ -17,9 +17,9 @@ namespace {
 
 constexpr int kSplitThreads = 256;
 
-__global__ void __launch_bounds__(kSplitThreads) split_tf32_vec4_kernel(const float4* __restrict__ x,
-                                                                         float4* __restrict__ hi,
-                                                                         float4* __restrict__ lo, int64_t n4) {
+// lo null: x rounded alone (hi may be x: each element is read before it is written, by the same thread)
+__global__ void __launch_bounds__(kSplitThreads) split_tf32_vec4_kernel(const float4* x, float4* hi, float4* lo,
+                                                                         int64_t n4) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = x[i];
     float4 h, l;
@@ -28,15 +28,17 @@ __global__ void __launch_bounds__(kSplitThreads) split_tf32_vec4_kernel(const fl
     split_tf32_value(v.z, h.z, l.z);
     split_tf32_value(v.w, h.w, l.w);
     hi[i] = h;
-    lo[i] = l;
+    if (lo != nullptr) lo[i] = l;
   }
 }
 
-__global__ void __launch_bounds__(kSplitThreads) split_tf32_kernel(const float* __restrict__ x,
-                                                                    float* __restrict__ hi, float* __restrict__ lo,
-                                                                    int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    split_tf32_value(x[i], hi[i], lo[i]);
+__global__ void __launch_bounds__(kSplitThreads) split_tf32_kernel(const float* x, float* hi, float* lo, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float h, l;
+    split_tf32_value(x[i], h, l);
+    hi[i] = h;
+    if (lo != nullptr) lo[i] = l;
+  }
 }
 
 }  // namespace
@@ -49,11 +51,11 @@ void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
   DeviceGuard guard(x.device().index);
   const float* px = static_cast<const float*>(x.raw_data());
   float* ph = static_cast<float*>(hi.raw_data());
-  float* pl = static_cast<float*>(lo.raw_data());
+  float* pl = lo.defined() ? static_cast<float*>(lo.raw_data()) : nullptr;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // at most 8 blocks an SM, each thread striding over the rest
   const int64_t sms = int64_t(sm_count()) * 8;
-  if (n % 4 == 0 && aligned(px) && aligned(ph) && aligned(pl)) {
+  if (n % 4 == 0 && aligned(px) && aligned(ph) && (pl == nullptr || aligned(pl))) {
     const int64_t n4 = n / 4, blocks = std::min<int64_t>((n4 + kSplitThreads - 1) / kSplitThreads, sms);
     split_tf32_vec4_kernel<<<unsigned(blocks), kSplitThreads, 0, current_stream()>>>(
         reinterpret_cast<const float4*>(px), reinterpret_cast<float4*>(ph), reinterpret_cast<float4*>(pl), n4);

@@ -58,12 +58,15 @@ void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const
     const T* f_k = f + k * n;
     const double phi_i = double(phi_k[i]);
     double sum = 0;
+    const T* b_k = b + k * n * n;
     for (int64_t j = 0; j < n; ++j) {
-      const double bij = double(b[row * n + j]);
       if (j == i) {
         m[row * n + j] = d[row];
         continue;
       }
+      // the pair's entry at (r, c), r the index of the larger φ (ties: the larger index)
+      const bool row_i = phi_k[i] > phi_k[j] || (phi_k[i] == phi_k[j] && i > j);
+      const double bij = double(row_i ? b_k[i * n + j] : b_k[j * n + i]);
       const double phi_j = double(phi_k[j]), gap = phi_i - phi_j, mean = 0.5 * (phi_i + phi_j);
       const double divided = std::abs(gap) <= near * mean ? -std::pow(mean, -1.0 / p - 1.0) / p
                                                           : (double(f_k[i]) - double(f_k[j])) / gap;
@@ -90,6 +93,13 @@ void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
   check_split_tf32(x, hi, lo);
   const float* px = static_cast<const float*>(x.raw_data());
   float* ph = static_cast<float*>(hi.raw_data());
+  if (!lo.defined()) {  // rounded alone (hi may be x)
+    parallel_for(x.numel(), 4, [&](int64_t i) {
+      float dropped;
+      split_tf32_value(px[i], ph[i], dropped);
+    });
+    return;
+  }
   float* pl = static_cast<float*>(lo.raw_data());
   parallel_for(x.numel(), 4, [&](int64_t i) { split_tf32_value(px[i], ph[i], pl[i]); });
 }

@@ -25,7 +25,11 @@ KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const 
 //                          F_ij = (f(φ_i) − f(φ_j)) / (φ_i − φ_j), or f'((φ_i + φ_j)/2) where φ_i and φ_j
 //                          agree to 1e-2 (f32) / 1e-5 (f64) of their mean
 //   coupling (batch, n):   Σ_{j≠i} B_ij² / (φ_i·φ_j), row i's squared coupling to the other directions
-// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). This is the
+// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). B need not be
+// symmetric: for i ≠ j, B_ij stands for the pair's entry `coupled` holds at (r, c), r the index of the larger
+// φ and c the other (equal φ: r the larger index), for both (i, j) and (j, i). linalg::inverse_root_warm
+// computes B's second product qᵀ·(A·q) as one TF32 pass, whose entry (r, c) = q_rᵀ·(A·q_c) is off by about
+// 2^-11·‖A·q_c‖/sqrt(n), ~2^-11·λ_c/sqrt(n): the column of the smaller quotient is the accurate one. This is the
 // Daleckii–Krein expansion of f(B) about its diagonal to first order, so what a kept basis leaves out is
 // second order in B's off-diagonal part. Where φ_i and φ_j agree to the threshold, the midpoint's error
 // (~gap²) is below what the difference would lose to cancellation (~u·p/gap). F is taken at the floored
@@ -41,7 +45,7 @@ KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floo
 // a_lo·b_hi + a_lo·b_lo, and the last term, 2^-22 of the product's terms, is the one left out; the others' own
 // TF32 rounding is of the same order. A finite x whose rounding would overflow is truncated instead; a
 // non-finite x gives hi = x, lo = 0. x, hi and lo f32, contiguous, of one shape and device; bit-identical on
-// the CPU and the GPU.
+// the CPU and the GPU. lo may be undefined (x rounded to TF32 alone), and hi may be x itself (in place).
 KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo));
 
 namespace kiln {
@@ -52,9 +56,9 @@ inline void check_split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo
            t.device() == x.device();
   };
   auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
-  KILN_CHECK(x.defined() && fits(x) && fits(hi) && fits(lo),
-             "split_tf32: expected contiguous f32 x, hi and lo of one shape and device; got x ", str(x), ", hi ",
-             str(hi), ", lo ", str(lo));
+  KILN_CHECK(x.defined() && fits(x) && fits(hi) && (!lo.defined() || fits(lo)),
+             "split_tf32: expected contiguous f32 x, hi and lo (or an undefined lo) of one shape and device; got x ",
+             str(x), ", hi ", str(hi), ", lo ", str(lo));
 }
 
 // One f32's split (split_tf32), as bits: the CPU's loop and the GPU's kernel both call it.

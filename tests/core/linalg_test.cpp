@@ -384,7 +384,8 @@ TEST(LinalgInverseRootWarm, TheCouplingFollowsTheRootErrorOfAnIllConditionedMatr
 // kernels::kept_basis_expansion against its formula composed from general ops in f64 (the composition
 // inverse_root_warm used before the kernel): entry by entry, relative, with quotients spread over 1e-6..1,
 // pairs that agree to 1e-3 (f'(mean)) and to 3e-2 (the divided difference), in f64 and f32 (the CPU
-// computes in f64 either way); mismatched operands are an error naming them.
+// computes in f64 either way), B not symmetric (each pair read in the row of its larger φ); mismatched
+// operands are an error naming them.
 TEST(LinalgInverseRootWarm, TheKeptBasisExpansionIsItsFormula) {
   Generator gen(17);
   const int64_t batch = 2, n = 9;
@@ -394,16 +395,18 @@ TEST(LinalgInverseRootWarm, TheKeptBasisExpansionIsItsFormula) {
   phi.narrow(1, 1, 1).copy_(mul(phi.narrow(1, 0, 1), 1.001));
   phi.narrow(1, 3, 1).copy_(mul(phi.narrow(1, 2, 1), 1.03));
   const Tensor lifted = add(phi, 1e-7);
-  // the formula: diag f(lifted); off it F_ij·B_ij; coupling_i = Σ_{j≠i} B_ij²/(φ_i·φ_j)
+  // the formula: diag f(lifted); off it F_ij·B_ij; coupling_i = Σ_{j≠i} B_ij²/(φ_i·φ_j), with B_ij the pair's
+  // entry in the row of the larger φ (no two are equal here)
   const Tensor f = pow(phi, -1.0 / p);
   const Tensor pi = phi.unsqueeze(-1), pj = phi.unsqueeze(-2);
+  const Tensor picked = where(gt(pi, pj), b, b.transpose(-2, -1));
   const Tensor gap = sub(pi, pj), mean = mul(add(pi, pj), 0.5);
   const Tensor near = le(abs(gap), mul(mean, 1e-5));
   const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p), div(sub(f.unsqueeze(-1), f.unsqueeze(-2)), gap));
   const Tensor identity = linalg::eye(n, {.dtype = DType::f64});
   const Tensor off = rsub(identity, 1.0);
-  const Tensor want_middle = add(mul(mul(divided, b), off), mul(identity, pow(lifted, -1.0 / p).unsqueeze(-1)));
-  const Tensor want_coupling = sum(mul(div(square(b), mul(pi, pj)), off), {-1});
+  const Tensor want_middle = add(mul(mul(divided, picked), off), mul(identity, pow(lifted, -1.0 / p).unsqueeze(-1)));
+  const Tensor want_coupling = sum(mul(div(square(picked), mul(pi, pj)), off), {-1});
   for (DType t : {DType::f64, DType::f32}) {
     const Tensor bt = cast(b, t), phit = cast(phi, t);
     const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
@@ -420,6 +423,44 @@ TEST(LinalgInverseRootWarm, TheKeptBasisExpansionIsItsFormula) {
   EXPECT_KILN_ERROR(kernels::kept_basis_expansion(cast(b, DType::f32), phi, f, f, p, m, c), "kept_basis_expansion",
                     "B f32[2, 9, 9]", "floored f64[2, 9]");
   EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b.transpose(-2, -1), phi, f, f, p, m, c), "kept_basis_expansion");
+}
+
+// kernels::kept_basis_expansion reads each off-diagonal pair (i, j), (j, i) from one entry: row r, column c, r the
+// index of the larger φ (equal φ: the larger index). B here is symmetric where read and NaN where not (the
+// entries a one-pass TF32 product gets wrong), φ with ties: the result is bit for bit the symmetric B's.
+TEST(LinalgInverseRootWarm, TheKeptBasisExpansionReadsEachPairInTheRowOfItsLargerQuotient) {
+  Generator gen(18);
+  const int64_t batch = 2, n = 11;
+  const double p = 4;
+  const Tensor s = f64({batch, n, n}, gen);
+  const Tensor symmetric = add(s, s.transpose(-2, -1)).contiguous();
+  Tensor phi = exp(mul(rand({batch, n}, {.dtype = DType::f64}, &gen), -9.0));
+  phi.narrow(1, 4, 1).copy_(phi.narrow(1, 2, 1));  // ties
+  phi.narrow(1, 7, 1).copy_(phi.narrow(1, 2, 1));
+  phi.narrow(1, 9, 1).copy_(phi.narrow(1, 1, 1));
+  const std::vector<double> phis = phi.to_vector<double>();
+  std::vector<double> read = symmetric.to_vector<double>();
+  for (int64_t k = 0; k < batch; ++k)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const double pi = phis[size_t(k * n + i)], pj = phis[size_t(k * n + j)];
+        const bool row_of_pair = pi > pj || (pi == pj && i > j);
+        if (i != j && !row_of_pair) read[size_t((k * n + i) * n + j)] = NAN;
+      }
+  const Tensor half = from_vector(read, {batch, n, n});
+  for (DType t : {DType::f64, DType::f32}) {
+    const Tensor phit = cast(phi, t), f = pow(phit, -1.0 / p), d = pow(add(phit, 1e-7), -1.0 / p);
+    Tensor middle[2], coupling[2];
+    int which = 0;
+    for (const Tensor& b : {cast(symmetric, t), cast(half, t)}) {
+      middle[which] = empty({batch, n, n}, {.dtype = t});
+      coupling[which] = empty({batch, n}, {.dtype = t});
+      kernels::kept_basis_expansion(b, phit, f, d, p, middle[which], coupling[which]);
+      ++which;
+    }
+    EXPECT_TRUE(all_true(eq(middle[1], middle[0]))) << dtype_name(t);  // NaN would be unequal
+    EXPECT_TRUE(all_true(eq(coupling[1], coupling[0]))) << dtype_name(t);
+  }
 }
 
 // Under autocast the roots are still computed in the matrices' dtype (autocast would put the products in bf16).
@@ -463,6 +504,11 @@ TEST(LinalgSplitTf32, HiIsTheNearestTf32AndLoTheExactRemainder) {
   EXPECT_TRUE(std::isfinite(h[size_t(n) - 5]));    // FLT_MAX truncated, not rounded to inf
   EXPECT_THROW(kernels::split_tf32(x, empty({n - 1}), lo), Error);
   EXPECT_THROW(kernels::split_tf32(cast(x, DType::f64), hi, lo), Error);
+  // without lo, in place: x rounded to the same hi, bit for bit (NaN included)
+  const Tensor rounded = x.clone();
+  kernels::split_tf32(rounded, rounded, Tensor());
+  const std::vector<float> r = rounded.to_vector<float>();
+  EXPECT_EQ(std::memcmp(r.data(), h.data(), h.size() * sizeof(float)), 0);
 }
 
 TEST(LinalgInverseRootWarm, AutocastDoesNotLowerTheRootsProducts) {

@@ -130,6 +130,8 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
 // kernels::kept_basis_expansion on the GPU against the CPU's f64: random B, quotients spread over 1e-6..1 with
 // pairs that agree to 1e-3 (f'(mean) there) and to 3e-2 (the divided difference), rows in 16-byte units
 // and not (n = 5, 1027).
+// B not symmetric: each pair is read where the pick says (core/kernels/linalg.h), here from tiles on both sides
+// of the diagonal (n = 64, 1027), ties in φ included.
 TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(44);
@@ -141,6 +143,7 @@ TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
       if (n >= 5) {
         floored.narrow(1, 1, 1).copy_(mul(floored.narrow(1, 0, 1), 1.001));
         floored.narrow(1, 3, 1).copy_(mul(floored.narrow(1, 2, 1), 1.03));
+        floored.narrow(1, n - 1, 1).copy_(floored.narrow(1, 2, 1));  // a tie, across tiles for n > 32
       }
       floored = cast(floored, t);
       const Tensor lifted = cast(add(floored, 1e-7), t);
@@ -168,7 +171,8 @@ TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
 }
 
 // split_tf32 on the GPU is the CPU's bit for bit: random values over ~50 binades, the specials (ties, FLT_MAX,
-// a subnormal, infinities, NaN), through the 16-byte path and the one-at-a-time path (an offset view).
+// a subnormal, infinities, NaN), through the 16-byte path and the one-at-a-time path (an offset view), and
+// x rounded alone in place (no lo).
 TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
   KILN_REQUIRE_GPU();
   manual_seed(45);
@@ -184,8 +188,10 @@ TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
     const Tensor hc = empty_like(xc), lc = empty_like(xc), hg = empty_like(xg), lg = empty_like(xg);
     kernels::split_tf32(xc, hc, lc);
     kernels::split_tf32(xg, hg, lg);
+    const Tensor rounded = xg.clone();  // rounded alone, in place
+    kernels::split_tf32(rounded, rounded, Tensor());
     // bit for bit, NaN included
-    for (const auto& [got, want] : {std::pair{hg, hc}, std::pair{lg, lc}}) {
+    for (const auto& [got, want] : {std::pair{hg, hc}, std::pair{lg, lc}, std::pair{rounded, hc}}) {
       const std::vector<float> g = got.cpu().to_vector<float>(), w = want.to_vector<float>();
       ASSERT_EQ(g.size(), w.size());
       EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0) << "offset " << offset;
@@ -194,9 +200,10 @@ TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
 }
 
 // ρ of the coupling in the step that decides whether a basis is kept, where it matters: an ill-conditioned
-// factor (eigenvalues 1 .. 1e-3) moved a little from its basis. With options.tf32, B = qᵀ·A·q runs as three
-// TF32 products a product; its ρ stays as near the f64 value as the f32 products' is, where a single TF32
-// pass (computed here) is far off, and would refresh a basis that should be kept.
+// factor (eigenvalues 1 .. 1e-3) moved a little from its basis. With options.tf32, A·q runs as three TF32
+// products of split operands and qᵀ·(A·q) as one TF32 pass read in each pair's accurate entry; its ρ stays as
+// near the f64 value as the f32 products' is (3x theirs, or 1e-3 of ρ), where a single TF32 pass for both
+// products (computed here) is far off, and would refresh a basis that should be kept.
 TEST(CudaLinalg, WarmRootsCouplingOnSplitTf32IsAsAccurateAsF32) {
   KILN_REQUIRE_GPU();
   manual_seed(46);
