@@ -32,7 +32,7 @@ constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 
 struct TensorList {
-  void* ptr[7][kMaxTensors];
+  void* ptr[9][kMaxTensors];
   int64_t size[kMaxTensors];
   bool vec[kMaxTensors];  // every pointer of the tensor aligned for 4-element vectors
   unsigned char chunk_tensor[kMaxChunks];
@@ -172,14 +172,20 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
 
 // Lists: 0 gradients (P), 1 filtered (S; null where only its bf16 copy is wanted), 2 first moments, 3 grafting
 // statistics, 4 grafted directions (S; the lists a step does not use hold the gradients, untouched: never read
-// or written here), 5 and 6 bf16 copies of the gradient and of the filtered gradient (null where a tensor has
-// none). Arithmetic in S;
-// 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
+// or written here; null where only its sum is wanted), 5 and 6 bf16 copies of the gradient and of the filtered
+// gradient (null where a tensor has none), 7 the grafted sum's workspace (f64: a partial sum a chunk, then a
+// count of the chunks done; zeroed before the launch, left zeroed; null: no sum) and 8 the sum (S). Arithmetic
+// in S; 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
 // memory, which replace a's.
+//
+// The sum: each chunk's Σ gr² in f64 (each thread's elements in order, then the block's tree), written as the
+// chunk's partial; the block that finishes a tensor's last chunk (a counter after a fence: the partials of the
+// other blocks are visible to it) adds the partials in chunk order and writes the sum. The same every run.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
                                                                   MomentsArgs a, const double* hyper) {
   using DP = device_t<P>;
+  __shared__ double sums[kThreads / 32];
   if (hyper) a.bc1 = hyper[0], a.bcg = hyper[1];
   const bool graft = a.grafting == 2 || a.grafting == 3;
   for (int c = blockIdx.x; c < tl.chunks; c += gridDim.x) {
@@ -190,9 +196,11 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
     S* f = tl.ptr[1][t] ? static_cast<S*>(tl.ptr[1][t]) + base : nullptr;  // null: f only as its bf16 copy
     S* m = static_cast<S*>(tl.ptr[2][t]) + base;
     S* v = static_cast<S*>(tl.ptr[3][t]) + base;
-    S* gr = static_cast<S*>(tl.ptr[4][t]) + base;
+    S* gr = tl.ptr[4][t] ? static_cast<S*>(tl.ptr[4][t]) + base : nullptr;  // null: only its sum
     __nv_bfloat16* gc = tl.ptr[5][t] ? static_cast<__nv_bfloat16*>(tl.ptr[5][t]) + base : nullptr;
     __nv_bfloat16* fc = tl.ptr[6][t] ? static_cast<__nv_bfloat16*>(tl.ptr[6][t]) + base : nullptr;
+    double* work = static_cast<double*>(tl.ptr[7][t]);  // null: no sum
+    double squares = 0;
     int64_t i = 0;
     if (tl.vec[t])
       for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
@@ -207,7 +215,10 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
         if (a.first) *reinterpret_cast<Four<S>*>(m + j) = mv;
         if (graft) {
           *reinterpret_cast<Four<S>*>(v + j) = vv;
-          *reinterpret_cast<Four<S>*>(gr + j) = rv;
+          if (gr) *reinterpret_cast<Four<S>*>(gr + j) = rv;
+          if (work)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) squares += double(rv.v[e]) * double(rv.v[e]);
         }
         if (gc) {
           Four<__nv_bfloat16> c;
@@ -229,10 +240,29 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
       if (a.first) m[i] = mi;
       if (graft) {
         v[i] = vi;
-        gr[i] = ri;
+        if (gr) gr[i] = ri;
+        squares += double(ri) * double(ri);
       }
       if (gc) gc[i] = convert<__nv_bfloat16>(g[i]);
       if (fc) fc[i] = convert<__nv_bfloat16>(fi);
+    }
+    if (work) {  // (block-uniform: every thread of the block reaches the barriers)
+      squares = group_allreduce(squares, kThreads, sums, SumOp{});
+      const int64_t chunks = (tl.size[t] + kChunk - 1) / kChunk;
+      if (threadIdx.x == 0) {
+        work[tl.chunk_index[c]] = squares;
+        __threadfence();  // the partial visible before the count
+        const unsigned long long done =
+            atomicAdd(reinterpret_cast<unsigned long long*>(work + chunks), 1ull) + 1;
+        if (done == (unsigned long long)chunks) {  // the tensor's last chunk
+          __threadfence();
+          double total = 0;
+          for (int64_t k = 0; k < chunks; ++k) total += __ldcg(work + k);
+          *static_cast<S*>(tl.ptr[8][t]) = S(total);
+          *reinterpret_cast<unsigned long long*>(work + chunks) = 0ull;  // zeroed again (CUDA graph replays)
+        }
+      }
+      __syncthreads();  // (group_allreduce's smem is written again by the block's next chunk)
     }
   }
 }
@@ -469,20 +499,33 @@ void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
                               const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
-                              const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h) {
+                              const std::vector<Tensor>& filtered_copies, const std::vector<Tensor>& grafted_sums,
+                              const ShampooMomentsHyper& h) {
   NvtxRange range("shampoo_moments");
   if (grads.empty()) return;
   const bool first = h.beta1 > 0.0, graft = h.grafting == 2 || h.grafting == 3;
   check_list(grads, "shampoo_moments");
   if (first) check_list(exp_avgs, "shampoo_moments");
-  if (graft) {
-    check_list(grafting_states, "shampoo_moments");
-    check_list(grafted, "shampoo_moments");
-  }
-  check_moments_copies(grads, filtered, grad_copies, filtered_copies, h);
-  for (const auto* l : {&filtered, &grad_copies, &filtered_copies})
+  if (graft) check_list(grafting_states, "shampoo_moments");
+  check_moments_copies(grads, filtered, grafted, grad_copies, filtered_copies, grafted_sums, h);
+  for (const auto* l : {&filtered, &grafted, &grad_copies, &filtered_copies, &grafted_sums})
     for (const Tensor& t : *l)
       if (t.defined()) check_list({t}, "shampoo_moments");
+  // the sums' workspaces: a partial a chunk and a count of the chunks done, zeroed (one fill for all)
+  std::vector<Tensor> workspaces(grads.size());
+  if (!grafted_sums.empty()) {
+    int64_t total = 0;
+    std::vector<int64_t> offsets(grads.size(), -1);
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grafted_sums[i].defined() && grads[i].numel() > 0) {
+        offsets[i] = total;
+        total += (grads[i].numel() + kChunk - 1) / kChunk + 1;
+      }
+    const Tensor work = zeros({total}, {.dtype = DType::f64, .device = grads[0].device()});
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (offsets[i] >= 0) workspaces[i] = work.narrow(0, offsets[i], (grads[i].numel() + kChunk - 1) / kChunk + 1);
+      else if (grafted_sums[i].defined()) Tensor(grafted_sums[i]).zero_();  // an empty tensor's sum
+  }
   DeviceGuard guard(grads[0].device().index);
   const MomentsArgs a{h.beta1, h.bias_correction1, h.grafting_beta2, h.grafting_bias_correction, h.grafting_epsilon,
                       graft ? h.grafting : 0, first};
@@ -497,16 +540,19 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
       case 4: return graft ? grafted[i] : grads[i];
       case 5: return grad_copies.empty() ? none : grad_copies[i];
       case 6: return filtered_copies.empty() ? none : filtered_copies[i];
+      case 7: return workspaces[i];
+      case 8: return grafted_sums.empty() ? none : grafted_sums[i];
       default: return filtered[i];
     }
   };
-  launch_by_param_dtype("shampoo_moments", grads.size(), 7, [&](size_t i) { return grads[i].dtype(); }, entry, 1,
+  // (lists 7 and 8, the sums, are not 4-element accesses: outside the vector test)
+  launch_by_param_dtype("shampoo_moments", grads.size(), 9, [&](size_t i) { return grads[i].dtype(); }, entry, 1,
                         [&](auto p, auto st, const TensorList& tl) {
                           auto kernel = shampoo_moments_kernel<decltype(p), decltype(st)>;
                           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
                                    current_stream()>>>(tl, a, h.device_hyper);
                           KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
-                        });
+                        }, 7);
 }
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,

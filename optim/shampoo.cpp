@@ -670,6 +670,17 @@ void Shampoo::step() {
       if (shape.size() != 2 || shape[1] != blocks.merged[1]) return false;
     return true;
   };
+  auto started = [&](const Pending& w) {
+    const int64_t t = step_of.count(w.index) ? step_of.at(w.index) : state(w.index).step;
+    return w.preconditioned && t >= int64_t(w.group->get("start_preconditioning_step"));
+  };
+  // A started matrix parameter cut into whole rows (blocks contiguous in it) has its update read each block's
+  // direction where its group's product P left it, scaled there by the block's grafting step size: no
+  // scaled copy into a direction tensor (GPT-2 124M on an H100: 0.35 ms a step). The others' blocks are
+  // scattered into their direction.
+  auto in_place = [&](const Pending& w) {  // (a parameter that is not contiguous: its blocks would be copies)
+    return started(w) && w.blocks.merged.size() == 2 && whole_rows(w.blocks) && w.param.is_contiguous();
+  };
   if (bf16)
     for (auto& [key, members] : matrix_blocks) {
       if (DType(std::get<2>(key)) != DType::f32) continue;
@@ -683,6 +694,36 @@ void Shampoo::step() {
         operand_rows[{pending[members[j].pending].index, members[j].block}] = {gs.select(0, int64_t(j)),
                                                                                 fs.select(0, int64_t(j))};
     }
+  // Adam's or AdaGrad's grafting: a block that the moments kernel writes in bf16 and the update reads in place
+  // needs its grafted direction D only for ‖D_b‖, which the kernel sums as it goes: D is not written (GPT-2
+  // 124M: 0.5 GB written and read a step). One sums tensor a (state dtype, device), its slots in the order the
+  // directions' products are scattered below (groups in order, their started rows), so that the scales of a
+  // run of blocks read one slice of it.
+  std::map<std::pair<int, std::string>, Tensor> graft_sums;                 // (state dtype, device) -> sums
+  std::map<std::pair<int64_t, size_t>, Tensor> block_sums;                   // (parameter, block) -> its slot
+  std::map<std::pair<int64_t, size_t>, std::pair<int64_t, Tensor>> sum_slots;  // ... as (index, sums tensor)
+  {
+    std::map<std::pair<int, std::string>, int64_t> count;
+    std::map<std::pair<int, std::string>, Device> device;
+    std::vector<std::tuple<std::pair<int64_t, size_t>, std::pair<int, std::string>, int64_t>> slots;
+    for (auto& [key, members] : matrix_blocks)
+      for (const Member& mb : members) {
+        const Pending& w = pending[mb.pending];
+        const auto grafting = Grafting(int(w.group->get("grafting")));
+        if ((grafting != Grafting::adam && grafting != Grafting::adagrad) || !in_place(w) ||
+            !operand_rows.count({w.index, mb.block}))
+          continue;
+        const std::pair<int, std::string> where{std::get<2>(key), std::get<3>(key)};
+        slots.emplace_back(std::pair{w.index, mb.block}, where, count[where]++);
+        device.emplace(where, w.param.device());
+      }
+    for (auto& [where, n] : count)
+      graft_sums[where] = empty({n}, {.dtype = DType(where.first), .device = device.at(where)});
+    for (auto& [block, where, slot] : slots) {
+      block_sums[block] = graft_sums[where].narrow(0, slot, 1);
+      sum_slots[block] = {slot, graft_sums[where]};
+    }
+  }
   // Ḡ in f32 where something reads it (grafting: a parameter with a block the moments kernel does not write
   // in bf16)
   for (auto& [key, b] : batches)
@@ -701,21 +742,25 @@ void Shampoo::step() {
   // the moments (pass 0's kernels), a parameter with operand rows block by block
   for (auto& [key, b] : batches) {
     if (operand_rows.empty()) {
-      kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, {}, {}, b.h);
+      kernels::shampoo_moments(b.grads, b.exp_avgs, b.grafting_states, b.filtered, b.grafted, {}, {}, {}, b.h);
       continue;
     }
-    std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies;
+    std::vector<Tensor> grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies, sums;
     // with Adam's or AdaGrad's grafting nothing reads a copied block's f32 Ḡ (its direction D is the
-    // grafted one): the kernel writes that block's Ḡ only in bf16
+    // grafted one): the kernel writes that block's Ḡ only in bf16; D itself only where more than its sum is read
     const bool graft = !b.grafted.empty();
-    auto entry = [&](size_t i, const std::function<Tensor(const Tensor&)>& part, const Tensor& gc, const Tensor& fc) {
+    bool summed = false;
+    auto entry = [&](size_t i, const std::function<Tensor(const Tensor&)>& part, const Tensor& gc, const Tensor& fc,
+                     const Tensor& sum) {
       grads.push_back(part(b.grads[i]));
       filtered.push_back(graft && fc.defined() ? Tensor() : part(b.filtered[i]));  // (undefined where all are)
       if (!b.exp_avgs.empty()) exp_avgs.push_back(part(b.exp_avgs[i]));
       if (!b.grafting_states.empty()) grafting_states.push_back(part(b.grafting_states[i]));
-      if (!b.grafted.empty()) grafted.push_back(part(b.grafted[i]));
+      if (!b.grafted.empty()) grafted.push_back(sum.defined() ? Tensor() : part(b.grafted[i]));
       grad_copies.push_back(gc);
       filtered_copies.push_back(fc);
+      sums.push_back(sum);
+      summed = summed || sum.defined();
     };
     for (size_t i = 0; i < b.params.size(); ++i) {
       const auto at = pending_of.find(b.params[i]);
@@ -723,17 +768,20 @@ void Shampoo::step() {
       bool has_rows = false;
       for (size_t k = 0; blocks && k < blocks->size(); ++k) has_rows = has_rows || operand_rows.count({b.params[i], k});
       if (!has_rows) {
-        entry(i, [](const Tensor& t) { return t; }, Tensor(), Tensor());
+        entry(i, [](const Tensor& t) { return t; }, Tensor(), Tensor(), Tensor());
         continue;
       }
       for (size_t k = 0; k < blocks->size(); ++k) {  // whole rows: each block a contiguous view
         const auto rows = operand_rows.find({b.params[i], k});
         const bool copied = rows != operand_rows.end();
+        const auto sum = block_sums.find({b.params[i], k});
         entry(i, [&](const Tensor& t) { return blocks->block(t, k); }, copied ? rows->second.first : Tensor(),
-              copied ? rows->second.second : Tensor());
+              copied ? rows->second.second : Tensor(), sum != block_sums.end() ? sum->second : Tensor());
       }
     }
-    kernels::shampoo_moments(grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies, b.h);
+    if (!summed) sums.clear();
+    kernels::shampoo_moments(grads, exp_avgs, grafting_states, filtered, grafted, grad_copies, filtered_copies, sums,
+                             b.h);
   }
 
   // the order-2 blocks' statistics, one batched product per group: F_0 += G·Gᵀ, F_1 += Gᵀ·G (β2-averaged)
@@ -774,21 +822,10 @@ void Shampoo::step() {
     update_roots(due);
   }
 
-  auto started = [&](const Pending& w) {
-    const int64_t t = step_of.count(w.index) ? step_of.at(w.index) : state(w.index).step;
-    return w.preconditioned && t >= int64_t(w.group->get("start_preconditioning_step"));
-  };
   for (const Pending& w : pending)
     KILN_CHECK(!graph || !w.preconditioned || started(w), "Shampoo: parameter ", w.index, " ", w.param.str(),
                " starts preconditioning at step ", w.group->get("start_preconditioning_step"), " (what a step does then changes): capture a "
                "CUDA graph of a later step");
-  // A started matrix parameter cut into whole rows (blocks contiguous in it) has its update read each block's
-  // direction where its group's product P left it, scaled there by the block's grafting step size: no
-  // scaled copy into a direction tensor (GPT-2 124M on an H100: 0.35 ms a step). The others' blocks are
-  // scattered into their direction.
-  auto in_place = [&](const Pending& w) {  // (a parameter that is not contiguous: its blocks would be copies)
-    return started(w) && w.blocks.merged.size() == 2 && whole_rows(w.blocks) && w.param.is_contiguous();
-  };
   std::map<std::pair<int64_t, size_t>, std::pair<Tensor, Tensor>> block_directions;  // (P row, scale or none)
   for (Pending& w : pending)
     if (started(w) && !in_place(w))
@@ -808,15 +845,39 @@ void Shampoo::step() {
     std::vector<Tensor> graft_from, graft_to;  // blocks of grafting groups: P scaled to the grafted step's size
     std::vector<Tensor> graft_directions;      // ... and that grafted direction D
     // blocks read in place by the update (in_place): P, D, and the block, whose scale the update takes
-    std::vector<Tensor> kept_from, kept_directions;
+    std::vector<Tensor> kept_from, kept_directions;  // (D undefined: its ‖D_b‖² is a slot of graft_sums)
+    std::vector<std::pair<int64_t, Tensor>> kept_sums;  // (slot, graft_sums) or (-1, undefined)
     std::vector<std::pair<int64_t, size_t>> kept_blocks;
   };
   std::map<std::pair<int, std::string>, Scatter> scatters;
   // ‖D_b‖ / (‖P_b‖ + 1e-16) of each block: two sums of squares, read where the blocks are
-  auto graft_scales = [](const std::vector<Tensor>& from, const std::vector<Tensor>& directions) {
+  // (sums: where given, (slot, graft_sums) of each block whose D the moments kernel summed and did not write)
+  auto graft_scales = [](const std::vector<Tensor>& from, const std::vector<Tensor>& directions,
+                         const std::vector<std::pair<int64_t, Tensor>>& sums = {}) {
     const TensorOptions o{.dtype = from[0].dtype(), .device = from[0].device()};
-    Tensor d2 = empty({int64_t(from.size())}, o), p2 = empty({int64_t(from.size())}, o);
-    kernels::matrix_sum_squares(directions, d2);
+    Tensor d2, p2 = empty({int64_t(from.size())}, o);
+    std::vector<Tensor> written;  // the blocks whose D is there
+    for (size_t j = 0; j < from.size(); ++j)
+      if (sums.empty() || sums[j].first < 0) written.push_back(directions[j]);
+    if (!written.empty()) {
+      d2 = empty({int64_t(written.size())}, o);
+      kernels::matrix_sum_squares(written, d2);
+    }
+    if (written.size() != from.size()) {
+      // a run of consecutive slots of one sums tensor (every block summed, in slot order): a slice of it;
+      // else the blocks' values gathered in order
+      bool run = written.empty();
+      for (size_t j = 1; run && j < sums.size(); ++j)
+        run = sums[j].second.is_same(sums[0].second) && sums[j].first == sums[0].first + int64_t(j);
+      if (run) {
+        d2 = sums[0].second.narrow(0, sums[0].first, int64_t(sums.size()));
+      } else {
+        std::vector<Tensor> parts;
+        int64_t k = 0;
+        for (const auto& [slot, all] : sums) parts.push_back(slot >= 0 ? all.narrow(0, slot, 1) : d2.narrow(0, k++, 1));
+        d2 = cat(parts, 0);
+      }
+    }
     kernels::matrix_sum_squares(from, p2);
     return div(sqrt(d2), add(sqrt(p2), 1e-16)).contiguous();
   };
@@ -826,7 +887,7 @@ void Shampoo::step() {
       if (!sc.graft_from.empty())
         kernels::scale_matrices(sc.graft_from, sc.graft_to, graft_scales(sc.graft_from, sc.graft_directions));
       if (!sc.kept_from.empty()) {
-        const Tensor scales = graft_scales(sc.kept_from, sc.kept_directions);
+        const Tensor scales = graft_scales(sc.kept_from, sc.kept_directions, sc.kept_sums);
         for (size_t j = 0; j < sc.kept_blocks.size(); ++j)
           block_directions[sc.kept_blocks[j]].second = scales.narrow(0, int64_t(j), 1);
       }
@@ -903,7 +964,14 @@ void Shampoo::step() {
         block_directions[{w.index, mb.block}] = {pb.select(0, int64_t(r)), Tensor()};
         if (Grafting(int(w.group->get("grafting"))) != Grafting::none) {
           sc.kept_from.push_back(pb.select(0, int64_t(r)));
-          sc.kept_directions.push_back(w.blocks.block(w.grafted, mb.block));
+          const auto slot = sum_slots.find({w.index, mb.block});
+          if (slot != sum_slots.end()) {
+            sc.kept_directions.push_back(Tensor());
+            sc.kept_sums.push_back(slot->second);
+          } else {
+            sc.kept_directions.push_back(w.blocks.block(w.grafted, mb.block));
+            sc.kept_sums.emplace_back(-1, Tensor());
+          }
           sc.kept_blocks.emplace_back(w.index, mb.block);
         }
       } else if (Grafting(int(w.group->get("grafting"))) == Grafting::none) {

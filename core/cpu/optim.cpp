@@ -30,7 +30,8 @@ void adamw_typed(const Tensor& p_t, const Tensor& g_t, const Tensor& m_t, const 
 
 template <class P, class S>
 void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v_t, const Tensor& f_t,
-                           const Tensor& gr_t, const Tensor& gc_t, const Tensor& fc_t, const ShampooMomentsHyper& h) {
+                           const Tensor& gr_t, const Tensor& gc_t, const Tensor& fc_t, const Tensor& sum_t,
+                           const ShampooMomentsHyper& h) {
   const P* g = static_cast<const P*>(g_t.raw_data());
   S* m = m_t.defined() ? static_cast<S*>(m_t.raw_data()) : nullptr;
   S* v = v_t.defined() ? static_cast<S*>(v_t.raw_data()) : nullptr;
@@ -38,7 +39,9 @@ void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v
   S* gr = gr_t.defined() ? static_cast<S*>(gr_t.raw_data()) : nullptr;
   BFloat16* gc = gc_t.defined() ? static_cast<BFloat16*>(gc_t.raw_data()) : nullptr;
   BFloat16* fc = fc_t.defined() ? static_cast<BFloat16*>(fc_t.raw_data()) : nullptr;
-  parallel_for(g_t.numel(), 8, [&](int64_t i) {
+  // the grafted direction rounded to S, its sum of squares in f64 in the elements' order (sequential then)
+  S* sum = sum_t.defined() ? static_cast<S*>(sum_t.raw_data()) : nullptr;
+  auto element = [&](int64_t i) -> S {
     const double gi = double(g[i]);
     double fi = gi;
     if (m) {
@@ -49,14 +52,27 @@ void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v
     if (f) f[i] = f_state;
     if (gc) gc[i] = BFloat16(float(g[i]));  // g and f rounded once to bf16 (from P, and from S: as a cast does)
     if (fc) fc[i] = BFloat16(float(f_state));
+    S direction = S(0);
     if (h.grafting == 3) {
       v[i] = S(h.grafting_beta2 * double(v[i]) + (1.0 - h.grafting_beta2) * gi * gi);
-      gr[i] = S(double(f_state) / (std::sqrt(double(v[i]) / h.grafting_bias_correction) + h.grafting_epsilon));
+      direction = S(double(f_state) / (std::sqrt(double(v[i]) / h.grafting_bias_correction) + h.grafting_epsilon));
     } else if (h.grafting == 2) {
       v[i] = S(double(v[i]) + gi * gi);
-      gr[i] = S(double(f_state) / (std::sqrt(double(v[i])) + h.grafting_epsilon));
+      direction = S(double(f_state) / (std::sqrt(double(v[i])) + h.grafting_epsilon));
     }
-  });
+    if (gr) gr[i] = direction;
+    return direction;
+  };
+  if (!sum) {
+    parallel_for(g_t.numel(), 8, [&](int64_t i) { element(i); });
+    return;
+  }
+  double acc = 0;
+  for (int64_t i = 0; i < g_t.numel(); ++i) {
+    const double d = double(element(i));
+    acc += d * d;
+  }
+  *sum = S(acc);
 }
 
 template <class P, class S>
@@ -82,21 +98,23 @@ void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t
 void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                               const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
                               const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
-                              const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h) {
+                              const std::vector<Tensor>& filtered_copies, const std::vector<Tensor>& grafted_sums,
+                              const ShampooMomentsHyper& h) {
   KILN_CHECK(!h.device_hyper, "shampoo_moments: device hyper-parameters (CUDA graphs) given to the CPU kernel");
-  check_moments_copies(grads, filtered, grad_copies, filtered_copies, h);
+  check_moments_copies(grads, filtered, grafted, grad_copies, filtered_copies, grafted_sums, h);
   const bool graft = h.grafting == 2 || h.grafting == 3;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor m = h.beta1 > 0.0 ? exp_avgs[i] : Tensor(), v = graft ? grafting_states[i] : Tensor();
     const Tensor gr = graft ? grafted[i] : Tensor();
     const Tensor gc = grad_copies.empty() ? Tensor() : grad_copies[i];
     const Tensor fc = filtered_copies.empty() ? Tensor() : filtered_copies[i];
-    if ((filtered[i].defined() ? filtered[i] : gr).dtype() == DType::f64) {  // the state dtype
+    const Tensor sum = grafted_sums.empty() ? Tensor() : grafted_sums[i];
+    if ((filtered[i].defined() ? filtered[i] : v).dtype() == DType::f64) {  // the state dtype
       KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
-                             shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, gc, fc, h));
+                             shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, gc, fc, sum, h));
     } else {
       KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
-                             shampoo_moments_typed<scalar_t, float>(grads[i], m, v, filtered[i], gr, gc, fc, h));
+                             shampoo_moments_typed<scalar_t, float>(grads[i], m, v, filtered[i], gr, gc, fc, sum, h));
     }
   }
 }

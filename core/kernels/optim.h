@@ -64,15 +64,22 @@ KILN_KERNEL(amp_unscale, void(const std::vector<Tensor>& tensors, const Tensor& 
 // a contiguous bf16 tensor of the gradient's numel, any shape, on its device) get g and f rounded to bf16 in
 // the same pass: Shampoo::bf16 writes the operands of its products there, rows of the stacks they read. With
 // Adam's or AdaGrad's grafting, filtered[i] may be undefined where filtered_copies[i] is defined: f is then
-// written only as that copy.
+// written only as that copy. grafted_sums (empty, or one per tensor, undefined or a one-element tensor in the
+// state dtype on its device; Adam's or AdaGrad's grafting) gets Σ grafted² of its tensor, the squares of the
+// direction as rounded to the state dtype, accumulated in f64 in a fixed order (the same every run; on the
+// CPU the elements' order, as kernels::matrix_sum_squares sums a block) and rounded once: Shampoo's grafting
+// norm ‖D_b‖² of a block. Where grafted_sums[i] is defined, grafted[i] may be undefined: the direction is then
+// not written, only its sum.
 KILN_KERNEL(shampoo_moments, void(const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avgs,
                                   const std::vector<Tensor>& grafting_states, const std::vector<Tensor>& filtered,
                                   const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
-                                  const std::vector<Tensor>& filtered_copies, const ShampooMomentsHyper& h));
+                                  const std::vector<Tensor>& filtered_copies, const std::vector<Tensor>& grafted_sums,
+                                  const ShampooMomentsHyper& h));
 namespace kiln {
 // shampoo_moments' filtered tensors and copies, checked by both implementations
 inline void check_moments_copies(const std::vector<Tensor>& grads, const std::vector<Tensor>& filtered,
-                                 const std::vector<Tensor>& grad_copies, const std::vector<Tensor>& filtered_copies,
+                                 const std::vector<Tensor>& grafted, const std::vector<Tensor>& grad_copies,
+                                 const std::vector<Tensor>& filtered_copies, const std::vector<Tensor>& grafted_sums,
                                  const ShampooMomentsHyper& h) {
   KILN_CHECK(filtered.size() == grads.size(), "shampoo_moments: ", filtered.size(), " filtered tensors for ",
              grads.size(), " gradients");
@@ -81,6 +88,19 @@ inline void check_moments_copies(const std::vector<Tensor>& grads, const std::ve
     KILN_CHECK(filtered[i].defined() || (graft && !filtered_copies.empty() && filtered_copies[i].defined()),
                "shampoo_moments: the filtered gradient of ", grads[i].str(), " is undefined, which only a tensor "
                "with a bf16 copy of it and Adam's or AdaGrad's grafting may leave");
+  KILN_CHECK(grafted_sums.empty() || (graft && grafted_sums.size() == grads.size()), "shampoo_moments: ",
+             grafted_sums.size(), " grafted sums for ", grads.size(), " gradients",
+             graft ? "" : " (sums of the grafted directions need Adam's or AdaGrad's grafting)");
+  for (size_t i = 0; graft && i < grads.size(); ++i) {
+    const Tensor& sum = grafted_sums.empty() ? Tensor() : grafted_sums[i];
+    KILN_CHECK(!sum.defined() || (sum.numel() == 1 && sum.is_contiguous() && sum.device() == grads[i].device() &&
+                                  sum.dtype() == (grads[i].dtype() == DType::f64 ? DType::f64 : DType::f32)),
+               "shampoo_moments: a grafted sum ", sum.defined() ? sum.str() : std::string(), " does not fit gradient ",
+               grads[i].str(), " (expected one element in the state dtype on its device)");
+    KILN_CHECK(grafted.size() == grads.size() && (grafted[i].defined() || sum.defined()),
+               "shampoo_moments: the grafted direction of ", grads[i].str(), " is undefined, which only a tensor "
+               "whose direction's sum of squares is asked for may leave");
+  }
   for (const auto* l : {&grad_copies, &filtered_copies}) {
     KILN_CHECK(l->empty() || l->size() == grads.size(), "shampoo_moments: ", l->size(), " copies for ",
                grads.size(), " gradients");

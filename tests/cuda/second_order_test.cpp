@@ -183,6 +183,64 @@ TEST(CudaSecondOrder, PerSampleGradientsMatchTheCpu) {
 
 }  // namespace
 
+// kernels::shampoo_moments' sums of the grafted directions on the GPU: each tensor's Σ D² against the CPU's and
+// against the f64 sum of the direction the GPU wrote; the same bits with the direction not written and in a
+// second run (the chunks' partials added in order by the last block, its count zeroed again for the next
+// launch); tensors of one to four chunks, a view off 4-element alignment, f32 and bf16 parameters (f32 state)
+// and f64 ones, Adam and AdaGrad grafting; and 120 tensors, more than one launch holds.
+TEST(CudaSecondOrder, ShampooMomentsSumTheGraftedDirectionsAsTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(24);
+  for (const DType pd : {DType::f32, DType::bf16, DType::f64})
+    for (const int grafting : {3, 2}) {
+      SCOPED_TRACE(std::string(dtype_name(pd)) + (grafting == 3 ? " adam" : " adagrad"));
+      const DType sd = pd == DType::f64 ? DType::f64 : DType::f32;
+      std::vector<int64_t> sizes{5, 4096, 70001, 200000, 9000};
+      if (pd == DType::f32) sizes.insert(sizes.end(), 120, 1000);
+      const size_t count = sizes.size();
+      std::vector<Tensor> g, m, v, f, r, s;
+      for (int64_t n : sizes) {
+        const int64_t at = n == 9000 ? 1 : 0;  // a view one element into its storage: the scalar path
+        g.push_back(randn({n + at}).to(pd).narrow(0, at, n));
+        m.push_back(randn({n + at}, {.dtype = sd}).narrow(0, at, n));
+        v.push_back(abs(randn({n + at}, {.dtype = sd})).narrow(0, at, n));
+        f.push_back(empty({n}, {.dtype = sd}));
+        r.push_back(empty({n}, {.dtype = sd}));
+      }
+      const Tensor sums = empty({int64_t(count)}, {.dtype = sd});
+      for (size_t i = 0; i < count; ++i) s.push_back(sums.narrow(0, int64_t(i), 1));
+      const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 3.0), grafting, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-6};
+      // three GPU runs from the same state: the direction written, not written, not written again
+      std::vector<Tensor> gpu_sums, written;
+      for (int run = 0; run < 3; ++run) {
+        std::vector<Tensor> gg, mg, vg, fg, rg, sg;
+        const Tensor sums_g = empty({int64_t(count)}, {.dtype = sd, .device = gpu()});
+        for (size_t i = 0; i < count; ++i) {
+          gg.push_back(g[i].to(gpu()));
+          mg.push_back(m[i].to(gpu()));
+          vg.push_back(v[i].to(gpu()));
+          fg.push_back(empty_like(mg.back()));
+          rg.push_back(run == 0 ? empty_like(mg.back()) : Tensor());
+          sg.push_back(sums_g.narrow(0, int64_t(i), 1));
+        }
+        kernels::shampoo_moments(gg, mg, vg, fg, rg, {}, {}, sg, h);
+        gpu_sums.push_back(sums_g.cpu());
+        if (run == 0) written = rg;
+      }
+      kernels::shampoo_moments(g, m, v, f, r, {}, {}, s, h);
+      EXPECT_TRUE(all_true(eq(gpu_sums[1], gpu_sums[0])));
+      EXPECT_TRUE(all_true(eq(gpu_sums[2], gpu_sums[0])));
+      const std::vector<double> got = cast(gpu_sums[0], DType::f64).to_vector<double>();
+      const std::vector<double> cpu = cast(sums, DType::f64).to_vector<double>();
+      const double tol = sd == DType::f64 ? 1e-12 : 1e-5;
+      for (size_t i = 0; i < count; ++i) {
+        const double direct = sum(square(cast(written[i].cpu(), DType::f64))).item<double>();
+        EXPECT_LT(std::abs(got[i] - cpu[i]), tol * cpu[i]) << "tensor " << i << " of " << sizes[i];
+        EXPECT_LT(std::abs(got[i] - direct), (sd == DType::f64 ? 1e-13 : 1e-6) * direct) << "tensor " << i;
+      }
+    }
+}
+
 // Shampoo's fused multi-tensor kernels (kernels::shampoo_moments, kernels::shampoo_apply) on the GPU against
 // the CPU's: tensors of several sizes (one past a launch's chunk; views off 4-element alignment), f32 and bf16
 // parameters (f32 state), Adam and AdaGrad grafting, with and without a first moment, the moments' bf16 copies
@@ -237,8 +295,8 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
             }
           }
         }
-        kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, gc, fc, h);
-        kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, gcg, fcg, h);
+        kernels::shampoo_moments(g, b1 > 0 ? m : none, v, f, gr, gc, fc, {}, h);
+        kernels::shampoo_moments(gg, b1 > 0 ? mg : none, vg, fg, grg, gcg, fcg, {}, h);
         for (size_t i = 0; i < g.size(); ++i) {
           if (!gc[i].defined()) continue;
           // each copy its own device's value rounded, as a cast rounds it
@@ -283,8 +341,8 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
           Tensor m1 = randn({4096}).to(gpu()), v1 = abs(randn({4096})).to(gpu()), m2 = m1.clone(), v2 = v1.clone();
           Tensor f1 = empty({4096}, {.device = gpu()}), r1 = empty_like(f1), r2 = empty_like(f1);
           Tensor c1 = empty({4096}, {.dtype = DType::bf16, .device = gpu()}), c2 = empty_like(c1);
-          kernels::shampoo_moments({gg[1]}, {m1}, {v1}, {f1}, {r1}, {}, {c1}, h);
-          kernels::shampoo_moments({gg[1]}, {m2}, {v2}, {Tensor()}, {r2}, {}, {c2}, h);
+          kernels::shampoo_moments({gg[1]}, {m1}, {v1}, {f1}, {r1}, {}, {c1}, {}, h);
+          kernels::shampoo_moments({gg[1]}, {m2}, {v2}, {Tensor()}, {r2}, {}, {c2}, {}, h);
           EXPECT_TRUE(all_true(eq(r2.cpu(), r1.cpu())));
           EXPECT_TRUE(all_true(eq(c2.cpu(), c1.cpu())));
           EXPECT_TRUE(all_true(eq(m2.cpu(), m1.cpu())));

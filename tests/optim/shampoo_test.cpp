@@ -14,6 +14,7 @@
 #include <kiln/core/autocast.h>
 #include <kiln/core/kernels/copy.h>
 #include <kiln/core/kernels/optim.h>
+#include <kiln/core/kernels/reduce.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
 #include <kiln/core/random.h>
@@ -521,15 +522,47 @@ TEST(Shampoo, KernelsReadingBlocksInPlaceGiveTheBitsOfTheCopies) {
   const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 2.0), 3, 0.99, 1.0 - std::pow(0.99, 2.0), 1e-8};
   Tensor m1 = m0.clone(), v1 = v0.clone(), f1 = empty({40}), r1 = empty({40}), fc1 = empty({40}, {.dtype = DType::bf16});
   Tensor m2 = m0.clone(), v2 = v0.clone(), r2 = empty({40}), fc2 = empty({40}, {.dtype = DType::bf16});
-  kernels::shampoo_moments({g}, {m1}, {v1}, {f1}, {r1}, {}, {fc1}, h);
-  kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {fc2}, h);
+  kernels::shampoo_moments({g}, {m1}, {v1}, {f1}, {r1}, {}, {fc1}, {}, h);
+  kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {fc2}, {}, h);
   EXPECT_TRUE(all_true(eq(r2, r1)));
   EXPECT_TRUE(all_true(eq(fc2, fc1)));
   EXPECT_TRUE(all_true(eq(fc1, cast(f1, DType::bf16))));
   EXPECT_TRUE(all_true(eq(m2, m1)));
   // without a copy, or without grafting, the filtered gradient must be there
-  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {}, h), "shampoo_moments",
+  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {}, {}, {}, h), "shampoo_moments",
                     "filtered gradient", "[40]");
+}
+
+// kernels::shampoo_moments' sums of the grafted directions (Shampoo's ‖D_b‖² of a block the update reads in
+// place): on the CPU the bits of kernels::matrix_sum_squares over the written direction, also where the
+// direction is not written; m and v as without the sum. A direction left undefined without its sum, or sums
+// without grafting, are errors.
+TEST(Shampoo, MomentsSumTheGraftedDirectionsAsTheBlocksNormsDo) {
+  Generator gen(15);
+  for (const DType dt : {DType::f32, DType::f64})
+    for (const int grafting : {3, 2}) {
+      const TensorOptions o{.dtype = dt};
+      const Tensor g = randn({6, 7}, o, &gen), m0 = randn({6, 7}, o, &gen), v0 = abs(randn({6, 7}, o, &gen));
+      const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 3.0), grafting, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-8};
+      Tensor m1 = m0.clone(), v1 = v0.clone(), f1 = empty({6, 7}, o), r1 = empty({6, 7}, o), s1 = empty({1}, o);
+      Tensor m2 = m0.clone(), v2 = v0.clone(), f2 = empty({6, 7}, o), s2 = empty({1}, o);
+      kernels::shampoo_moments({g}, {m1}, {v1}, {f1}, {r1}, {}, {}, {s1}, h);
+      kernels::shampoo_moments({g}, {m2}, {v2}, {f2}, {Tensor()}, {}, {}, {s2}, h);
+      const Tensor want = empty({1}, o);
+      kernels::matrix_sum_squares({r1}, want);
+      EXPECT_TRUE(all_true(eq(s1, want))) << dtype_name(dt) << " " << grafting;
+      EXPECT_TRUE(all_true(eq(s2, want))) << dtype_name(dt) << " " << grafting;
+      EXPECT_TRUE(all_true(eq(m2, m1)) && all_true(eq(v2, v1)) && all_true(eq(f2, f1)));
+      EXPECT_GT(s1.item<double>(), 0.0);
+      EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {f2}, {Tensor()}, {}, {}, {}, h), "shampoo_moments",
+                        "grafted direction", "[6, 7]");
+      EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {f2}, {r1}, {}, {}, {empty({2}, o)}, h),
+                        "shampoo_moments", "grafted sum", "[2]");
+    }
+  const Tensor g = randn({8}, {}, &gen);
+  const ShampooMomentsHyper none{0.9, 1.0 - 0.9, 0, 0.0, 1.0, 1e-8};
+  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {zeros({8})}, {}, {empty({8})}, {}, {}, {}, {empty({1})}, none),
+                    "shampoo_moments", "grafting");
 }
 
 // A root that fails (ε = 0 and a factor of zeros: its eigenvalues 0, its root infinite in f32 and in the f64
