@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 #include <cstdio>
+#include <functional>
 #include <tuple>
 #include <vector>
 
@@ -85,29 +86,36 @@ TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
   }
 }
 
-// Shampoo::tf32: the statistics and preconditioning products on TF32 tensor cores stay near the f32 run
-// (TF32 rounds the inputs to 10-bit mantissas) without matching it exactly (they did run in TF32), and the
-// process-wide TF32 setting is what it was before the step.
-TEST(CudaSecondOrder, ShampooTf32StaysNearF32AndRestoresTheSetting) {
-  KILN_REQUIRE_GPU();
-  manual_seed(102);
-  Net f32_net, tf32_net;
-  tf32_net.load_state_dict(f32_net.state_dict());
+// Six Shampoo steps of a net on the GPU in f32 and with `lower` set on a second Shampoo (its products in a
+// lower precision), from the same start and batches: the parameters' relative difference after them. Each
+// step leaves the process-wide TF32 setting off, as it was.
+double shampoo_difference_to_f32(uint64_t seed, const std::function<void(optim::Shampoo&)>& lower) {
+  manual_seed(seed);
+  Net f32_net, lower_net;
+  lower_net.load_state_dict(f32_net.state_dict());
   f32_net.to(gpu());
-  tf32_net.to(gpu());
+  lower_net.to(gpu());
   const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
-  optim::Shampoo f32_opt(f32_net.parameters(), o), tf32_opt(tf32_net.parameters(), o);
-  tf32_opt.tf32 = true;
-  ASSERT_FALSE(cuda::allow_tf32());
+  optim::Shampoo f32_opt(f32_net.parameters(), o), lower_opt(lower_net.parameters(), o);
+  lower(lower_opt);
+  EXPECT_FALSE(cuda::allow_tf32());
   const Batches data(6);
   for (size_t i = 0; i < data.x.size(); ++i)
-    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&tf32_net, &tf32_opt}}) {
+    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&lower_net, &lower_opt}}) {
       opt->zero_grad();
       F::cross_entropy((*net)(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
       opt->step();
       EXPECT_FALSE(cuda::allow_tf32());
     }
-  const double err = param_error(tf32_net, f32_net);
+  return param_error(lower_net, f32_net);
+}
+
+// Shampoo::tf32: the statistics and preconditioning products on TF32 tensor cores stay near the f32 run
+// (TF32 rounds the inputs to 10-bit mantissas) without matching it exactly (they did run in TF32), and the
+// process-wide TF32 setting is what it was before the step.
+TEST(CudaSecondOrder, ShampooTf32StaysNearF32AndRestoresTheSetting) {
+  KILN_REQUIRE_GPU();
+  const double err = shampoo_difference_to_f32(102, [](optim::Shampoo& opt) { opt.tf32 = true; });
   std::printf("shampoo with TF32 products: parameters' relative difference to f32 %.2e after 6 steps\n", err);
   EXPECT_LT(err, 1e-2);
   EXPECT_GT(err, 0.0);
@@ -117,23 +125,7 @@ TEST(CudaSecondOrder, ShampooTf32StaysNearF32AndRestoresTheSetting) {
 // accumulation) stay near the f32 run without matching it, and leave the TF32 setting alone.
 TEST(CudaSecondOrder, ShampooBf16StaysNearF32) {
   KILN_REQUIRE_GPU();
-  manual_seed(104);
-  Net f32_net, bf16_net;
-  bf16_net.load_state_dict(f32_net.state_dict());
-  f32_net.to(gpu());
-  bf16_net.to(gpu());
-  const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
-  optim::Shampoo f32_opt(f32_net.parameters(), o), bf16_opt(bf16_net.parameters(), o);
-  bf16_opt.bf16 = true;
-  const Batches data(6);
-  for (size_t i = 0; i < data.x.size(); ++i)
-    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&bf16_net, &bf16_opt}}) {
-      opt->zero_grad();
-      F::cross_entropy((*net)(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
-      opt->step();
-      EXPECT_FALSE(cuda::allow_tf32());
-    }
-  const double err = param_error(bf16_net, f32_net);
+  const double err = shampoo_difference_to_f32(104, [](optim::Shampoo& opt) { opt.bf16 = true; });
   std::printf("shampoo with bf16 products: parameters' relative difference to f32 %.2e after 6 steps\n", err);
   EXPECT_LT(err, 3e-2);
   EXPECT_GT(err, 0.0);
