@@ -118,6 +118,8 @@ void launch_expansion(const Tensor& coupled, const Tensor& floored, const Tensor
                       const Tensor& diagonal_roots, double p, const Tensor& middle, const Tensor& coupling) {
   const int64_t n = coupled.size(-1), batch = coupled.size(0);
   const int64_t tiles = (n + kTile - 1) / kTile, pairs = tiles * (tiles + 1) / 2;
+  KILN_CHECK(batch * pairs <= int64_t(INT32_MAX), "kept_basis_expansion: ", coupled.str(), " needs ", batch * pairs,
+             " blocks of 32 x 32 tile pairs, more than a grid holds");
   const Tensor partial = empty({batch, tiles, n}, {.dtype = DType::f64, .device = coupled.device()});
   double* pp = static_cast<double*>(partial.raw_data());
   kept_basis_expansion_kernel<T><<<unsigned(batch * pairs), kExpansionThreads, 0, current_stream()>>>(

@@ -174,11 +174,12 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
 // statistics, 4 grafted directions (S; the lists a step does not use hold the gradients, untouched: never read
 // or written here; null where only its sum is wanted), 5 and 6 bf16 copies of the gradient and of the filtered
 // gradient (null where a tensor has none), 7 the grafted sum's workspace (f64: a partial sum a chunk, then a
-// count of the chunks done; zeroed before the launch, left zeroed; null: no sum) and 8 the sum (S). Arithmetic
+// count of the chunks done, zeroed before the launch; null: no sum) and 8 the sum (S). Arithmetic
 // in S; 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
 // memory, which replace a's.
 //
-// The sum: each chunk's Σ gr² in f64 (each thread's elements in order, then the block's tree), written as the
+// The sum: each chunk's Σ gr² in f64 (each thread's elements in order, then the warps' butterflies and the warps
+// in order), written as the
 // chunk's partial; the block that finishes a tensor's last chunk (a counter after a fence: the partials of the
 // other blocks are visible to it) adds the partials in chunk order and writes the sum. The same every run.
 template <class P, class S>
@@ -259,10 +260,8 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
           double total = 0;
           for (int64_t k = 0; k < chunks; ++k) total += __ldcg(work + k);
           *static_cast<S*>(tl.ptr[8][t]) = S(total);
-          *reinterpret_cast<unsigned long long*>(work + chunks) = 0ull;  // zeroed again (CUDA graph replays)
         }
       }
-      __syncthreads();  // (group_allreduce's smem is written again by the block's next chunk)
     }
   }
 }

@@ -109,7 +109,11 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
     const Tensor gc = grad_copies.empty() ? Tensor() : grad_copies[i];
     const Tensor fc = filtered_copies.empty() ? Tensor() : filtered_copies[i];
     const Tensor sum = grafted_sums.empty() ? Tensor() : grafted_sums[i];
-    if ((filtered[i].defined() ? filtered[i] : v).dtype() == DType::f64) {  // the state dtype
+    const DType state = (filtered[i].defined() ? filtered[i] : v).dtype();
+    for (const Tensor& t : {m, v, gr, sum})  // (the GPU's launches check the state lists the same way)
+      KILN_CHECK(!t.defined() || t.dtype() == state, "shampoo_moments: ", t.str(), " is not in the state dtype ",
+                 dtype_name(state), " of gradient ", grads[i].str());
+    if (state == DType::f64) {  // the state dtype
       KILN_DISPATCH_FLOATING(grads[i].dtype(), "shampoo_moments",
                              shampoo_moments_typed<scalar_t, double>(grads[i], m, v, filtered[i], gr, gc, fc, sum, h));
     } else {

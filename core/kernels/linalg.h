@@ -28,7 +28,7 @@ KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const 
 // (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). B need not be
 // symmetric: for i ≠ j, B_ij stands for the pair's entry `coupled` holds at (r, c), r the index of the larger
 // φ and c the other (equal φ: r the larger index), for both (i, j) and (j, i). linalg::inverse_root_warm
-// computes B's second product qᵀ·(A·q) as one TF32 pass, whose entry (r, c) = q_rᵀ·(A·q_c) is off by about
+// with options.tf32 (f32 on a GPU) computes B's second product qᵀ·(A·q) as one TF32 pass, whose entry (r, c) = q_rᵀ·(A·q_c) is off by about
 // 2^-11·‖A·q_c‖/sqrt(n), ~2^-11·λ_c/sqrt(n): the column of the smaller quotient is the accurate one. This is the
 // Daleckii–Krein expansion of f(B) about its diagonal to first order, so what a kept basis leaves out is
 // second order in B's off-diagonal part. Where φ_i and φ_j agree to the threshold, the midpoint's error

@@ -91,15 +91,16 @@ inline void check_moments_copies(const std::vector<Tensor>& grads, const std::ve
   KILN_CHECK(grafted_sums.empty() || (graft && grafted_sums.size() == grads.size()), "shampoo_moments: ",
              grafted_sums.size(), " grafted sums for ", grads.size(), " gradients",
              graft ? "" : " (sums of the grafted directions need Adam's or AdaGrad's grafting)");
+  KILN_CHECK(!graft || grafted.size() == grads.size(), "shampoo_moments: ", grafted.size(),
+             " grafted directions for ", grads.size(), " gradients");
   for (size_t i = 0; graft && i < grads.size(); ++i) {
     const Tensor& sum = grafted_sums.empty() ? Tensor() : grafted_sums[i];
     KILN_CHECK(!sum.defined() || (sum.numel() == 1 && sum.is_contiguous() && sum.device() == grads[i].device() &&
                                   sum.dtype() == (grads[i].dtype() == DType::f64 ? DType::f64 : DType::f32)),
                "shampoo_moments: a grafted sum ", sum.defined() ? sum.str() : std::string(), " does not fit gradient ",
                grads[i].str(), " (expected one element in the state dtype on its device)");
-    KILN_CHECK(grafted.size() == grads.size() && (grafted[i].defined() || sum.defined()),
-               "shampoo_moments: the grafted direction of ", grads[i].str(), " is undefined, which only a tensor "
-               "whose direction's sum of squares is asked for may leave");
+    KILN_CHECK(grafted[i].defined() || sum.defined(), "shampoo_moments: the grafted direction of ", grads[i].str(),
+               " is undefined, which only a tensor whose direction's sum of squares is asked for may leave");
   }
   for (const auto* l : {&grad_copies, &filtered_copies}) {
     KILN_CHECK(l->empty() || l->size() == grads.size(), "shampoo_moments: ", l->size(), " copies for ",
