@@ -723,6 +723,19 @@ void Shampoo::step() {
       block_sums[block] = graft_sums[where].narrow(0, slot, 1);
       sum_slots[block] = {slot, graft_sums[where]};
     }
+    // a parameter whose every block is summed has no D at all: its tensor goes back to the allocator unwritten
+    for (auto& [key, b] : batches)
+      for (size_t i = 0; i < b.grafted.size(); ++i) {
+        const auto at = pending_of.find(b.params[i]);
+        if (at == pending_of.end()) continue;
+        Pending& w = pending[at->second];
+        bool all = true;
+        for (size_t k = 0; all && k < w.blocks.size(); ++k) all = block_sums.count({w.index, k}) > 0;
+        if (!all) continue;
+        b.grafted[i] = Tensor();
+        w.grafted = Tensor();
+        moments.at(w.index).grafted = Tensor();
+      }
   }
   // Ḡ in f32 where something reads it (grafting: a parameter with a block the moments kernel does not write
   // in bf16)
@@ -735,7 +748,7 @@ void Shampoo::step() {
       for (size_t k = 0; all_copied && k < pending[at->second].blocks.size(); ++k)
         all_copied = operand_rows.count({index, k}) > 0;
       if (all_copied) continue;
-      b.filtered[i] = empty(b.grads[i].shape(), {.dtype = b.grafted[i].dtype(), .device = b.grads[i].device()});
+      b.filtered[i] = empty(b.grads[i].shape(), {.dtype = b.grafting_states[i].dtype(), .device = b.grads[i].device()});
       moments.at(index).filtered = b.filtered[i];
       if (at != pending_of.end()) pending[at->second].filtered = b.filtered[i];
     }
