@@ -179,9 +179,9 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
 // memory, which replace a's.
 //
 // The sum: each chunk's Σ gr² in f64 (each thread's elements in order, then the warps' butterflies and the warps
-// in order), written as the
-// chunk's partial; the block that finishes a tensor's last chunk (a counter after a fence: the partials of the
-// other blocks are visible to it) adds the partials in chunk order and writes the sum. The same every run.
+// in order), written as the chunk's partial; the block that finishes a tensor's last chunk (a counter after a
+// fence: the partials of the other blocks are visible to it) adds the partials in chunk order and writes the
+// sum. The same every run.
 template <class P, class S>
 __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_constant__ TensorList tl,
                                                                   MomentsArgs a, const double* hyper) {
