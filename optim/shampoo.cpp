@@ -699,9 +699,8 @@ void Shampoo::step() {
   // 124M: 0.5 GB written and read a step). One sums tensor a (state dtype, device), its slots in the order the
   // directions' products are scattered below (groups in order, their started rows), so that the scales of a
   // run of blocks read one slice of it.
-  std::map<std::pair<int, std::string>, Tensor> graft_sums;                 // (state dtype, device) -> sums
-  std::map<std::pair<int64_t, size_t>, Tensor> block_sums;                   // (parameter, block) -> its slot
-  std::map<std::pair<int64_t, size_t>, std::pair<int64_t, Tensor>> sum_slots;  // ... as (index, sums tensor)
+  std::map<std::pair<int, std::string>, Tensor> graft_sums;                   // (state dtype, device) -> sums
+  std::map<std::pair<int64_t, size_t>, std::pair<int64_t, Tensor>> sum_slots;  // (parameter, block) -> (slot, sums)
   {
     std::map<std::pair<int, std::string>, int64_t> count;
     std::map<std::pair<int, std::string>, Device> device;
@@ -719,10 +718,7 @@ void Shampoo::step() {
       }
     for (auto& [where, n] : count)
       graft_sums[where] = empty({n}, {.dtype = DType(where.first), .device = device.at(where)});
-    for (auto& [block, where, slot] : slots) {
-      block_sums[block] = graft_sums[where].narrow(0, slot, 1);
-      sum_slots[block] = {slot, graft_sums[where]};
-    }
+    for (auto& [block, where, slot] : slots) sum_slots[block] = {slot, graft_sums[where]};
     // a parameter whose every block is summed has no D at all: its tensor goes back to the allocator unwritten
     for (auto& [key, b] : batches)
       for (size_t i = 0; i < b.grafted.size(); ++i) {
@@ -730,7 +726,7 @@ void Shampoo::step() {
         if (at == pending_of.end()) continue;
         Pending& w = pending[at->second];
         bool all = true;
-        for (size_t k = 0; all && k < w.blocks.size(); ++k) all = block_sums.count({w.index, k}) > 0;
+        for (size_t k = 0; all && k < w.blocks.size(); ++k) all = sum_slots.count({w.index, k}) > 0;
         if (!all) continue;
         b.grafted[i] = Tensor();
         w.grafted = Tensor();
@@ -787,9 +783,10 @@ void Shampoo::step() {
       for (size_t k = 0; k < blocks->size(); ++k) {  // whole rows: each block a contiguous view
         const auto rows = operand_rows.find({b.params[i], k});
         const bool copied = rows != operand_rows.end();
-        const auto sum = block_sums.find({b.params[i], k});
+        const auto sum = sum_slots.find({b.params[i], k});
         entry(i, [&](const Tensor& t) { return blocks->block(t, k); }, copied ? rows->second.first : Tensor(),
-              copied ? rows->second.second : Tensor(), sum != block_sums.end() ? sum->second : Tensor());
+              copied ? rows->second.second : Tensor(),
+              sum != sum_slots.end() ? sum->second.second.narrow(0, sum->second.first, 1) : Tensor());
       }
     }
     if (!summed) sums.clear();
