@@ -1,13 +1,19 @@
 #pragma once
 // Kernel family: dense linear algebra beyond the GEMM (core/linalg.h): the symmetric eigendecomposition,
-// batched, the warm-started roots' kept-basis expansion, and the TF32 split of f32 operands.
+// batched, the warm-started roots' kept-basis expansion, and the TF32 and f16 splits of f32 operands.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include <kiln/core/error.h>
+#include <kiln/core/half.h>
 #include <kiln/core/kernel.h>
 #include <kiln/core/tensor.h>
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 // a (batch, n, n) contiguous, f32 or f64, symmetric: only its lower triangle (row >= column) is read.
 // Writes, for each matrix, its eigenvalues in ascending order to w (batch, n) and its orthonormal
@@ -34,7 +40,8 @@ KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const 
 // second order in B's off-diagonal part. Where φ_i and φ_j agree to the threshold, the midpoint's error
 // (~gap²) is below what the difference would lose to cancellation (~u·p/gap). F is taken at the floored
 // quotients: below n·u·λ_max B's entries are rounding, which f's steep divided differences would amplify.
-// The CPU computes in f64; the GPU in B's dtype, the sums in f64 (cuda/linalg_kept_basis.cu).
+// The CPU computes in f64; the GPU in B's dtype, the couplings' sums of 32 terms too, the rest in f64
+// (cuda/linalg_kept_basis.cu).
 KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
                                        const Tensor& diagonal_roots, double p, const Tensor& middle,
                                        const Tensor& coupling));
@@ -47,6 +54,26 @@ KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floo
 // non-finite x gives hi = x, lo = 0. x, hi and lo f32, contiguous, of one shape and device; bit-identical on
 // the CPU and the GPU. lo may be undefined (x rounded to TF32 alone), and hi may be x itself (in place).
 KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo));
+
+// The split that carries an f32 product onto f16 tensor cores at about f32's accuracy ("3xF16", at twice the
+// TF32 rate): each matrix x_b of x (batch, r, c) scaled by s_b = 2^(14 − e_b), bounds_b = m·2^e_b with m in
+// [0.5, 1) (split_f16_scale: a bound of x_b's entries lands in [2^13, 2^14), so up to 4x the bound fits f16's
+// 65504; the power of two makes the scaling exact; 1 for a bound that is 0, negative or not finite; the shift
+// kept within ±100), written to scales (batch); then hi = x·s rounded to f16 (to nearest even) and lo =
+// (x·s − hi) rounded to f16 (x·s − hi is exact in f32). hi + lo is x·s to 2^-22 of its size for x·s ≥ 2^-3,
+// and to 2^-25 absolute below (f16's subnormals), so a product of two split operands, lo·hi + hi·lo + hi·hi
+// with f32 accumulation, is as accurate as three TF32 products wherever the entries that matter are within
+// ~2^27 of the bound. A non-finite x·s (x not finite, or beyond 65504) gives hi = f16(x·s) and lo = 0. x
+// contiguous f32; bounds and scales (batch) f32 contiguous; hi, lo and hi_again (hi written twice, for an
+// operand whose concatenation reads it twice; may be undefined) f16 (batch, r, c) with unit stride along c,
+// any other strides (views into one concatenated operand). Bit-identical on the CPU and the GPU.
+KILN_KERNEL(split_f16, void(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
+                            const Tensor& lo, const Tensor& hi_again));
+
+// x_b ← x_b·scales_b rounded to TF32 as split_tf32 rounds it, in place, for x (batch, r, c) f32 contiguous and
+// scales (batch) f32 contiguous on x's device: a split_f16 product's scale undone (powers of two: exact) and its
+// result readied for a TF32 product in one pass. Bit-identical on the CPU and the GPU.
+KILN_KERNEL(scale_to_tf32, void(const Tensor& x, const Tensor& scales));
 
 namespace kiln {
 // split_tf32's operands, checked by both implementations
@@ -85,6 +112,75 @@ inline void split_tf32_value(float x, float& hi, float& lo) {
   std::memcpy(&hi, &rounded, 4);
 #endif
   lo = x - hi;
+}
+
+// split_f16's and scale_to_tf32's operands, checked by both implementations
+inline void check_split_f16(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
+                            const Tensor& lo, const Tensor& hi_again) {
+  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
+  const bool matrices = x.defined() && x.dim() == 3 && x.dtype() == DType::f32 && x.is_contiguous();
+  auto fits = [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::f16 && t.sizes() == x.sizes() && t.device() == x.device() &&
+           (t.size(2) <= 1 || t.stride(2) == 1);
+  };
+  auto vector = [&](const Tensor& t) {
+    return t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && matrices && t.sizes() == Shape{x.size(0)} &&
+           t.device() == x.device();
+  };
+  KILN_CHECK(matrices && vector(bounds) && vector(scales) && fits(hi) && fits(lo) &&
+                 (!hi_again.defined() || fits(hi_again)),
+             "split_f16: expected contiguous f32 x (batch, r, c), contiguous f32 bounds and scales (batch), and f16 "
+             "hi, lo (and hi_again, or undefined) of x's shape with unit stride along c, on x's device; got x ",
+             str(x), ", bounds ", str(bounds), ", scales ", str(scales), ", hi ", str(hi), ", lo ", str(lo),
+             ", hi_again ", str(hi_again));
+}
+
+inline void check_scale_to_tf32(const Tensor& x, const Tensor& scales) {
+  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
+  KILN_CHECK(x.defined() && x.dim() == 3 && x.dtype() == DType::f32 && x.is_contiguous() && scales.defined() &&
+                 scales.dtype() == DType::f32 && scales.is_contiguous() && scales.sizes() == Shape{x.size(0)} &&
+                 scales.device() == x.device(),
+             "scale_to_tf32: expected contiguous f32 x (batch, r, c) and f32 scales (batch) on its device; got x ",
+             str(x), ", scales ", str(scales));
+}
+
+// split_f16's scale for a matrix whose entries' bound is `bound`: the CPU's loop and the GPU's kernels both
+// call it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float split_f16_scale(float bound) {
+  if (!(bound > 0.0f && bound <= 3.402823466e38f)) return 1.0f;  // 0, negative, infinite or NaN
+  int e = 0;
+  (void)frexpf(bound, &e);  // bound = m·2^e, m in [0.5, 1)
+  const int shift = 14 - e < -100 ? -100 : (14 - e > 100 ? 100 : 14 - e);
+  return ldexpf(1.0f, shift);
+}
+
+// One f32's split into f16 bits (split_f16): the CPU's loop and the GPU's kernels both call it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline void split_f16_value(float x, float scale, uint16_t& hi, uint16_t& lo) {
+  const float v = x * scale;
+#if defined(__CUDA_ARCH__)
+  const __half h = __float2half_rn(v);
+  // NaN as the CPU's Half writes it (the sign and 0x7e00), where the GPU's conversion gives 0x7fff
+  hi = v != v ? uint16_t(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7e00u) : __half_as_ushort(h);
+  const float rounded = __half2float(h);
+#else
+  hi = Half::from_float(v);
+  const float rounded = Half::to_float(hi);
+#endif
+  if ((hi & 0x7c00u) == 0x7c00u) {  // inf or NaN
+    lo = 0;
+    return;
+  }
+#if defined(__CUDA_ARCH__)
+  lo = __half_as_ushort(__float2half_rn(v - rounded));
+#else
+  lo = Half::from_float(v - rounded);
+#endif
 }
 
 // kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four
