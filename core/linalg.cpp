@@ -55,47 +55,47 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
 }
 
-// An f32 operand as its TF32 part and the remainder (kernels::split_tf32)
-struct SplitTf32 {
-  Tensor hi, lo;
-};
-SplitTf32 split_tf32(const Tensor& x) {
-  SplitTf32 s{empty_like(x), empty_like(x)};
-  kernels::split_tf32(x, s.hi, s.lo);
-  return s;
-}
-
-// out = beta·out + a·b as three TF32 products, smallest terms first: a_lo·b_hi + a_hi·b_lo + a_hi·b_hi (the
-// 2^-22 a_lo·b_lo left out). Under a TF32 guard.
-void bmm_add_3xtf32(const SplitTf32& a, const SplitTf32& b, const Tensor& out, double beta) {
-  kernels::bmm_add(a.lo, b.hi, out, 1.0, beta);
-  kernels::bmm_add(a.hi, b.lo, out, 1.0, 1.0);
-  kernels::bmm_add(a.hi, b.hi, out, 1.0, 1.0);
-}
-
 // qᵀ·a·q for (b, n, n) a and q. In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown
 // the small Rayleigh quotients that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a
-// GPU): T = a·q as three TF32 products of split operands (kernels::split_tf32), about f32's accuracy (2^-22 of
-// the terms' size) at ~8x the f32 FFMA rate a product; then qᵀ·T as one TF32 pass of q and T rounded to TF32
-// (the tensor cores would truncate them: a bias of ~-2^-11 on every entry). That product is not symmetric:
-// its entry (i, j) = q_iᵀ·T_j is off by ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so each pair's
-// entry in the column of the smaller quotient is about as accurate as f32 products' in the units
+// GPU): T = a·q as three f16 products of split operands (kernels::split_f16), about f32's accuracy (2^-22 of
+// the terms' size) at twice the TF32 rate, as one product over K = 3n of the concatenated operands
+// [a_lo | a_hi | a_hi]·[q_hi; q_lo; q_hi] (the smallest terms first; one pass over T where three accumulating
+// products took three). The scales that put the operands in f16's range: a's from its largest diagonal entry
+// (a PSD matrix has no larger entry; one 4x larger still fits, and a matrix that overflows has a non-finite B,
+// which refreshes it), q's from 1 (a basis' unit columns; one that is not is refreshed by its column norms).
+// Then qᵀ·T as one TF32 pass of q and T rounded to TF32 (the tensor cores would truncate them: a bias of
+// ~-2^-11 on every entry; kernels::scale_to_tf32 undoes T's scale in the same pass). That product is not
+// symmetric: its entry (i, j) = q_iᵀ·T_j is off by ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so
+// each pair's entry in the column of the smaller quotient is about as accurate as f32 products' in the units
 // ΔB_ij/sqrt(λ_i·λ_j) that ρ and the root follow (a CPU emulation, n 256..1024, condition 1e3..1e8: largest
 // 6e-5..1e-4, where three TF32 products gave ~1e-5 and the f32 products measured on the GPU 2-6e-4). The caller
-// reads that entry (kernels::kept_basis_expansion's pick). Three TF32 passes here took a third of a GPT-2
-// root step's ~29 ms.
+// reads that entry (kernels::kept_basis_expansion's pick). Three TF32 products for T took a fifth of a GPT-2
+// root step (5.2 of 21 ms on an H200).
 Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
     return matmul(q.transpose(-2, -1), matmul(a3, q));
   }
+  const int64_t b = a3.size(0), n = a3.size(-1);
+  const TensorOptions f32{.dtype = DType::f32, .device = a3.device()};
+  const TensorOptions f16{.dtype = DType::f16, .device = a3.device()};
+  const Tensor a_scales = empty({b}, f32), q_scales = empty({b}, f32);
+  const Tensor aq = empty({b, n, n}, f32);
+  {
+    const Tensor a_split = empty({b, n, 3 * n}, f16), q_split = empty({b, 3 * n, n}, f16);
+    const Tensor a_bounds = amax(abs(a3.view({b, n * n}).slice(1, 0, n * n, n + 1)), {-1});
+    kernels::split_f16(a3, a_bounds, a_scales, a_split.narrow(2, n, n), a_split.narrow(2, 0, n),
+                       a_split.narrow(2, 2 * n, n));
+    kernels::split_f16(q, ones({b}, f32), q_scales, q_split.narrow(1, 0, n), q_split.narrow(1, n, n),
+                       q_split.narrow(1, 2 * n, n));
+    kernels::bmm_add(a_split, q_split, aq, 1.0, 0.0);
+  }  // the split operands freed here
+  kernels::scale_to_tf32(aq, rdiv(mul(a_scales, q_scales), 1.0));  // powers of two, 2^-113..2^87: exact
   const cuda::AllowTf32Guard on(true, true);
-  const SplitTf32 qs = split_tf32(q);
-  const Tensor aq = empty_like(q);
-  bmm_add_3xtf32(split_tf32(a3), qs, aq, 0.0);  // a's halves freed here
-  kernels::split_tf32(aq, aq, Tensor());         // rounded to TF32 in place
+  const Tensor q_rounded = empty_like(q);
+  kernels::split_tf32(q, q_rounded, Tensor());
   const Tensor coupled = empty_like(aq);
-  kernels::bmm_add(qs.hi.transpose(-2, -1), aq, coupled, 1.0, 0.0);
+  kernels::bmm_add(q_rounded.transpose(-2, -1), aq, coupled, 1.0, 0.0);
   return coupled;
 }
 

@@ -50,9 +50,9 @@ struct InverseRootOptions {
   // f32 on a GPU: products on TF32 tensor cores (about 10 mantissa bits a product, several times faster).
   // newton: the iteration's products; the default tolerance is then 2e-3, which TF32's rounding still
   // reaches. warm_eigen: the roots' products from the basis (q·M·qᵀ, V·diag·Vᵀ); and qᵀ·A·q, whose small
-  // Rayleigh quotients need f32's accuracy: A·q as three TF32 products of split operands (kernels::split_tf32:
-  // 2^-22 of the terms, against f32's 2^-24, at ~8x the f32 FFMA rate each), qᵀ·(A·q) as one TF32 pass read
-  // where it is accurate (each pair's entry in the column of the smaller quotient).
+  // Rayleigh quotients need f32's accuracy: A·q as three f16 products of split, scaled operands
+  // (kernels::split_f16: 2^-22 of the terms, against f32's 2^-24, at ~16x the f32 FFMA rate each), qᵀ·(A·q)
+  // as one TF32 pass read where it is accurate (each pair's entry in the column of the smaller quotient).
   bool tf32 = false;
   // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused (root error ~ρ²/8)
   double warm_tolerance = 0.1;

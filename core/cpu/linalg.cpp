@@ -1,6 +1,6 @@
 // The linalg kernels on the CPU (core/kernels/linalg.h): Eigen's symmetric eigensolver in f64, a matrix a
 // task, so the result does not depend on the thread count; the kept basis' expansion in f64, a row a task;
-// the TF32 split, an element at a time.
+// the TF32 and f16 splits, an element at a time.
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
@@ -102,6 +102,38 @@ void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
   }
   float* pl = static_cast<float*>(lo.raw_data());
   parallel_for(x.numel(), 4, [&](int64_t i) { split_tf32_value(px[i], ph[i], pl[i]); });
+}
+
+void kernels::split_f16(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
+                        const Tensor& lo, const Tensor& hi_again) {
+  check_split_f16(x, bounds, scales, hi, lo, hi_again);
+  const float* pb = static_cast<const float*>(bounds.raw_data());
+  float* ps = static_cast<float*>(scales.raw_data());
+  for (int64_t b = 0; b < x.size(0); ++b) ps[b] = split_f16_scale(pb[b]);
+  const int64_t rows = x.size(0) * x.size(1), r = x.size(1), c = x.size(2);
+  const float* px = static_cast<const float*>(x.raw_data());
+  auto at = [&](const Tensor& t, int64_t row) {  // row (b, i) of an output view
+    return static_cast<uint16_t*>(t.raw_data()) + (row / r) * t.stride(0) + (row % r) * t.stride(1);
+  };
+  parallel_for(rows, c, [&](int64_t row) {
+    uint16_t *h = at(hi, row), *l = at(lo, row), *again = hi_again.defined() ? at(hi_again, row) : nullptr;
+    const float s = ps[row / r];
+    for (int64_t j = 0; j < c; ++j) {
+      split_f16_value(px[row * c + j], s, h[j], l[j]);
+      if (again) again[j] = h[j];
+    }
+  });
+}
+
+void kernels::scale_to_tf32(const Tensor& x, const Tensor& scales) {
+  check_scale_to_tf32(x, scales);
+  const int64_t per_matrix = x.size(1) * x.size(2);
+  float* px = static_cast<float*>(x.raw_data());
+  const float* ps = static_cast<const float*>(scales.raw_data());
+  parallel_for(x.numel(), 4, [&](int64_t i) {
+    float dropped;
+    split_tf32_value(px[i] * ps[i / per_matrix], px[i], dropped);
+  });
 }
 
 void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info) {

@@ -7,6 +7,7 @@
 // far or a degenerate one, and ρ follows the root's error on an ill-conditioned matrix; bad input is an error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include <kiln/autograd/grad_mode.h>
 #include <kiln/core/autocast.h>
+#include <kiln/core/half.h>
 #include <kiln/core/kernels/linalg.h>
 #include <kiln/core/linalg.h>
 #include <kiln/core/ops.h>
@@ -509,6 +511,76 @@ TEST(LinalgSplitTf32, HiIsTheNearestTf32AndLoTheExactRemainder) {
   kernels::split_tf32(rounded, rounded, Tensor());
   const std::vector<float> r = rounded.to_vector<float>();
   EXPECT_EQ(std::memcmp(r.data(), h.data(), h.size() * sizeof(float)), 0);
+}
+
+// split_f16: each matrix scaled by a power of two that puts its bound in [2^13, 2^14) (1 for a bound of 0 or
+// NaN); hi the nearest f16 of x·s and lo the nearest f16 of the exact remainder, so hi + lo is x·s to 2^-22 of
+// it (2^-25 absolute among f16's subnormals); hi written again where asked; non-finite or overflowing x·s in
+// hi with lo 0. Outputs are views into concatenated operands (row strides of 3c, and planes of a stack).
+TEST(LinalgSplitF16, HiAndLoCarryTheScaledValueTo22Bits) {
+  Generator gen(19);
+  const int64_t batch = 5, r = 6, c = 8;
+  Tensor x = cast(mul(randn({batch, r, c}, {.dtype = DType::f64}, &gen),
+                      exp(mul(randn({batch, r, c}, {.dtype = DType::f64}, &gen), 4.0))),
+                  DType::f32);
+  x.select(0, 1).mul_(1e-20);                  // tiny entries: a large scale
+  x.select(0, 2).mul_(1e-3);                   // bound 0: scale 1
+  x.select(0, 4).narrow(0, 0, 1).narrow(1, 0, 3).copy_(from_vector(std::vector<float>{INFINITY, -INFINITY, NAN},
+                                                                   {1, 3}));
+  const std::vector<float> amaxes = amax(abs(x), {1, 2}).to_vector<float>();
+  // matrix 3's bound an eighth of its largest entry: entries past 4x the bound overflow f16
+  const std::vector<float> bound_values{amaxes[0], amaxes[1], 0.0f, amaxes[3] / 8, NAN};
+  const Tensor bounds = from_vector(bound_values, {batch}), scales = empty({batch});
+  const Tensor rows = empty({batch, r, 3 * c}, {.dtype = DType::f16}), planes = empty({3, batch, r, c}, {.dtype = DType::f16});
+  const Tensor hi = rows.narrow(2, c, c), lo = planes.select(0, 1), again = rows.narrow(2, 2 * c, c);
+  kernels::split_f16(x, bounds, scales, hi, lo, again);
+  const std::vector<float> s = scales.to_vector<float>(), xs = x.to_vector<float>();
+  auto bits = [](const Tensor& t, int64_t b, int64_t i, int64_t j) {  // element (b, i, j) of a strided f16 view
+    return static_cast<const uint16_t*>(t.raw_data())[b * t.stride(0) + i * t.stride(1) + j * t.stride(2)];
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    const float scale = s[size_t(b)];
+    int e = 0;
+    EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "scale " << scale << " is not a power of two";
+    if (b == 2 || b == 4) {
+      EXPECT_EQ(scale, 1.0f) << b;
+    } else {
+      EXPECT_GE(double(bound_values[size_t(b)]) * scale, 0x1p13) << b;
+      EXPECT_LT(double(bound_values[size_t(b)]) * scale, 0x1p14) << b;
+    }
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const double v = double(xs[size_t((b * r + i) * c + j)]) * double(scale);
+        const uint16_t h = bits(hi, b, i, j), l = bits(lo, b, i, j);
+        EXPECT_EQ(bits(again, b, i, j), h) << "hi_again";
+        EXPECT_EQ(h, Half::from_float(float(v))) << "hi of " << v << " is not its nearest f16";
+        if (!std::isfinite(v) || std::abs(v) >= 65520.0) {  // f16 rounds 65520 and above to inf
+          EXPECT_EQ(l, 0) << v;
+          EXPECT_EQ(h & 0x7c00, 0x7c00) << v;
+          continue;
+        }
+        const double carried = double(Half::to_float(h)) + double(Half::to_float(l));
+        EXPECT_LE(std::abs(carried - v), std::max(0x1p-22 * std::abs(v), 0x1p-25)) << v;
+        EXPECT_EQ(l, Half::from_float(float(v - double(Half::to_float(h))))) << v;
+      }
+  }
+  EXPECT_THROW(kernels::split_f16(x, bounds, scales, hi, lo, rows.narrow(2, 0, c - 1)), Error);
+  EXPECT_THROW(kernels::split_f16(x, bounds, scales, hi.transpose(1, 2), lo, Tensor()), Error);
+  EXPECT_THROW(kernels::split_f16(x, bounds.narrow(0, 0, 4), scales, hi, lo, Tensor()), Error);
+}
+
+// scale_to_tf32: each matrix times its scale, rounded as split_tf32 rounds, in place
+TEST(LinalgSplitF16, ScaleToTf32IsTheScaledValueRounded) {
+  Generator gen(20);
+  const Tensor x = randn({3, 5, 7}, {}, &gen);
+  const Tensor scales = from_vector(std::vector<float>{0x1p-5f, 0x1p7f, 1.0f}, {3});
+  const Tensor want = mul(x, scales.view({3, 1, 1}));
+  kernels::split_tf32(want, want, Tensor());
+  const Tensor got = x.clone();
+  kernels::scale_to_tf32(got, scales);
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0);
+  EXPECT_THROW(kernels::scale_to_tf32(got, scales.narrow(0, 0, 2)), Error);
 }
 
 TEST(LinalgInverseRootWarm, AutocastDoesNotLowerTheRootsProducts) {

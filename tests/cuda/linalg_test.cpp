@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -199,12 +200,48 @@ TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
   }
 }
 
+// split_f16 and scale_to_tf32 on the GPU are the CPU's bit for bit: values over ~35 binades and specials,
+// matrices whose bounds give large, small, unit and overflowing scales, outputs as views into concatenated
+// operands, through the 16-byte path (c = 64) and the one-at-a-time path (c = 33).
+TEST(CudaLinalg, SplitF16IsTheCpusBitForBit) {
+  KILN_REQUIRE_GPU();
+  manual_seed(47);
+  for (int64_t c : {64, 33}) {
+    const int64_t batch = 4, r = 37;
+    Tensor x = cast(mul(randn({batch, r, c}, {.dtype = DType::f64}), exp(mul(randn({batch, r, c}, {.dtype = DType::f64}), 3.0))),
+                    DType::f32);
+    x.select(0, 1).mul_(1e-25);
+    x.select(0, 3).narrow(0, 0, 1).narrow(1, 0, 4).copy_(
+        from_vector(std::vector<float>{INFINITY, -INFINITY, NAN, -0.0f}, {1, 4}));
+    const std::vector<float> m = amax(abs(x.narrow(0, 0, 2)), {1, 2}).to_vector<float>();
+    const Tensor bounds = from_vector(std::vector<float>{m[0], m[1], 0.0f, 1e-3f}, {batch});
+    auto split = [&](const Device& d) {
+      const Tensor scales = empty({batch}, {.device = d});
+      const Tensor cat = zeros({batch, r, 3 * c}, {.dtype = DType::f16, .device = d});
+      kernels::split_f16(x.to(d), bounds.to(d), scales, cat.narrow(2, c, c), cat.narrow(2, 0, c),
+                         cat.narrow(2, 2 * c, c));
+      const Tensor y = x.to(d);
+      kernels::scale_to_tf32(y, scales);
+      return std::tuple{scales.cpu(), cat.cpu(), y.cpu()};
+    };
+    const auto [sc, catc, yc] = split(Device::cpu());
+    const auto [sg, catg, yg] = split(gpu());
+    auto same = [](const Tensor& a, const Tensor& b) {
+      const size_t bytes = size_t(a.numel()) * a.element_size();
+      return a.sizes() == b.sizes() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), bytes) == 0;
+    };
+    EXPECT_TRUE(same(sc, sg)) << "scales, c " << c;
+    EXPECT_TRUE(same(catc, catg)) << "hi, lo, hi again, c " << c;
+    EXPECT_TRUE(same(yc, yg)) << "scale_to_tf32, c " << c;
+  }
+}
+
 // ρ of the coupling in the step that decides whether a basis is kept, where it matters: an ill-conditioned
-// factor (eigenvalues 1 .. 1e-3) moved a little from its basis. With options.tf32, A·q runs as three TF32
+// factor (eigenvalues 1 .. 1e-3) moved a little from its basis. With options.tf32, A·q runs as three f16
 // products of split operands and qᵀ·(A·q) as one TF32 pass read in each pair's accurate entry; its ρ stays as
 // near the f64 value as the f32 products' is (3x theirs, or 1e-3 of ρ), where a single TF32 pass for both
 // products (computed here) is far off, and would refresh a basis that should be kept.
-TEST(CudaLinalg, WarmRootsCouplingOnSplitTf32IsAsAccurateAsF32) {
+TEST(CudaLinalg, WarmRootsCouplingOnSplitProductsIsAsAccurateAsF32) {
   KILN_REQUIRE_GPU();
   manual_seed(46);
   const int64_t batch = 2, n = 512;
@@ -213,40 +250,44 @@ TEST(CudaLinalg, WarmRootsCouplingOnSplitTf32IsAsAccurateAsF32) {
   const Tensor q64 = linalg::eigh(add(g, g.transpose(-2, -1))).eigenvectors;
   const Tensor lambda = exp(mul(arange(n, {.dtype = DType::f64}), -std::log(1e3) / double(n - 1)));
   const Tensor s = randn({batch, n, n}, {.dtype = DType::f64});
-  const Tensor moved = add(matmul(mul(q64, lambda.unsqueeze(-2)), q64.transpose(-2, -1)),
-                           mul(add(s, s.transpose(-2, -1)), 2e-6));  // ρ ≈ 0.02
-  const Tensor a = cast(moved, DType::f32), q = cast(q64, DType::f32);
-  // ρ_i = sqrt(Σ_{j≠i} B_ij² / (B_ii·B_jj)) of a B computed elsewhere (the quotients are far above the floor)
-  auto coupling_of = [&](const Tensor& b) {
-    const Tensor b64 = cast(b.cpu(), DType::f64).contiguous();
-    const Tensor d = b64.view({batch, n * n}).slice(1, 0, n * n, n + 1).contiguous();
-    const Tensor scaled = div(square(b64), mul(d.unsqueeze(-1), d.unsqueeze(-2)));
-    return sqrt(amax(add(sum(scaled, {-1}), -1.0), {-1}));  // the diagonal's B_ii²/(B_ii·B_ii) = 1 taken off
-  };
-  const std::vector<double> want =
-      coupling_of(matmul(cast(q, DType::f64).transpose(-2, -1), matmul(cast(a, DType::f64), cast(q, DType::f64))))
-          .to_vector<double>();
-  Tensor basis_f32 = q.to(gpu()), basis_split = q.to(gpu());
-  const auto f32 = linalg::inverse_root_warm(a.to(gpu()), 4, basis_f32, {.warm_tolerance = 0.1});
-  const auto split = linalg::inverse_root_warm(a.to(gpu()), 4, basis_split, {.tf32 = true, .warm_tolerance = 0.1});
-  Tensor one_pass_b;
-  {
-    const cuda::AllowTf32Guard on(true, true);
-    const Tensor ag = a.to(gpu()), qg = q.to(gpu());
-    one_pass_b = matmul(qg.transpose(-2, -1), matmul(ag, qg));
+  // the scale of the matrices moves the split's f16 scale (a power of two from their diagonal), not ρ
+  for (double scale : {1.0, 1e6, 1e-6}) {
+    const Tensor moved = mul(add(matmul(mul(q64, lambda.unsqueeze(-2)), q64.transpose(-2, -1)),
+                                 mul(add(s, s.transpose(-2, -1)), 2e-6)),  // ρ ≈ 0.02
+                             scale);
+    const Tensor a = cast(moved, DType::f32), q = cast(q64, DType::f32);
+    // ρ_i = sqrt(Σ_{j≠i} B_ij² / (B_ii·B_jj)) of a B computed elsewhere (the quotients are far above the floor)
+    auto coupling_of = [&](const Tensor& b) {
+      const Tensor b64 = cast(b.cpu(), DType::f64).contiguous();
+      const Tensor d = b64.view({batch, n * n}).slice(1, 0, n * n, n + 1).contiguous();
+      const Tensor scaled = div(square(b64), mul(d.unsqueeze(-1), d.unsqueeze(-2)));
+      return sqrt(amax(add(sum(scaled, {-1}), -1.0), {-1}));  // the diagonal's B_ii²/(B_ii·B_ii) = 1 taken off
+    };
+    const std::vector<double> want =
+        coupling_of(matmul(cast(q, DType::f64).transpose(-2, -1), matmul(cast(a, DType::f64), cast(q, DType::f64))))
+            .to_vector<double>();
+    Tensor basis_f32 = q.to(gpu()), basis_split = q.to(gpu());
+    const auto f32 = linalg::inverse_root_warm(a.to(gpu()), 4, basis_f32, {.warm_tolerance = 0.1});
+    const auto split = linalg::inverse_root_warm(a.to(gpu()), 4, basis_split, {.tf32 = true, .warm_tolerance = 0.1});
+    Tensor one_pass_b;
+    {
+      const cuda::AllowTf32Guard on(true, true);
+      const Tensor ag = a.to(gpu()), qg = q.to(gpu());
+      one_pass_b = matmul(qg.transpose(-2, -1), matmul(ag, qg));
+    }
+    const std::vector<double> rf = f32.coupling.to_vector<double>(), rs = split.coupling.to_vector<double>(),
+                              r1 = coupling_of(one_pass_b).to_vector<double>();
+    for (size_t i = 0; i < size_t(batch); ++i) {
+      const double e_f32 = std::abs(rf[i] - want[i]), e_split = std::abs(rs[i] - want[i]),
+                   e_one = std::abs(r1[i] - want[i]);
+      std::printf("scale %g, ρ of matrix %zu: f64 %.6e; f32 products %.6e (error %.1e), split f16 %.6e (%.1e), one "
+                  "TF32 pass %.6e (%.1e)\n", scale, i, want[i], rf[i], e_f32, rs[i], e_split, r1[i], e_one);
+      EXPECT_LT(e_split, 3 * e_f32 + 1e-3 * want[i]) << "scale " << scale << ", matrix " << i;
+      EXPECT_GT(e_one, 10 * e_split) << "scale " << scale << ", matrix " << i;
+    }
+    EXPECT_EQ(f32.refreshed, 0) << scale;
+    EXPECT_EQ(split.refreshed, 0) << scale;  // kept as with f32 products
   }
-  const std::vector<double> rf = f32.coupling.to_vector<double>(), rs = split.coupling.to_vector<double>(),
-                            r1 = coupling_of(one_pass_b).to_vector<double>();
-  for (size_t i = 0; i < size_t(batch); ++i) {
-    const double e_f32 = std::abs(rf[i] - want[i]), e_split = std::abs(rs[i] - want[i]),
-                 e_one = std::abs(r1[i] - want[i]);
-    std::printf("ρ of matrix %zu: f64 %.6e; f32 products %.6e (error %.1e), split TF32 %.6e (%.1e), one TF32 pass "
-                "%.6e (%.1e)\n", i, want[i], rf[i], e_f32, rs[i], e_split, r1[i], e_one);
-    EXPECT_LT(e_split, 3 * e_f32 + 1e-3 * want[i]) << i;
-    EXPECT_GT(e_one, 10 * e_split) << i;
-  }
-  EXPECT_EQ(f32.refreshed, 0);
-  EXPECT_EQ(split.refreshed, 0);  // kept as with f32 products
 }
 
 // The Newton iteration on TF32 tensor cores: converged to its tolerance (2e-3, no fallback) and within the
