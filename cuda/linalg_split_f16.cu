@@ -64,18 +64,17 @@ __global__ void __launch_bounds__(kThreads) scale_to_tf32_kernel(float* __restri
   const int64_t b = blockIdx.y;
   const float s = scales[b];
   float* xb = x + b * per_matrix;
-  float dropped;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < per_matrix / VEC;
        g += int64_t(gridDim.x) * blockDim.x) {
     if constexpr (VEC == 4) {
       float4 v = reinterpret_cast<float4*>(xb)[g];
-      split_tf32_value(v.x * s, v.x, dropped);
-      split_tf32_value(v.y * s, v.y, dropped);
-      split_tf32_value(v.z * s, v.z, dropped);
-      split_tf32_value(v.w * s, v.w, dropped);
+      v.x = scale_to_tf32_value(v.x, s);
+      v.y = scale_to_tf32_value(v.y, s);
+      v.z = scale_to_tf32_value(v.z, s);
+      v.w = scale_to_tf32_value(v.w, s);
       reinterpret_cast<float4*>(xb)[g] = v;
     } else {
-      split_tf32_value(xb[g] * s, xb[g], dropped);
+      xb[g] = scale_to_tf32_value(xb[g], s);
     }
   }
 }

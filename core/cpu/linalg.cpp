@@ -130,10 +130,7 @@ void kernels::scale_to_tf32(const Tensor& x, const Tensor& scales) {
   const int64_t per_matrix = x.size(1) * x.size(2);
   float* px = static_cast<float*>(x.raw_data());
   const float* ps = static_cast<const float*>(scales.raw_data());
-  parallel_for(x.numel(), 4, [&](int64_t i) {
-    float dropped;
-    split_tf32_value(px[i] * ps[i / per_matrix], px[i], dropped);
-  });
+  parallel_for(x.numel(), 4, [&](int64_t i) { px[i] = scale_to_tf32_value(px[i], ps[i / per_matrix]); });
 }
 
 void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info) {

@@ -162,25 +162,41 @@ inline float split_f16_scale(float bound) {
 __host__ __device__
 #endif
 inline void split_f16_value(float x, float scale, uint16_t& hi, uint16_t& lo) {
+  lo = 0;
+  if (x != x) {  // NaN: its sign and 0x7e00, as the CPU's Half writes it (the GPU's x·s would lose the sign)
+#if defined(__CUDA_ARCH__)
+    hi = uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u);
+#else
+    hi = uint16_t(((float_bits(x) >> 16) & 0x8000u) | 0x7e00u);
+#endif
+    return;
+  }
   const float v = x * scale;
 #if defined(__CUDA_ARCH__)
   const __half h = __float2half_rn(v);
-  // NaN as the CPU's Half writes it (the sign and 0x7e00), where the GPU's conversion gives 0x7fff
-  hi = v != v ? uint16_t(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7e00u) : __half_as_ushort(h);
+  hi = __half_as_ushort(h);
   const float rounded = __half2float(h);
 #else
   hi = Half::from_float(v);
   const float rounded = Half::to_float(hi);
 #endif
-  if ((hi & 0x7c00u) == 0x7c00u) {  // inf or NaN
-    lo = 0;
-    return;
-  }
+  if ((hi & 0x7c00u) == 0x7c00u) return;  // inf: x infinite, or x·s beyond f16's range
 #if defined(__CUDA_ARCH__)
   lo = __half_as_ushort(__float2half_rn(v - rounded));
 #else
   lo = Half::from_float(v - rounded);
 #endif
+}
+
+// One element of scale_to_tf32: x·scale rounded to TF32 (a NaN kept as it is: the GPU's product would
+// replace its bits). The CPU's loop and the GPU's kernel both call it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float scale_to_tf32_value(float x, float scale) {
+  float hi = x, dropped;
+  if (x == x) split_tf32_value(x * scale, hi, dropped);
+  return hi;
 }
 
 // kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four

@@ -220,7 +220,7 @@ TEST(CudaLinalg, SplitF16IsTheCpusBitForBit) {
       const Tensor cat = zeros({batch, r, 3 * c}, {.dtype = DType::f16, .device = d});
       kernels::split_f16(x.to(d), bounds.to(d), scales, cat.narrow(2, c, c), cat.narrow(2, 0, c),
                          cat.narrow(2, 2 * c, c));
-      const Tensor y = x.to(d);
+      const Tensor y = x.clone().to(d);  // (x.to(cpu) would be x itself, written in place)
       kernels::scale_to_tf32(y, scales);
       return std::tuple{scales.cpu(), cat.cpu(), y.cpu()};
     };
