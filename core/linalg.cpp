@@ -70,8 +70,8 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
 // ΔB_ij/sqrt(λ_i·λ_j) that ρ and the root follow (a CPU emulation, n 256..1024, condition 1e3..1e8: largest
 // 6e-5..1e-4, where three TF32 products gave ~1e-5 and the f32 products measured on the GPU 2-6e-4). The caller
 // reads that entry (kernels::kept_basis_expansion's pick). Three TF32 products for T took a fifth of a GPT-2
-// root step (5.2 of 21 ms on an H200).
-Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
+// root step (5.2 of 21 ms on an H200). split: *q16 is set to q·2^13 in f16 (a view of q's split).
+Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split, Tensor* q16) {
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
     return matmul(q.transpose(-2, -1), matmul(a3, q));
@@ -81,15 +81,17 @@ Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   const TensorOptions f16{.dtype = DType::f16, .device = a3.device()};
   const Tensor a_scales = empty({b}, f32), q_scales = empty({b}, f32);
   const Tensor aq = empty({b, n, n}, f32);
+  const Tensor q_split = empty({b, 3 * n, n}, f16);
+  *q16 = q_split.narrow(1, 0, n);  // q·2^13 in f16, for the roots' products (kept_root_products_f16)
   {
-    const Tensor a_split = empty({b, n, 3 * n}, f16), q_split = empty({b, 3 * n, n}, f16);
+    const Tensor a_split = empty({b, n, 3 * n}, f16);
     const Tensor a_bounds = amax(abs(a3.view({b, n * n}).slice(1, 0, n * n, n + 1)), {-1});
     kernels::split_f16(a3, a_bounds, a_scales, a_split.narrow(2, n, n), a_split.narrow(2, 0, n),
                        a_split.narrow(2, 2 * n, n));
     kernels::split_f16(q, ones({b}, f32), q_scales, q_split.narrow(1, 0, n), q_split.narrow(1, n, n),
                        q_split.narrow(1, 2 * n, n));
     kernels::bmm_add(a_split, q_split, aq, 1.0, 0.0);
-  }  // the split operands freed here
+  }  // a's split freed here
   kernels::scale_to_tf32(aq, rdiv(mul(a_scales, q_scales), 1.0));  // powers of two, 2^-113..2^87: exact
   const cuda::AllowTf32Guard on(true, true);
   const Tensor q_rounded = empty_like(q);
@@ -97,6 +99,34 @@ Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   const Tensor coupled = empty_like(aq);
   kernels::bmm_add(q_rounded.transpose(-2, -1), aq, coupled, 1.0, 0.0);
   return coupled;
+}
+
+// q·M·qᵀ of (b, n, n) kept bases q and middles M (f32 on a GPU with options.tf32) as two f16 products: twice
+// the TF32 rate, with TF32's 11 bits an operand (rounded to nearest, where the tensor cores truncate f32 to
+// TF32). q16 = q·2^13 (rayleigh_matrix's). M is scaled by one power of two for the batch, from a bound on its
+// entries: its largest diagonal root times max(1, 1.5·tolerance) (off the diagonal |M_ij| = |F_ij·B_ij| ≤
+// ~1.41·ρ_i·max_j f(φ_j), and ρ_i ≤ tolerance where the basis is kept; a refreshed matrix's root is
+// overwritten, and split_f16 leaves 4x room above its bound). W = q·M is written in f16 scaled by
+// 2^-(13 + ⌈log2 sqrt(n)⌉): |W_ij| ≤ ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14. The second
+// product's alpha undoes every scale on the device (bmm_device_alpha): no host read.
+Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots,
+                              double tolerance) {
+  const int64_t b = middle.size(0), n = middle.size(-1);
+  const TensorOptions f32{.dtype = DType::f32, .device = middle.device()};
+  const TensorOptions f16{.dtype = DType::f16, .device = middle.device()};
+  const Tensor bounds = mul(amax(diagonal_roots), std::max(1.0, 1.5 * tolerance)).reshape({1}).expand({b}).contiguous();
+  const Tensor m16 = empty({b, n, n}, f16), m_scales = empty({b}, f32);
+  kernels::split_f16(middle, bounds, m_scales, m16, Tensor(), Tensor());
+  int log2_sqrt_n = 0;  // ⌈log2 sqrt(n)⌉: the least k with 4^k >= n
+  while ((int64_t(1) << (2 * log2_sqrt_n)) < n) ++log2_sqrt_n;
+  const double alpha = std::ldexp(1.0, -(13 + log2_sqrt_n));
+  const Tensor w16 = empty({b, n, n}, f16);
+  kernels::bmm_add(q16, m16, w16, alpha, 0.0);
+  // W·(q·2^13)ᵀ = alpha·2^26·s_M·q·M·qᵀ: powers of two, exact
+  const Tensor unscale = rdiv(mul(m_scales.narrow(0, 0, 1), alpha * 0x1p26), 1.0);
+  const Tensor root = empty({b, n, n}, f32);
+  kernels::bmm_device_alpha(w16, q16.transpose(-2, -1), root, unscale);
+  return root;
 }
 
 // max_j |‖q_j‖² − 1| of each (b, n, n) basis (1 for a basis of zeros): the column sums of q∘q as one product
@@ -282,7 +312,8 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // λ_j = B_jj, lifted as the eigen method lifts eigenvalues and floored at n·u·λ_max (u the dtype's unit
   // roundoff).
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
-  const Tensor coupled = rayleigh_matrix(a3, q, tf32);
+  Tensor q16;  // split: q·2^13 in f16, for the roots' products
+  const Tensor coupled = rayleigh_matrix(a3, q, tf32, &q16);
   Tensor diagonal = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1);
   diagonal.add_(options.epsilon);
   const Tensor quotients = diagonal.contiguous();
@@ -292,15 +323,19 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // in one pass over B: the kept basis' root expansion (core/kernels/linalg.h) and each row's coupling
   // Σ_{j≠i} B_ij²/(λ_i·λ_j), whose largest is ρ²
   const Tensor middle = empty({b, n, n}, like), row_coupling = empty({b, n}, like);
-  kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), pow(lifted, -1.0 / p), p, middle,
-                                row_coupling);
+  const Tensor diagonal_roots = pow(lifted, -1.0 / p);
+  kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), diagonal_roots, p, middle, row_coupling);
   // the figures: ρ, the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and
   // the quotients' sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is)
   out.figures = stack({sqrt(amax(row_coupling, {-1})), column_norm_gap(q), sum(quotients, {-1})});
   // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
-  // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on TF32 where asked
-  const cuda::AllowTf32Guard products(true, tf32);
-  out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());
+  // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on f16 where asked
+  if (tf32) {
+    out.root = kept_root_products_f16(q16, middle, diagonal_roots, options.warm_tolerance).reshape(a.sizes());
+  } else {
+    const cuda::AllowTf32Guard exact(true, false);
+    out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());
+  }
   return out;
 }
 

@@ -25,7 +25,8 @@ struct F16Out {  // an output view: element (b, i, j) at base + b·matrix_stride
   __device__ uint16_t* at(int64_t b, int64_t i) const { return base + b * matrix_stride + i * row_stride; }
 };
 
-// VEC = 4: c % 4 == 0, x 16-byte aligned, every output row 8-byte aligned; hi_again.base null: not written
+// VEC = 4: c % 4 == 0, x 16-byte aligned, every output row 8-byte aligned; lo.base or hi_again.base null: not
+// written
 template <int VEC>
 __global__ void __launch_bounds__(kThreads) split_f16_kernel(const float* __restrict__ x, const float* __restrict__ bounds,
                                                              float* __restrict__ scales, int64_t r, int64_t c,
@@ -45,13 +46,13 @@ __global__ void __launch_bounds__(kThreads) split_f16_kernel(const float* __rest
       split_f16_value(v.z, s, h.z, l.z);
       split_f16_value(v.w, s, h.w, l.w);
       *reinterpret_cast<ushort4*>(hi.at(b, i) + j) = h;
-      *reinterpret_cast<ushort4*>(lo.at(b, i) + j) = l;
+      if (lo.base != nullptr) *reinterpret_cast<ushort4*>(lo.at(b, i) + j) = l;
       if (hi_again.base != nullptr) *reinterpret_cast<ushort4*>(hi_again.at(b, i) + j) = h;
     } else {
       uint16_t h, l;
       split_f16_value(xb[e], s, h, l);
       hi.at(b, i)[j] = h;
-      lo.at(b, i)[j] = l;
+      if (lo.base != nullptr) lo.at(b, i)[j] = l;
       if (hi_again.base != nullptr) hi_again.at(b, i)[j] = h;
     }
   }

@@ -116,10 +116,12 @@ void kernels::split_f16(const Tensor& x, const Tensor& bounds, const Tensor& sca
     return static_cast<uint16_t*>(t.raw_data()) + (row / r) * t.stride(0) + (row % r) * t.stride(1);
   };
   parallel_for(rows, c, [&](int64_t row) {
-    uint16_t *h = at(hi, row), *l = at(lo, row), *again = hi_again.defined() ? at(hi_again, row) : nullptr;
+    uint16_t *h = at(hi, row), *l = lo.defined() ? at(lo, row) : nullptr;
+    uint16_t* again = hi_again.defined() ? at(hi_again, row) : nullptr;
     const float s = ps[row / r];
     for (int64_t j = 0; j < c; ++j) {
-      split_f16_value(px[row * c + j], s, h[j], l[j]);
+      uint16_t dropped;
+      split_f16_value(px[row * c + j], s, h[j], l ? l[j] : dropped);
       if (again) again[j] = h[j];
     }
   });

@@ -64,9 +64,10 @@ KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo
 // and to 2^-25 absolute below (f16's subnormals), so a product of two split operands, lo·hi + hi·lo + hi·hi
 // with f32 accumulation, is as accurate as three TF32 products wherever the entries that matter are within
 // ~2^27 of the bound. A non-finite x·s (x not finite, or beyond 65504) gives hi = f16(x·s) and lo = 0. x
-// contiguous f32; bounds and scales (batch) f32 contiguous; hi, lo and hi_again (hi written twice, for an
-// operand whose concatenation reads it twice; may be undefined) f16 (batch, r, c) with unit stride along c,
-// any other strides (views into one concatenated operand). Bit-identical on the CPU and the GPU.
+// contiguous f32; bounds and scales (batch) f32 contiguous; hi, lo (may be undefined: x·s rounded to f16
+// alone) and hi_again (hi written twice, for an operand whose concatenation reads it twice; may be undefined)
+// f16 (batch, r, c) with unit stride along c, any other strides (views into one concatenated operand).
+// Bit-identical on the CPU and the GPU.
 KILN_KERNEL(split_f16, void(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
                             const Tensor& lo, const Tensor& hi_again));
 
@@ -127,10 +128,10 @@ inline void check_split_f16(const Tensor& x, const Tensor& bounds, const Tensor&
     return t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && matrices && t.sizes() == Shape{x.size(0)} &&
            t.device() == x.device();
   };
-  KILN_CHECK(matrices && vector(bounds) && vector(scales) && fits(hi) && fits(lo) &&
+  KILN_CHECK(matrices && vector(bounds) && vector(scales) && fits(hi) && (!lo.defined() || fits(lo)) &&
                  (!hi_again.defined() || fits(hi_again)),
              "split_f16: expected contiguous f32 x (batch, r, c), contiguous f32 bounds and scales (batch), and f16 "
-             "hi, lo (and hi_again, or undefined) of x's shape with unit stride along c, on x's device; got x ",
+             "hi (lo and hi_again, or undefined) of x's shape with unit stride along c, on x's device; got x ",
              str(x), ", bounds ", str(bounds), ", scales ", str(scales), ", hi ", str(hi), ", lo ", str(lo),
              ", hi_again ", str(hi_again));
 }
