@@ -129,13 +129,6 @@ Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Ten
   return root;
 }
 
-// max_j |‖q_j‖² − 1| of each (b, n, n) basis (1 for a basis of zeros): the column sums of q∘q as one product
-// with a row of ones (a sum over dim -2 would first copy q transposed)
-Tensor column_norm_gap(const Tensor& q) {
-  const cuda::AllowTf32Guard exact(true, false);
-  const Tensor norms = matmul(ones({1, q.size(-1)}, {.dtype = q.dtype(), .device = q.device()}), square(q));
-  return amax(abs(add(norms.squeeze(-2), -1.0)), {-1});
-}
 
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
 Eigh checked_eigh(const char* op, const Tensor& ridged) {
@@ -327,7 +320,9 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), diagonal_roots, p, middle, row_coupling);
   // the figures: ρ, the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and
   // the quotients' sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is)
-  out.figures = stack({sqrt(amax(row_coupling, {-1})), column_norm_gap(q), sum(quotients, {-1})});
+  const Tensor gaps = empty({b}, like);
+  kernels::column_norm_gap(q, gaps);
+  out.figures = stack({sqrt(amax(row_coupling, {-1})), gaps, sum(quotients, {-1})});
   // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
   // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on f16 where asked
   if (tf32) {

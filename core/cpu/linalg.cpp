@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <kiln/core/cpu/strided.h>
 #include <kiln/core/kernels/linalg.h>
@@ -102,6 +103,29 @@ void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
   }
   float* pl = static_cast<float*>(lo.raw_data());
   parallel_for(x.numel(), 4, [&](int64_t i) { split_tf32_value(px[i], ph[i], pl[i]); });
+}
+
+void kernels::column_norm_gap(const Tensor& q, const Tensor& gap) {
+  check_column_norm_gap(q, gap);
+  const int64_t batch = q.size(0), n = q.size(1);
+  KILN_DISPATCH_FLOATING(q.dtype(), "column_norm_gap", {
+    const scalar_t* pq = static_cast<const scalar_t*>(q.raw_data());
+    scalar_t* pg = static_cast<scalar_t*>(gap.raw_data());
+    parallel_for(batch, n * n, [&](int64_t b) {
+      std::vector<double> norms(size_t(n), 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const double v = double(pq[(b * n + i) * n + j]);
+          norms[size_t(j)] += v * v;
+        }
+      double largest = n == 0 ? 0.0 : std::abs(norms[0] - 1.0);
+      for (int64_t j = 1; j < n; ++j) {
+        const double d = std::abs(norms[size_t(j)] - 1.0);
+        if (d > largest || std::isnan(d)) largest = std::isnan(largest) ? largest : d;
+      }
+      pg[b] = scalar_t(largest);
+    });
+  });
 }
 
 void kernels::split_f16(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,

@@ -46,6 +46,12 @@ KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floo
                                        const Tensor& diagonal_roots, double p, const Tensor& middle,
                                        const Tensor& coupling));
 
+// How far a basis' columns are from unit norm: gap_b = max_j |Σ_i q_bij² − 1| for q (batch, n, n) contiguous,
+// f32 or f64, into gap (batch) of q's dtype and device (1 for a basis of zeros; NaN where q has one). The
+// squares summed in f64, in a fixed order: one pass over q (where a product with a row of ones took a squared
+// copy and a read of it). linalg::inverse_root_warm keeps a basis only where this is small.
+KILN_KERNEL(column_norm_gap, void(const Tensor& q, const Tensor& gap));
+
 // The split that carries an f32 product onto TF32 tensor cores at about f32's accuracy ("3xTF32"): x into
 // hi = x rounded to TF32 (to nearest, ties away from zero: its low 13 mantissa bits zero, so the tensor cores
 // read it exactly) and lo = x − hi (exact in f32; |lo| ≤ 2^-11·|hi| for a normal x). Then a·b = a_hi·b_hi + a_hi·b_lo +
@@ -113,6 +119,17 @@ inline void split_tf32_value(float x, float& hi, float& lo) {
   std::memcpy(&hi, &rounded, 4);
 #endif
   lo = x - hi;
+}
+
+// column_norm_gap's operands, checked by both implementations
+inline void check_column_norm_gap(const Tensor& q, const Tensor& gap) {
+  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
+  const bool basis = q.defined() && q.dim() == 3 && q.size(1) == q.size(2) && q.is_contiguous() &&
+                     (q.dtype() == DType::f32 || q.dtype() == DType::f64);
+  KILN_CHECK(basis && gap.defined() && gap.sizes() == Shape{q.size(0)} && gap.dtype() == q.dtype() &&
+                 gap.device() == q.device() && gap.is_contiguous(),
+             "column_norm_gap: expected a contiguous f32 or f64 q (batch, n, n) and a contiguous gap (batch) of its "
+             "dtype and device; got q ", str(q), ", gap ", str(gap));
 }
 
 // split_f16's and scale_to_tf32's operands, checked by both implementations

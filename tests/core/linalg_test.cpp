@@ -513,6 +513,30 @@ TEST(LinalgSplitTf32, HiIsTheNearestTf32AndLoTheExactRemainder) {
   EXPECT_EQ(std::memcmp(r.data(), h.data(), h.size() * sizeof(float)), 0);
 }
 
+// column_norm_gap: max_j |‖q_j‖² − 1| per basis: ~0 for an orthonormal one, the one stretched column's gap, 1
+// for zeros, NaN where q has one; f32 and f64; bad shapes are errors.
+TEST(LinalgColumnNormGap, IsTheLargestColumnNormOffOne) {
+  Generator gen(21);
+  for (DType t : {DType::f64, DType::f32}) {
+    const int64_t n = 9;
+    const Tensor g = randn({n, n}, {.dtype = DType::f64}, &gen);
+    const Tensor orthonormal = linalg::eigh(add(g, g.transpose(0, 1))).eigenvectors;
+    Tensor q = stack({orthonormal, orthonormal, zeros({n, n}, {.dtype = DType::f64}), orthonormal});
+    q.select(0, 1).narrow(1, 4, 1).mul_(1.1);  // column 4: norm² 1.21
+    q.select(0, 3).select(0, 2).select(0, 7).fill_(NAN);
+    q = cast(q, t);
+    const Tensor gap = empty({4}, {.dtype = t});
+    kernels::column_norm_gap(q, gap);
+    const std::vector<double> got = cast(gap, DType::f64).to_vector<double>();
+    EXPECT_LT(got[0], t == DType::f64 ? 1e-14 : 1e-6) << dtype_name(t);
+    EXPECT_NEAR(got[1], 0.21, t == DType::f64 ? 1e-14 : 1e-6) << dtype_name(t);
+    EXPECT_EQ(got[2], 1.0) << dtype_name(t);
+    EXPECT_TRUE(std::isnan(got[3])) << dtype_name(t);
+  }
+  EXPECT_THROW(kernels::column_norm_gap(zeros({2, 3, 4}), empty({2})), Error);
+  EXPECT_THROW(kernels::column_norm_gap(zeros({2, 3, 3}), empty({2}, {.dtype = DType::f64})), Error);
+}
+
 // split_f16: each matrix scaled by a power of two that puts its bound in [2^13, 2^14) (1 for a bound of 0 or
 // NaN); hi the nearest f16 of x·s and lo the nearest f16 of the exact remainder, so hi + lo is x·s to 2^-22 of
 // it (2^-25 absolute among f16's subnormals); hi written again where asked; non-finite or overflowing x·s in

@@ -2,6 +2,7 @@
 // against the CPU: eigenvalues equal, eigenvectors reconstruct the input and are orthonormal, inverse roots
 // equal the CPU's by both methods, in f32 and f64, for sizes 1..1024 (each size its own batched call, as
 // Shampoo's blocks of mixed sizes are), including ill-conditioned and singular matrices.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -198,6 +199,38 @@ TEST(CudaLinalg, SplitTf32IsTheCpusBitForBit) {
       EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0) << "offset " << offset;
     }
   }
+}
+
+// column_norm_gap on the GPU agrees with the CPU's (both sum in f64, in different orders): orthonormal bases
+// whose columns are stretched by up to 1e-3, sizes across the 32-column tiles (1, 33, 1027), a zero basis and
+// a NaN, f32 and f64.
+TEST(CudaLinalg, ColumnNormGapMatchesTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(48);
+  for (DType t : {DType::f64, DType::f32})
+    for (int64_t n : {1, 33, 1027}) {
+      const Tensor g = randn({3, n, n}, {.dtype = DType::f64});
+      Tensor q = linalg::eigh(add(g, g.transpose(-2, -1))).eigenvectors;
+      q = mul(q, add(mul(rand({3, 1, n}, {.dtype = DType::f64}), 1e-3), 1.0));
+      if (n > 1) {
+        q.select(0, 1).zero_();
+        q.select(0, 2).select(0, n - 1).select(0, n / 2).fill_(NAN);
+      }
+      q = cast(q, t);
+      const Tensor want = empty({3}, {.dtype = t}), got = empty({3}, {.dtype = t, .device = gpu()});
+      kernels::column_norm_gap(q, want);
+      kernels::column_norm_gap(q.to(gpu()), got);
+      const std::vector<double> w = cast(want, DType::f64).to_vector<double>(),
+                                g2 = cast(got.cpu(), DType::f64).to_vector<double>();
+      for (size_t i = 0; i < 3; ++i) {
+        if (std::isnan(w[i])) {
+          EXPECT_TRUE(std::isnan(g2[i])) << dtype_name(t) << " n " << n << " matrix " << i;
+          continue;
+        }
+        EXPECT_NEAR(g2[i], w[i], (t == DType::f64 ? 1e-12 : 1e-6) * std::max(w[i], 1e-3))
+            << dtype_name(t) << " n " << n << " matrix " << i;
+      }
+    }
 }
 
 // split_f16 and scale_to_tf32 on the GPU are the CPU's bit for bit: values over ~35 binades and specials,
