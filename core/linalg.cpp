@@ -59,10 +59,10 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
 // the small Rayleigh quotients that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a
 // GPU): T = a·q as three f16 products of split operands (kernels::split_f16), about f32's accuracy (2^-22 of
 // the terms' size) at twice the TF32 rate, as one product over K = 3n of the concatenated operands
-// [a_lo | a_hi | a_hi]·[q_hi; q_lo; q_hi] (the smallest terms first; one pass over T where three accumulating
-// products took three). The scales that put the operands in f16's range: a's from its largest diagonal entry
-// (a PSD matrix has no larger entry; one 4x larger still fits, and a matrix that overflows has a non-finite B,
-// which refreshes it), q's from 1 (a basis' unit columns; one that is not is refreshed by its column norms).
+// [a_lo | a_hi | a_hi]·[q_hi; q_lo; q_hi] (one pass over T where three accumulating products took three). The
+// scales that put the operands in f16's range: a's from its largest diagonal entry (a PSD matrix has no larger
+// entry; one ~4x larger still fits, and a matrix that overflows has a non-finite B, which refreshes it), q's
+// from 1 (a basis' unit columns; one that is not is refreshed by its column norms).
 // Then qᵀ·T as one TF32 pass of q and T rounded to TF32 (the tensor cores would truncate them: a bias of
 // ~-2^-11 on every entry; kernels::scale_to_tf32 undoes T's scale in the same pass). That product is not
 // symmetric: its entry (i, j) = q_iᵀ·T_j is off by ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so
@@ -103,18 +103,20 @@ Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split, Tensor* q1
 
 // q·M·qᵀ of (b, n, n) kept bases q and middles M (f32 on a GPU with options.tf32) as two f16 products: twice
 // the TF32 rate, with TF32's 11 bits an operand (rounded to nearest, where the tensor cores truncate f32 to
-// TF32). q16 = q·2^13 (rayleigh_matrix's). M is scaled by one power of two for the batch, from a bound on its
-// entries: its largest diagonal root times max(1, 1.5·tolerance) (off the diagonal |M_ij| = |F_ij·B_ij| ≤
-// ~1.41·ρ_i·max_j f(φ_j), and ρ_i ≤ tolerance where the basis is kept; a refreshed matrix's root is
-// overwritten, and split_f16 leaves 4x room above its bound). W = q·M is written in f16 scaled by
-// 2^-(13 + ⌈log2 sqrt(n)⌉): |W_ij| ≤ ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14. The second
-// product's alpha undoes every scale on the device (bmm_device_alpha): no host read.
-Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots,
+// TF32). q16 = q·2^13 (rayleigh_matrix's). Each M is scaled by a power of two from a bound on its entries:
+// its largest diagonal root times max(1, 1.5·tolerance·max(1, 1/p)) (off the diagonal |M_ij| = |F_ij·B_ij| is
+// at most ~1.41·ρ_i·max_j f(φ_j) for quotients apart by 2x or more, and ~1.41·ρ_i·max_j f(φ_j)/p for nearer
+// ones, with ρ_i ≤ tolerance where the basis is kept; a refreshed matrix's root is overwritten, and split_f16
+// leaves ~4x room above its bound). W = q·M is written in f16 scaled by 2^-(13 + ⌈log2 sqrt(n)⌉): |W_ij| ≤
+// ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14 whatever M's scale, and each matrix keeps f16's range
+// below it (one scale for a batch would push a matrix whose roots are 2^20 below another's into f16's
+// subnormals). The second product undoes the common scales (host alpha), and one pass each matrix's own.
+Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots, double p,
                               double tolerance) {
   const int64_t b = middle.size(0), n = middle.size(-1);
   const TensorOptions f32{.dtype = DType::f32, .device = middle.device()};
   const TensorOptions f16{.dtype = DType::f16, .device = middle.device()};
-  const Tensor bounds = mul(amax(diagonal_roots), std::max(1.0, 1.5 * tolerance)).reshape({1}).expand({b}).contiguous();
+  const Tensor bounds = mul(amax(diagonal_roots, {-1}), std::max(1.0, 1.5 * tolerance * std::max(1.0, 1.0 / p)));
   const Tensor m16 = empty({b, n, n}, f16), m_scales = empty({b}, f32);
   kernels::split_f16(middle, bounds, m_scales, m16, Tensor(), Tensor());
   int log2_sqrt_n = 0;  // ⌈log2 sqrt(n)⌉: the least k with 4^k >= n
@@ -123,12 +125,11 @@ Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Ten
   const Tensor w16 = empty({b, n, n}, f16);
   kernels::bmm_add(q16, m16, w16, alpha, 0.0);
   // W·(q·2^13)ᵀ = alpha·2^26·s_M·q·M·qᵀ: powers of two, exact
-  const Tensor unscale = rdiv(mul(m_scales.narrow(0, 0, 1), alpha * 0x1p26), 1.0);
-  const Tensor root = empty({b, n, n}, f32);
-  kernels::bmm_device_alpha(w16, q16.transpose(-2, -1), root, unscale);
+  Tensor root = empty({b, n, n}, f32);
+  kernels::bmm_add(w16, q16.transpose(-2, -1), root, 1.0 / (alpha * 0x1p26), 0.0);
+  root.mul_(rdiv(m_scales, 1.0).view({b, 1, 1}));
   return root;
 }
-
 
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
 Eigh checked_eigh(const char* op, const Tensor& ridged) {
@@ -326,7 +327,7 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
   // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on f16 where asked
   if (tf32) {
-    out.root = kept_root_products_f16(q16, middle, diagonal_roots, options.warm_tolerance).reshape(a.sizes());
+    out.root = kept_root_products_f16(q16, middle, diagonal_roots, p, options.warm_tolerance).reshape(a.sizes());
   } else {
     const cuda::AllowTf32Guard exact(true, false);
     out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());

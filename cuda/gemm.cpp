@@ -104,7 +104,6 @@ struct PlanKey {
   int64_t aux_ld;
   uint32_t align_bias, align_aux;  // the heuristic reads the epilogue pointers' alignment
   int sm_target;                   // 0: every SM; else set_sm_carveout's (multiprocessors - n)
-  bool device_scalars = false;     // alpha and beta read from device memory (bmm_device_alpha)
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -160,10 +159,6 @@ static Plan build_plan(const PlanKey& key, DType in_dt, DType out_dt, size_t wor
   cublasOperation_t op_b = key.a_row ? CUBLAS_OP_N : CUBLAS_OP_T;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (key.device_scalars) {
-    const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
-  }
   if (key.sm_target > 0) {
     int32_t sms = key.sm_target;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
@@ -282,8 +277,7 @@ static bool stream_capturing() {
 // Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
 // output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep, bool accumulate, double alpha_value, double beta_value,
-              const float* device_scalars) {
+              const EpilogueSpec& ep, bool accumulate, double alpha_value, double beta_value) {
   int64_t B = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
   DType dt = out.dtype(), in_dt = a.dtype();
   bool tf32 = in_dt == DType::f32 && tf32_flag().load(std::memory_order_relaxed);
@@ -292,7 +286,7 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   PlanKey key{out.device().index, int(dt), int(in_dt), tf32, B, M, N, K, oa.row_major, ob.row_major, oa.ld, ob.ld,
               oa.batch_stride, ob.batch_stride, alignment_of(a.raw_data()), alignment_of(b.raw_data()),
               alignment_of(out.raw_data()), uint32_t(ep.kind), ep.aux ? ep.aux_ld : 0,
-              ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0, 0, device_scalars != nullptr};
+              ep.bias ? alignment_of(ep.bias) : 0, ep.aux ? alignment_of(ep.aux) : 0, 0};
   if (int carve = sm_carveout_count().load(std::memory_order_relaxed); carve > 0) {
     int sms = 0;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, key.device));
@@ -302,19 +296,14 @@ bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand
   double alpha_d = alpha_value, beta_d = accumulate ? beta_value : 0.0;
   const void* alpha = dt == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = dt == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
-  if (device_scalars) {  // (alpha, beta) in device memory, f32 (the scale type of every dtype but f64)
-    alpha = device_scalars;
-    beta = device_scalars + 1;
-  }
   // The lock also covers the launch of an epilogue plan: its pointers live in the shared descriptor.
   // cublasLtMatmul only enqueues (microseconds) and reads the descriptor before returning.
   std::unique_lock<std::mutex> lock(plan_mutex());
   const double flops = 2.0 * double(B) * double(M) * double(N) * double(K);
   auto it = plans().find(key);
   if (it == plans().end()) {
-    // (device scalars: the heuristic's choice; timing candidates would need their beta on the host)
     const bool benchmark = benchmark_flag().load(std::memory_order_relaxed) && flops >= kBenchmarkMinFlops &&
-                           !stream_capturing() && !device_scalars;
+                           !stream_capturing();
     it = plans().emplace(key, build_plan(key, in_dt, dt, ws_bytes, ep, benchmark ? kBenchmarkCandidates : 1)).first;
   }
   Plan& plan = it->second;
@@ -412,28 +401,6 @@ void kernels::bmm_add(const Tensor& a_in, const Tensor& b_in, const Tensor& out,
   Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
   KILN_CHECK(try_gemm(a, oa, b, ob, out, EpilogueSpec{}, /*accumulate=*/true, alpha, beta), "bmm_add: cuBLASLt has no algorithm for ",
              a_in.str(), " · ", b_in.str(), " added to ", out.str());
-}
-
-void kernels::bmm_device_alpha(const Tensor& a_in, const Tensor& b_in, const Tensor& out, const Tensor& alpha) {
-  NvtxRange range("bmm_device_alpha");
-  check_bmm_add(a_in, b_in, out);
-  check_device_alpha(alpha, out);
-  (void)type_info(a_in.dtype(), false);
-  DeviceGuard guard(out.device().index);
-  if (out.numel() == 0) return;
-  if (a_in.size(2) == 0) {  // an empty product: zeros (beta = 0)
-    Tensor handle = out;
-    handle.zero_();
-    return;
-  }
-  // (alpha, beta = 0) side by side in device memory, as cuBLASLt's device pointer mode reads them
-  const Tensor scalars = zeros({2}, {.dtype = DType::f32, .device = out.device()});
-  scalars.narrow(0, 0, 1).copy_(alpha.reshape({1}));
-  Operand oa, ob;
-  Tensor a = as_operand(a_in, &oa), b = as_operand(b_in, &ob);
-  KILN_CHECK(try_gemm(a, oa, b, ob, out, EpilogueSpec{}, /*accumulate=*/false, 1.0, 0.0,
-                      static_cast<const float*>(scalars.raw_data())),
-             "bmm_device_alpha: cuBLASLt has no algorithm for ", a_in.str(), " · ", b_in.str(), " -> ", out.str());
 }
 
 bool kernels::matmul_accumulate_f32(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {

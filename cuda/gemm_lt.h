@@ -41,10 +41,8 @@ struct EpilogueSpec {
 // Returns false, launching nothing, when cuBLASLt has no algorithm for it. a and b share a dtype: the
 // output's, or bf16/f16 with an f32 output (f32 accumulation written without rounding to 16 bits).
 // alpha scales the product (before the bias epilogue adds its bias); beta scales out's old values when
-// accumulate. device_scalars, where given: (alpha, beta) as two f32 in device memory, read there instead
-// (cuBLASLt's device pointer mode; not f64).
+// accumulate.
 bool try_gemm(const Tensor& a, const Operand& oa, const Tensor& b, const Operand& ob, const Tensor& out,
-              const EpilogueSpec& ep, bool accumulate = false, double alpha = 1.0, double beta = 1.0,
-              const float* device_scalars = nullptr);
+              const EpilogueSpec& ep, bool accumulate = false, double alpha = 1.0, double beta = 1.0);
 
 }  // namespace kiln::cuda

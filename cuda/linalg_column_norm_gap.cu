@@ -23,13 +23,13 @@ struct NanMaxOp {  // max that keeps NaN
   __device__ double operator()(double a, double b) const { return a != a || b != b ? a + b : (a > b ? a : b); }
 };
 
-// block (tile t, matrix k) -> partial[k][t]
+// block (matrix k, tile t) -> partial[k][t]
 template <class T>
 __global__ void __launch_bounds__(kTile * kRowLanes) column_gap_tile_kernel(const T* __restrict__ q, int64_t n,
                                                                             int64_t tiles, double* __restrict__ partial) {
   __shared__ double sums[kRowLanes][kTile];
   const int tx = int(threadIdx.x) % kTile, ty = int(threadIdx.x) / kTile;
-  const int64_t k = blockIdx.y, t = blockIdx.x, j = t * kTile + tx;
+  const int64_t k = blockIdx.x, t = blockIdx.y, j = t * kTile + tx;
   const T* qk = q + k * n * n;
   double sum = 0;
   if (j < n)
@@ -58,10 +58,11 @@ __global__ void column_gap_kernel(const double* __restrict__ partial, int64_t ba
 template <class T>
 void launch_column_gap(const Tensor& q, const Tensor& gap) {
   const int64_t batch = q.size(0), n = q.size(1), tiles = (n + kTile - 1) / kTile;
-  KILN_CHECK(batch <= 65535, "column_norm_gap: ", batch, " matrices, more than a grid's 65535 rows");
+  KILN_CHECK(batch <= int64_t(INT32_MAX) && tiles <= 65535, "column_norm_gap: ", batch, " matrices of ", n,
+             " columns, more than a grid holds");
   const Tensor partial = empty({batch, tiles}, {.dtype = DType::f64, .device = q.device()});
   double* pp = static_cast<double*>(partial.raw_data());
-  column_gap_tile_kernel<T><<<dim3(unsigned(tiles), unsigned(batch)), kTile * kRowLanes, 0, current_stream()>>>(
+  column_gap_tile_kernel<T><<<dim3(unsigned(batch), unsigned(tiles)), kTile * kRowLanes, 0, current_stream()>>>(
       static_cast<const T*>(q.raw_data()), n, tiles, pp);
   KILN_LAUNCH_CHECK("column_gap_tile_kernel", "column_norm_gap");
   const int threads = 128;

@@ -1,7 +1,7 @@
 // kernels::split_f16 and kernels::scale_to_tf32 on the GPU (core/kernels/linalg.h): the f16 split of f32
 // operands for the three f16 products that stand in for one f32 product (linalg::inverse_root_warm's A·q), and
-// the pass that undoes its scale on the product and rounds it to TF32. Memory-bound: a grid row (blockIdx.y)
-// a matrix, so that its scale is read once a thread; four elements a thread in 16-byte loads (8-byte f16
+// the pass that undoes its scale on the product and rounds it to TF32. Memory-bound: a grid column
+// (blockIdx.x) a matrix, so that its scale is read once a thread; four elements a thread in 16-byte loads (8-byte f16
 // stores) where the shapes and addresses allow, one at a time otherwise.
 #include <algorithm>
 #include <cstdint>
@@ -31,12 +31,12 @@ template <int VEC>
 __global__ void __launch_bounds__(kThreads) split_f16_kernel(const float* __restrict__ x, const float* __restrict__ bounds,
                                                              float* __restrict__ scales, int64_t r, int64_t c,
                                                              F16Out hi, F16Out lo, F16Out hi_again) {
-  const int64_t b = blockIdx.y;
+  const int64_t b = blockIdx.x;
   const float s = split_f16_scale(bounds[b]);
-  if (blockIdx.x == 0 && threadIdx.x == 0) scales[b] = s;
+  if (blockIdx.y == 0 && threadIdx.x == 0) scales[b] = s;
   const float* xb = x + b * r * c;
   const uint32_t groups = uint32_t(r * c / VEC), cols = uint32_t(c);  // a matrix's indices fit 32 bits (checked)
-  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += gridDim.x * blockDim.x) {
+  for (uint32_t g = blockIdx.y * blockDim.x + threadIdx.x; g < groups; g += gridDim.y * blockDim.x) {
     const uint32_t e = g * VEC, i = e / cols, j = e % cols;
     if constexpr (VEC == 4) {
       const float4 v = *reinterpret_cast<const float4*>(xb + e);
@@ -62,11 +62,11 @@ __global__ void __launch_bounds__(kThreads) split_f16_kernel(const float* __rest
 template <int VEC>
 __global__ void __launch_bounds__(kThreads) scale_to_tf32_kernel(float* __restrict__ x, const float* __restrict__ scales,
                                                                  int64_t per_matrix) {
-  const int64_t b = blockIdx.y;
+  const int64_t b = blockIdx.x;
   const float s = scales[b];
   float* xb = x + b * per_matrix;
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < per_matrix / VEC;
-       g += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t g = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; g < per_matrix / VEC;
+       g += int64_t(gridDim.y) * blockDim.x) {
     if constexpr (VEC == 4) {
       float4 v = reinterpret_cast<float4*>(xb)[g];
       v.x = scale_to_tf32_value(v.x, s);
@@ -80,12 +80,12 @@ __global__ void __launch_bounds__(kThreads) scale_to_tf32_kernel(float* __restri
   }
 }
 
-// (blocks along a matrix, matrices): about 8 blocks an SM in all, at least one a matrix
+// (matrices, blocks along a matrix): about 8 blocks an SM in all, at least one a matrix
 dim3 grid_for(int64_t batch, int64_t per_matrix_threads) {
-  KILN_CHECK(batch <= 65535, "split_f16 / scale_to_tf32: ", batch, " matrices, more than a grid's 65535 rows");
+  KILN_CHECK(batch <= int64_t(INT32_MAX), "split_f16 / scale_to_tf32: ", batch, " matrices, more than a grid holds");
   const int64_t want = std::max<int64_t>(int64_t(sm_count()) * 8 / std::max<int64_t>(batch, 1), 1);
   const int64_t along = std::min<int64_t>((per_matrix_threads + kThreads - 1) / kThreads, want);
-  return dim3(unsigned(std::max<int64_t>(along, 1)), unsigned(batch));
+  return dim3(unsigned(batch), unsigned(std::max<int64_t>(along, 1)));
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

@@ -99,8 +99,9 @@ class Shampoo : public Optimizer {
   // The roots' products on TF32 tensor cores too (linalg::InverseRootOptions::tf32). With root_method newton:
   // the iteration's (tolerance 2e-3); GPT-2 124M's 342 roots (H200): 138 ms, against 459 ms by eigh and 566
   // ms by f32 Newton; about 1% from the eigen roots (relative Frobenius distance). With warm_eigen: the
-  // products that build each root from its basis, and the Rayleigh quotients qᵀ·A·q as three TF32 products
-  // of split operands a product (about f32's accuracy, which they need). Off by default.
+  // products that build each root from its basis (a kept basis' q·M·qᵀ as two f16 products, the same 11 bits
+  // an operand), and the Rayleigh quotients qᵀ·A·q, whose A·q runs as three f16 products of split operands
+  // (about f32's accuracy, which they need). Off by default.
   bool root_tf32 = false;
   // With root_method newton: the iteration's limit (linalg::InverseRootOptions::max_iterations); the factors
   // still above the tolerance after it are computed by the eigen method, in one batched job.

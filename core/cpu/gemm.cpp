@@ -165,11 +165,4 @@ void kernels::scaled_gemm(const Tensor& a, const Tensor& b, const Tensor& scale_
   copy(acc, out);
 }
 
-
-void kernels::bmm_device_alpha(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& alpha) {
-  check_bmm_add(a, b, out);
-  check_device_alpha(alpha, out);
-  kernels::bmm_add(a, b, out, double(alpha.item<float>()), 0.0);
-}
-
 }  // namespace kiln::cpu

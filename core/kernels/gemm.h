@@ -12,10 +12,6 @@ KILN_KERNEL(bmm, void(const Tensor& a, const Tensor& b, const Tensor& out));
 // the product): the scaled product added to the scaled old values in the compute dtype and rounded once (on
 // the GPU, cuBLASLt's alpha and beta). alpha = beta = 1: out += a·b; beta = 0: out's old values are not read.
 KILN_KERNEL(bmm_add, void(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta));
-// out (B, M, N) = alpha · a · b with bmm_add's operands and beta = 0, alpha a one-element f32 tensor on out's
-// device (out f32, f16 or bf16): a scale known only on the device, read there (on the GPU cuBLASLt's device
-// pointer mode), so the product needs no host read of it.
-KILN_KERNEL(bmm_device_alpha, void(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& alpha));
 // Optional: out (M, N) f32 = a (M, K) · b (K, N), plus out's old value when accumulate; a and b of one dtype
 // (bf16/f16: products accumulated and written in f32, no rounding).
 KILN_CUDA_KERNEL(matmul_accumulate_f32, bool(const Tensor& a, const Tensor& b, const Tensor& out,
@@ -47,12 +43,5 @@ inline void check_bmm_add(const Tensor& a, const Tensor& b, const Tensor& out) {
                  b.size(2) == out.size(2) && a.size(2) == b.size(1),
              "bmm_add: expected a (B, M, K) and b (B, K, N) of out's dtype (or bf16/f16 with an f32 out), on out's "
              "device, and a contiguous out (B, M, N); got ", a.str(), ", ", b.str(), " -> ", out.str());
-}
-// bmm_device_alpha's alpha, checked by both implementations (the operands as bmm_add's)
-inline void check_device_alpha(const Tensor& alpha, const Tensor& out) {
-  KILN_CHECK(alpha.defined() && alpha.numel() == 1 && alpha.dtype() == DType::f32 && alpha.device() == out.device() &&
-                 out.dtype() != DType::f64,
-             "bmm_device_alpha: expected a one-element f32 alpha on out's device and an f32, f16 or bf16 out; got alpha ",
-             alpha.defined() ? alpha.str() : std::string("undefined"), " -> ", out.str());
 }
 }  // namespace kiln

@@ -63,17 +63,18 @@ KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo
 
 // The split that carries an f32 product onto f16 tensor cores at about f32's accuracy ("3xF16", at twice the
 // TF32 rate): each matrix x_b of x (batch, r, c) scaled by s_b = 2^(14 − e_b), bounds_b = m·2^e_b with m in
-// [0.5, 1) (split_f16_scale: a bound of x_b's entries lands in [2^13, 2^14), so up to 4x the bound fits f16's
-// 65504; the power of two makes the scaling exact; 1 for a bound that is 0, negative or not finite; the shift
-// kept within ±100), written to scales (batch); then hi = x·s rounded to f16 (to nearest even) and lo =
-// (x·s − hi) rounded to f16 (x·s − hi is exact in f32). hi + lo is x·s to 2^-22 of its size for x·s ≥ 2^-3,
-// and to 2^-25 absolute below (f16's subnormals), so a product of two split operands, lo·hi + hi·lo + hi·hi
-// with f32 accumulation, is as accurate as three TF32 products wherever the entries that matter are within
-// ~2^27 of the bound. A non-finite x·s (x not finite, or beyond 65504) gives hi = f16(x·s) and lo = 0. x
-// contiguous f32; bounds and scales (batch) f32 contiguous; hi, lo (may be undefined: x·s rounded to f16
-// alone) and hi_again (hi written twice, for an operand whose concatenation reads it twice; may be undefined)
-// f16 (batch, r, c) with unit stride along c, any other strides (views into one concatenated operand).
-// Bit-identical on the CPU and the GPU.
+// [0.5, 1) (split_f16_scale: a bound of x_b's entries lands in [2^13, 2^14), so entries up to ~4x the bound
+// (65504 / 2^14) still fit f16; the power of two makes the scaling exact; 1 for a bound that is 0, negative or
+// not finite; the shift kept within ±100), written to scales (batch); then hi = x·s rounded to f16 (to nearest
+// even) and lo = (x·s − hi) rounded to f16 (x·s − hi is exact in f32). hi + lo is x·s to 2^-22 of its size
+// for |x·s| ≥ 2^-3 (2^-16 of the bound), and to 2^-25 absolute below (f16's subnormals: ~2^-38 of the bound),
+// so a product of two split operands, lo·hi + hi·lo + hi·hi with f32 accumulation, is as accurate as three
+// TF32 products wherever the terms that matter are within ~2^16 of the bound (and loses accuracy gradually,
+// absolutely, below). A non-finite x·s (x not finite, or |x·s| ≥ 65520, which f16 rounds to inf) gives hi =
+// f16(x·s) and lo = 0. x contiguous f32; bounds and scales (batch) f32 contiguous; hi, lo (may be undefined:
+// x·s rounded to f16 alone) and hi_again (hi written twice, for an operand whose concatenation reads it
+// twice; may be undefined) f16 (batch, r, c) with unit stride along c, any other strides (views into one
+// concatenated operand). Bit-identical on the CPU and the GPU.
 KILN_KERNEL(split_f16, void(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
                             const Tensor& lo, const Tensor& hi_again));
 

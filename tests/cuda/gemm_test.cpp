@@ -94,34 +94,6 @@ TEST(CudaGemm, BmmAddAccumulatesIntoTheOutput) {
       }
 }
 
-// bmm_device_alpha: out = alpha·a·b with alpha read on the device (cuBLASLt's device pointer mode), f16 into
-// f16 and into f32, both layouts of b: the f64 product scaled, on both devices; a NaN in out is not read; bad
-// alphas are errors.
-TEST(CudaGemm, BmmDeviceAlphaScalesByAnAlphaOnTheDevice) {
-  KILN_REQUIRE_GPU();
-  manual_seed(4);
-  for (DType out_t : {DType::f16, DType::f32})
-    for (bool tb : {false, true}) {
-      const Tensor a = rnd({3, 31, 17}, DType::f16);
-      const Tensor b = tb ? rnd({3, 45, 17}, DType::f16).transpose(1, 2) : rnd({3, 17, 45}, DType::f16);
-      const Tensor alpha = full({1}, 0.375, {.dtype = DType::f32});
-      const Tensor want = mul(ref_matmul(a, b), 0.375);
-      Tensor got = full({3, 31, 45}, NAN, {.dtype = out_t, .device = gpu()});
-      Tensor cpu = full({3, 31, 45}, NAN, {.dtype = out_t});
-      kernels::bmm_device_alpha(a.to(gpu()), b.to(gpu()), got, alpha.to(gpu()));
-      kernels::bmm_device_alpha(a, b.contiguous(), cpu, alpha);
-      EXPECT_LT(rel_err(got, want), tol_for(DType::f16)) << dtype_name(out_t) << " tb=" << tb;
-      EXPECT_LT(rel_err(cpu, want), tol_for(DType::f16)) << dtype_name(out_t) << " tb=" << tb << " (CPU)";
-      // a second alpha through the same plan: read at the call, not kept from the first
-      kernels::bmm_device_alpha(a.to(gpu()), b.to(gpu()), got, full({1}, -2.0, {.dtype = DType::f32, .device = gpu()}));
-      EXPECT_LT(rel_err(got, mul(ref_matmul(a, b), -2.0)), tol_for(DType::f16)) << dtype_name(out_t) << " alpha -2";
-    }
-  const Tensor a = rnd({1, 4, 4}, DType::f16).to(gpu()), out = empty({1, 4, 4}, {.dtype = DType::f32, .device = gpu()});
-  EXPECT_THROW(kernels::bmm_device_alpha(a, a, out, full({1}, 1.0, {.dtype = DType::f32})), Error);  // on the CPU
-  EXPECT_THROW(kernels::bmm_device_alpha(a, a, out, full({2}, 1.0, {.dtype = DType::f32, .device = gpu()})), Error);
-  EXPECT_THROW(kernels::bmm_device_alpha(a, a, out, full({1}, 1.0, {.dtype = DType::f64, .device = gpu()})), Error);
-}
-
 // bmm_add with bf16/f16 operands into an f32 out (Shampoo's bf16 statistics): the product of the 16-bit values
 // accumulated in f32 and added to out without rounding to 16 bits; the CPU's kernel agrees
 TEST(CudaGemm, BmmAddOfHalfOperandsIntoF32) {

@@ -107,8 +107,9 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
                   (long long)n, rg[0], rg[1], rg[2], err);
       EXPECT_LT(err, tol) << dtype_name(t) << " n " << n;
       if (t == DType::f32) {
-        // the roots' products on TF32 (options.tf32): the same matrices kept, ρ from the f32 products as
-        // before, the roots within TF32's precision; the process's TF32 setting left as it was
+        // the roots' products in reduced precision (options.tf32: a kept basis' on f16, a refreshed one's on
+        // TF32): the same matrices kept, ρ as from the f32 products, the roots within TF32's precision; the
+        // process's TF32 setting left as it was
         const bool before = cuda::allow_tf32();
         Tensor tf32_basis = gpu_basis.clone();
         tf32_basis.narrow(0, 2, 1).zero_();  // the replaced matrix refreshed again
@@ -116,7 +117,7 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
         EXPECT_EQ(g2.refreshed, 1) << n;
         const double tf32_err =
             max_abs(sub(cast(g2.root.cpu(), DType::f64), cast(c1.root, DType::f64))) / max_abs(c1.root);
-        // and the products did run on TF32: the f32 roots of the same kept bases (g1) are not the same
+        // and the products did run in reduced precision: the f32 roots of the same kept bases (g1) differ
         const double from_f32 = max_abs(sub(g2.root.narrow(0, 0, 2), g1.root.narrow(0, 0, 2))) / max_abs(g1.root);
         std::printf("inverse_root_warm tf32 n=%lld: GPU vs CPU relative %.2e, vs the f32 products %.2e\n",
                     (long long)n, tf32_err, from_f32);
@@ -127,6 +128,38 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
         EXPECT_EQ(cuda::allow_tf32(), before);
       }
     }
+}
+
+// The kept roots' f16 products (options.tf32) scale each matrix on its own: one batch whose matrices' roots lie
+// 1e8 (p = 4) and 1e12 (p = 2) apart, each root as near the f32 products' as TF32's precision allows, relative
+// to its own size (one scale for the batch would leave the smallest roots in f16's subnormals, or zero).
+TEST(CudaLinalg, KeptRootsOnF16KeepEachMatrixsOwnScale) {
+  KILN_REQUIRE_GPU();
+  manual_seed(49);
+  const int64_t n = 256;
+  const Tensor scales = from_vector(std::vector<double>{1e-12, 1.0, 1e12}, {3, 1, 1});
+  for (double p : {4.0, 2.0}) {
+    const Tensor a64 = mul(cast(spd(3, n, DType::f32), DType::f64), scales);
+    const Tensor moved64 = add(mul(a64, 0.99), mul(mul(cast(spd(3, n, DType::f32), DType::f64), scales), 0.01));
+    const Tensor a = cast(a64, DType::f32).to(gpu()), moved = cast(moved64, DType::f32).to(gpu());
+    const linalg::InverseRootOptions options{.epsilon = 1e-30, .warm_tolerance = 0.2};
+    Tensor basis = zeros({3, n, n}, {.device = gpu()});
+    (void)linalg::inverse_root_warm(a, p, basis, options);  // the bases, eigendecomposed afresh
+    Tensor basis_f16 = basis.clone();
+    const auto f32 = linalg::inverse_root_warm(moved, p, basis, options);
+    linalg::InverseRootOptions reduced = options;
+    reduced.tf32 = true;
+    const auto f16 = linalg::inverse_root_warm(moved, p, basis_f16, reduced);
+    EXPECT_EQ(f32.refreshed, 0) << p;
+    EXPECT_EQ(f16.refreshed, 0) << p;
+    for (int64_t i = 0; i < 3; ++i) {
+      const Tensor want = f32.root.select(0, i).cpu(), got = f16.root.select(0, i).cpu();
+      const double err = max_abs(sub(got, want)) / max_abs(want);
+      std::printf("kept roots on f16, p %g, matrix scaled %g: root max %.3e, relative to the f32 products %.2e\n", p,
+                  scales.to_vector<double>()[size_t(i)], max_abs(want), err);
+      EXPECT_LT(err, 1e-3) << "p " << p << ", matrix " << i;
+    }
+  }
 }
 
 // kernels::kept_basis_expansion on the GPU against the CPU's f64: random B, quotients spread over 1e-6..1 with
