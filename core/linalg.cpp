@@ -108,9 +108,11 @@ Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split, Tensor* q1
 // at most ~1.41·ρ_i·max_j f(φ_j) for quotients apart by 2x or more, and ~1.41·ρ_i·max_j f(φ_j)/p for nearer
 // ones, with ρ_i ≤ tolerance where the basis is kept; a refreshed matrix's root is overwritten, and split_f16
 // leaves ~4x room above its bound). W = q·M is written in f16 scaled by 2^-(13 + ⌈log2 sqrt(n)⌉): |W_ij| ≤
-// ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14 whatever M's scale, and each matrix keeps f16's range
-// below it (one scale for a batch would push a matrix whose roots are 2^20 below another's into f16's
-// subnormals). The second product undoes the common scales (host alpha), and one pass each matrix's own.
+// ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14 where M is within its bound. Each matrix's own scale
+// keeps its W in f16's normal range (one scale for a batch whose roots lie 2^20 apart would leave the smaller
+// ones' W, ~2^-6·2^-20 at n = 1024, in f16's subnormals). The second product undoes the common scales (host
+// alpha), and one pass each matrix's own. (split_f16's shift is clamped to ±100, which M's bound reaches only
+// beyond 2^114 or under 2^-87: with f32 quotients λ^(−1/p), only for p below ~1.5; Shampoo's p = 2·order ≥ 2.)
 Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots, double p,
                               double tolerance) {
   const int64_t b = middle.size(0), n = middle.size(-1);

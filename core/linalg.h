@@ -50,7 +50,7 @@ struct InverseRootOptions {
   // f32 on a GPU: products on TF32 tensor cores (about 10 mantissa bits a product, several times faster).
   // newton: the iteration's products; the default tolerance is then 2e-3, which TF32's rounding still
   // reaches. warm_eigen: the refreshed roots' V·diag·Vᵀ; the kept roots' q·M·qᵀ as two f16 products (the same
-  // 11 bits an operand, at twice the rate: M scaled by a power of two for the batch); and qᵀ·A·q, whose small
+  // 11 bits an operand, at twice the rate: each M scaled by its own power of two); and qᵀ·A·q, whose small
   // Rayleigh quotients need f32's accuracy: A·q as three f16 products of split, scaled operands
   // (kernels::split_f16: 2^-22 of the terms, against f32's 2^-24, at ~16x the f32 FFMA rate each), qᵀ·(A·q)
   // as one TF32 pass read where it is accurate (each pair's entry in the column of the smaller quotient).

@@ -131,8 +131,8 @@ TEST(CudaLinalg, WarmStartedRootsMatchTheCpu) {
 }
 
 // The kept roots' f16 products (options.tf32) scale each matrix on its own: one batch whose matrices' roots lie
-// 1e8 (p = 4) and 1e12 (p = 2) apart, each root as near the f32 products' as TF32's precision allows, relative
-// to its own size (one scale for the batch would leave the smallest roots in f16's subnormals, or zero).
+// 1e6 (p = 4) and 1e12 (p = 2) apart, each root as near the f32 products' as TF32's precision allows, relative
+// to its own size (one scale for the batch would leave the smallest roots' W = q·M in f16's subnormals at p = 2).
 TEST(CudaLinalg, KeptRootsOnF16KeepEachMatrixsOwnScale) {
   KILN_REQUIRE_GPU();
   manual_seed(49);
