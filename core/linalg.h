@@ -89,8 +89,8 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // starts, is off by 1) is refreshed at any tolerance; columns that are not orthogonal show in ρ. Refreshed matrices are
 // eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
 // eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two; with
-// options.tf32 A·q as three TF32 products and the others on TF32) and one pass over B
-// (kernels::kept_basis_expansion), where cuSOLVER's eigensolver spends ~10x as long on its tridiagonal
+// options.tf32 A·q as three f16 products of split operands, qᵀ·(A·q) on TF32 and the root's two on f16) and one
+// pass over B (kernels::kept_basis_expansion), where cuSOLVER's eigensolver spends ~10x as long on its tridiagonal
 // reduction. Non-finite input is a kiln::Error, found without a pass of its own: it makes every entry of its
 // B non-finite, so it is refreshed, and refreshed matrices are checked. `basis` must be contiguous, with
 // a's shape, dtype and device.

@@ -1,6 +1,7 @@
-// kernels::split_tf32 on the GPU (core/kernels/linalg.h): x into its TF32 part and the f32 remainder, for the
-// three TF32 products that stand in for one f32 product (linalg::inverse_root_warm's B = qᵀ·A·q). Memory-bound:
-// four floats a thread in 16-byte loads and stores where the tensors allow, one at a time otherwise.
+// kernels::split_tf32 on the GPU (core/kernels/linalg.h): x into its TF32 part and the f32 remainder, for three
+// TF32 products that stand in for one f32 product, or x rounded to TF32 alone (linalg::inverse_root_warm's q for
+// qᵀ·(A·q) on TF32). Memory-bound: four floats a thread in 16-byte loads and stores where the tensors allow, one
+// at a time otherwise.
 #include <algorithm>
 #include <cstdint>
 
