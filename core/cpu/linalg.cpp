@@ -118,10 +118,14 @@ void kernels::column_norm_gap(const Tensor& q, const Tensor& gap) {
           const double v = double(pq[(b * n + i) * n + j]);
           norms[size_t(j)] += v * v;
         }
-      double largest = n == 0 ? 0.0 : std::abs(norms[0] - 1.0);
-      for (int64_t j = 1; j < n; ++j) {
+      double largest = 0.0;  // a NaN wins the max
+      for (int64_t j = 0; j < n; ++j) {
         const double d = std::abs(norms[size_t(j)] - 1.0);
-        if (d > largest || std::isnan(d)) largest = std::isnan(largest) ? largest : d;
+        if (std::isnan(d)) {
+          largest = d;
+          break;
+        }
+        largest = std::max(largest, d);
       }
       pg[b] = scalar_t(largest);
     });
