@@ -55,50 +55,66 @@ Tensor root_from_eigenpairs(const Tensor& values, const Tensor& vectors, double 
   return matmul(mul(vectors, scale.unsqueeze(-2)), vectors.transpose(-2, -1));
 }
 
+// ⌈log2 sqrt(n)⌉: the least k with 4^k >= n (|x| ≤ sqrt(n)·max of a sum of n products of unit-norm columns)
+int log2_sqrt_ceil(int64_t n) {
+  int k = 0;
+  while ((int64_t(1) << (2 * k)) < n) ++k;
+  return k;
+}
+
+// B = qᵀ·a·q for (b, n, n) a and q, as B_k = coupled_k·scales_k (scales undefined: 1).
+struct Rayleigh {
+  Tensor coupled, scales;
+  Tensor q16;  // split: q·2^13 in f16 (q's split), for the roots' products (kept_root_products_f16)
+};
+
 // qᵀ·a·q for (b, n, n) a and q. In the matrices' dtype, TF32 off: one TF32 pass (~1e-3 of λ_max) would drown
 // the small Rayleigh quotients that the roots raise to −1/p, and the coupling ρ divides by. split (f32 on a
 // GPU): T = a·q as three f16 products of split operands (kernels::split_f16), about f32's accuracy (2^-22 of
 // the terms' size) at twice the TF32 rate, as one product over K = 3n of the concatenated operands
 // [a_lo | a_hi | a_hi]·[q_hi; q_lo; q_hi] (one pass over T where three accumulating products took three). The
-// scales that put the operands in f16's range: a's from its largest diagonal entry (a PSD matrix has no larger
-// entry; one ~4x larger still fits, and a matrix that overflows has a non-finite B, which refreshes it), q's
-// from 1 (a basis' unit columns; one that is not is refreshed by its column norms).
-// Then qᵀ·T as one TF32 pass of q and T rounded to TF32 (the tensor cores would truncate them: a bias of
-// ~-2^-11 on every entry; kernels::scale_to_tf32 undoes T's scale in the same pass). That product is not
-// symmetric: its entry (i, j) = q_iᵀ·T_j is off by ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so
-// each pair's entry in the column of the smaller quotient is about as accurate as f32 products' in the units
-// ΔB_ij/sqrt(λ_i·λ_j) that ρ and the root follow (a CPU emulation, n 256..1024, condition 1e3..1e8: largest
-// 6e-5..1e-4, where three TF32 products gave ~1e-5 and the f32 products measured on the GPU 2-6e-4). The caller
-// reads that entry (kernels::kept_basis_expansion's pick). Three TF32 products for T took a fifth of a GPT-2
-// root step (5.2 of 21 ms on an H200). split: *q16 is set to q·2^13 in f16 (a view of q's split).
-Tensor rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split, Tensor* q16) {
+// scales that put the operands in f16's range: a's s_k from its largest diagonal entry (a PSD matrix has no
+// larger entry; one ~4x larger still fits, and a matrix that overflows has a non-finite B, which refreshes
+// it), q's 2^13 from its bound 1 (a basis' unit columns; one that is not is refreshed by its column norms).
+// T is written in f16 under the common factor 2^-(13 + ⌈log2 sqrt n⌉): |T_ij| ≤ ‖a_i‖ ≤ sqrt(a_ii·tr a) ≤
+// sqrt(n)·max a_ii for a PSD a, so T·s_k·2^13 times it stays under 2^14, and each matrix keeps its own scale
+// (T's columns for the quotients at the n·u·λ_max floor stay in f16's normal range). Then qᵀ·T as one f16
+// product of q·2^13 and T, both rounded to nearest as TF32 would be (11 bits), with f32 accumulation; the
+// common factors are undone by its alpha and s_k is left for the caller (B = coupled / s_k: kept_basis_expansion
+// takes it as it reads B). That product is not symmetric: its entry (i, j) = q_iᵀ·T_j is off by
+// ~2^-11·‖T_j‖/sqrt(n), and T_j = a·q_j is ~λ_j·q_j, so each pair's entry in the column of the smaller quotient
+// is about as accurate as f32 products' in the units ΔB_ij/sqrt(λ_i·λ_j) that ρ and the root follow (a CPU
+// emulation, n 256..1024, condition 1e3..1e8: largest 6e-5..1e-4, where three TF32 products gave ~1e-5 and the
+// f32 products measured on the GPU 2-6e-4). The caller reads that entry (kernels::kept_basis_expansion's pick).
+// Three TF32 products for T took a fifth of a GPT-2 root step (5.2 of 21 ms on an H200), and the second
+// product on TF32 needed T and q rounded in passes of their own.
+Rayleigh rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
   if (!split) {
     const cuda::AllowTf32Guard exact(true, false);
-    return matmul(q.transpose(-2, -1), matmul(a3, q));
+    Rayleigh products;
+    products.coupled = matmul(q.transpose(-2, -1), matmul(a3, q));
+    return products;
   }
   const int64_t b = a3.size(0), n = a3.size(-1);
   const TensorOptions f32{.dtype = DType::f32, .device = a3.device()};
   const TensorOptions f16{.dtype = DType::f16, .device = a3.device()};
   const Tensor a_scales = empty({b}, f32), q_scales = empty({b}, f32);
-  const Tensor aq = empty({b, n, n}, f32);
   const Tensor q_split = empty({b, 3 * n, n}, f16);
-  *q16 = q_split.narrow(1, 0, n);  // q·2^13 in f16, for the roots' products (kept_root_products_f16)
+  const double alpha = std::ldexp(1.0, -(13 + log2_sqrt_ceil(n)));
+  const Tensor t16 = empty({b, n, n}, f16);
   {
     const Tensor a_split = empty({b, n, 3 * n}, f16);
     const Tensor a_bounds = amax(abs(a3.view({b, n * n}).slice(1, 0, n * n, n + 1)), {-1});
     kernels::split_f16(a3, a_bounds, a_scales, a_split.narrow(2, n, n), a_split.narrow(2, 0, n),
                        a_split.narrow(2, 2 * n, n));
     kernels::split_f16(q, ones({b}, f32), q_scales, q_split.narrow(1, 0, n), q_split.narrow(1, n, n),
-                       q_split.narrow(1, 2 * n, n));
-    kernels::bmm_add(a_split, q_split, aq, 1.0, 0.0);
+                       q_split.narrow(1, 2 * n, n));  // q's scale: 2^13 (a bound of 1)
+    kernels::bmm_add(a_split, q_split, t16, alpha, 0.0);
   }  // a's split freed here
-  kernels::scale_to_tf32(aq, rdiv(mul(a_scales, q_scales), 1.0));  // powers of two, 2^-113..2^87: exact
-  const cuda::AllowTf32Guard on(true, true);
-  const Tensor q_rounded = empty_like(q);
-  kernels::split_tf32(q, q_rounded, Tensor());
-  const Tensor coupled = empty_like(aq);
-  kernels::bmm_add(q_rounded.transpose(-2, -1), aq, coupled, 1.0, 0.0);
-  return coupled;
+  Rayleigh out{.coupled = empty({b, n, n}, f32), .scales = rdiv(a_scales, 1.0), .q16 = q_split.narrow(1, 0, n)};
+  // (q·2^13)ᵀ·(alpha·2^13·s_k·T) = alpha·2^26·s_k·qᵀ·T: powers of two, exact
+  kernels::bmm_add(out.q16.transpose(-2, -1), t16, out.coupled, 1.0 / (alpha * 0x1p26), 0.0);
+  return out;
 }
 
 // q·M·qᵀ of (b, n, n) kept bases q and middles M (f32 on a GPU with options.tf32) as two f16 products: twice
@@ -121,9 +137,7 @@ Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Ten
   const Tensor bounds = mul(amax(diagonal_roots, {-1}), std::max(1.0, 1.5 * tolerance * std::max(1.0, 1.0 / p)));
   const Tensor m16 = empty({b, n, n}, f16), m_scales = empty({b}, f32);
   kernels::split_f16(middle, bounds, m_scales, m16, Tensor(), Tensor());
-  int log2_sqrt_n = 0;  // ⌈log2 sqrt(n)⌉: the least k with 4^k >= n
-  while ((int64_t(1) << (2 * log2_sqrt_n)) < n) ++log2_sqrt_n;
-  const double alpha = std::ldexp(1.0, -(13 + log2_sqrt_n));
+  const double alpha = std::ldexp(1.0, -(13 + log2_sqrt_ceil(n)));
   const Tensor w16 = empty({b, n, n}, f16);
   kernels::bmm_add(q16, m16, w16, alpha, 0.0);
   // W·(q·2^13)ᵀ = alpha·2^26·s_M·q·M·qᵀ: powers of two, exact
@@ -308,11 +322,10 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // λ_j = B_jj, lifted as the eigen method lifts eigenvalues and floored at n·u·λ_max (u the dtype's unit
   // roundoff).
   const bool tf32 = options.tf32 && a.dtype() == DType::f32 && a.device().is_cuda();
-  Tensor q16;  // split: q·2^13 in f16, for the roots' products
-  const Tensor coupled = rayleigh_matrix(a3, q, tf32, &q16);
-  Tensor diagonal = coupled.view({b, n * n}).slice(1, 0, n * n, n + 1);
-  diagonal.add_(options.epsilon);
-  const Tensor quotients = diagonal.contiguous();
+  const Rayleigh rayleigh = rayleigh_matrix(a3, q, tf32);
+  const Tensor diagonal = rayleigh.coupled.view({b, n * n}).slice(1, 0, n * n, n + 1);
+  const Tensor quotients =
+      add(rayleigh.scales.defined() ? mul(diagonal, rayleigh.scales.view({b, 1})) : diagonal, options.epsilon);
   const Tensor lifted = lift_eigenvalues(quotients, options.epsilon);
   const double unit_roundoff = a.dtype() == DType::f64 ? 0x1p-53 : 0x1p-24;
   const Tensor floored = maximum(lifted, mul(amax(lifted, {-1}, true), double(n) * unit_roundoff));
@@ -320,7 +333,8 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // Σ_{j≠i} B_ij²/(λ_i·λ_j), whose largest is ρ²
   const Tensor middle = empty({b, n, n}, like), row_coupling = empty({b, n}, like);
   const Tensor diagonal_roots = pow(lifted, -1.0 / p);
-  kernels::kept_basis_expansion(coupled, floored, pow(floored, -1.0 / p), diagonal_roots, p, middle, row_coupling);
+  kernels::kept_basis_expansion(rayleigh.coupled, rayleigh.scales, floored, pow(floored, -1.0 / p), diagonal_roots, p,
+                                middle, row_coupling);
   // the figures: ρ, the basis' largest column-norm deviation max_j |‖q_j‖² − 1| (1 for a basis of zeros), and
   // the quotients' sum (non-finite with a: for n = 1, ρ, a sum over no off-diagonal entries, is 0 whatever a is)
   const Tensor gaps = empty({b}, like);
@@ -329,7 +343,7 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
   // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on f16 where asked
   if (tf32) {
-    out.root = kept_root_products_f16(q16, middle, diagonal_roots, p, options.warm_tolerance).reshape(a.sizes());
+    out.root = kept_root_products_f16(rayleigh.q16, middle, diagonal_roots, p, options.warm_tolerance).reshape(a.sizes());
   } else {
     const cuda::AllowTf32Guard exact(true, false);
     out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());

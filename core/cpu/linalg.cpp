@@ -43,21 +43,25 @@ void eigh_matrices(const Tensor& a, const Tensor& w, const Tensor& v, const Tens
 }
 
 template <class T>
-void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
-                             const Tensor& diagonal_roots, double p, const Tensor& middle, const Tensor& coupling) {
+void kept_basis_expansion_as(const Tensor& coupled, const Tensor& coupled_scales, const Tensor& floored,
+                             const Tensor& floored_roots, const Tensor& diagonal_roots, double p, const Tensor& middle,
+                             const Tensor& coupling) {
   const int64_t n = coupled.size(-1), batch = coupled.numel() / std::max<int64_t>(n * n, 1);
   const T* b = static_cast<const T*>(coupled.raw_data());
+  const T* scales = coupled_scales.defined() ? static_cast<const T*>(coupled_scales.raw_data()) : nullptr;
   const T* phi = static_cast<const T*>(floored.raw_data());
   const T* f = static_cast<const T*>(floored_roots.raw_data());
   const T* d = static_cast<const T*>(diagonal_roots.raw_data());
   T* m = static_cast<T*>(middle.raw_data());
   T* c = static_cast<T*>(coupling.raw_data());
-  const double near = std::is_same_v<T, double> ? 1e-5 : 1e-2;
+  const int integer_p = kept_basis_integer_p(p);
+  const double near = std::is_same_v<T, double> ? 1e-5 : 1e-2;  // other p: f'(mean) where φ_i, φ_j agree to it
   parallel_for(batch * n, n, [&](int64_t row) {
     const int64_t k = row / n, i = row % n;
     const T* phi_k = phi + k * n;
     const T* f_k = f + k * n;
-    const double phi_i = double(phi_k[i]);
+    const double scale = scales ? double(scales[k]) : 1.0;
+    const double phi_i = double(phi_k[i]), f_i = double(f_k[i]);
     double sum = 0;
     const T* b_k = b + k * n * n;
     for (int64_t j = 0; j < n; ++j) {
@@ -67,10 +71,15 @@ void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const
       }
       // the pair's entry at (r, c), r the index of the larger φ (ties: the larger index)
       const bool row_i = phi_k[i] > phi_k[j] || (phi_k[i] == phi_k[j] && i > j);
-      const double bij = double(row_i ? b_k[i * n + j] : b_k[j * n + i]);
-      const double phi_j = double(phi_k[j]), gap = phi_i - phi_j, mean = 0.5 * (phi_i + phi_j);
-      const double divided = std::abs(gap) <= near * mean ? -std::pow(mean, -1.0 / p - 1.0) / p
-                                                          : (double(f_k[i]) - double(f_k[j])) / gap;
+      const double bij = double(row_i ? b_k[i * n + j] : b_k[j * n + i]) * scale;
+      const double phi_j = double(phi_k[j]), f_j = double(f_k[j]);
+      double divided;
+      if (integer_p != 0) {
+        divided = -f_i * f_j / integer_root_difference_sum(1.0 / f_i, 1.0 / f_j, integer_p);
+      } else {
+        const double gap = phi_i - phi_j, mean = 0.5 * (phi_i + phi_j);
+        divided = std::abs(gap) <= near * mean ? -std::pow(mean, -1.0 / p - 1.0) / p : (f_i - f_j) / gap;
+      }
       m[row * n + j] = T(divided * bij);
       sum += bij * bij / (phi_i * phi_j);
     }
@@ -80,14 +89,16 @@ void kept_basis_expansion_as(const Tensor& coupled, const Tensor& floored, const
 
 }  // namespace
 
-void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
-                                   const Tensor& diagonal_roots, double p, const Tensor& middle,
-                                   const Tensor& coupling) {
-  check_kept_basis_expansion(coupled, floored, floored_roots, diagonal_roots, middle, coupling);
+void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& coupled_scales, const Tensor& floored,
+                                   const Tensor& floored_roots, const Tensor& diagonal_roots, double p,
+                                   const Tensor& middle, const Tensor& coupling) {
+  check_kept_basis_expansion(coupled, coupled_scales, floored, floored_roots, diagonal_roots, middle, coupling);
   if (coupled.dtype() == DType::f64)
-    kept_basis_expansion_as<double>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
+    kept_basis_expansion_as<double>(coupled, coupled_scales, floored, floored_roots, diagonal_roots, p, middle,
+                                    coupling);
   else
-    kept_basis_expansion_as<float>(coupled, floored, floored_roots, diagonal_roots, p, middle, coupling);
+    kept_basis_expansion_as<float>(coupled, coupled_scales, floored, floored_roots, diagonal_roots, p, middle,
+                                   coupling);
 }
 
 void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {

@@ -24,27 +24,32 @@
 KILN_KERNEL(eigh, void(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info));
 
 // The expansion a kept eigenbasis gives a root (linalg::inverse_root_warm), in one pass over B = qᵀ·a·q
-// (batch, n, n), contiguous, f32 or f64. With φ = `floored` (batch, n), the Rayleigh quotients of a + ε·I
-// floored at n·u·λ_max, f(x) = x^(−1/p), and the (batch, n) inputs `floored_roots` = f(φ) and `diagonal_roots`
-// (f of the quotients as the eigen method lifts them), all of B's dtype and device, contiguous, writes
-//   middle (batch, n, n):  diagonal_roots_i on the diagonal; F_ij·B_ij off it, the divided difference
-//                          F_ij = (f(φ_i) − f(φ_j)) / (φ_i − φ_j), or f'((φ_i + φ_j)/2) where φ_i and φ_j
-//                          agree to 1e-2 (f32) / 1e-5 (f64) of their mean
+// (batch, n, n), given as `coupled` (contiguous, f32 or f64) times `coupled_scales` (batch; undefined: 1), each
+// matrix's factor (a power of two where B's product was scaled into f16's range). With φ = `floored` (batch,
+// n), the Rayleigh quotients of a + ε·I floored at n·u·λ_max, f(x) = x^(−1/p), and the (batch, n) inputs
+// `floored_roots` = f(φ) and `diagonal_roots` (f of the quotients as the eigen method lifts them), all of B's
+// dtype and device, contiguous, writes
+//   middle (batch, n, n):  diagonal_roots_i on the diagonal; F_ij·B_ij off it, F_ij the divided difference
+//                          (f(φ_i) − f(φ_j)) / (φ_i − φ_j)
 //   coupling (batch, n):   Σ_{j≠i} B_ij² / (φ_i·φ_j), row i's squared coupling to the other directions
-// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). B need not be
-// symmetric: for i ≠ j, B_ij stands for the pair's entry `coupled` holds at (r, c), r the index of the larger
-// φ and c the other (equal φ: r the larger index), for both (i, j) and (j, i). linalg::inverse_root_warm
-// with options.tf32 (f32 on a GPU) computes B's second product qᵀ·(A·q) as one TF32 pass, whose entry (r, c) = q_rᵀ·(A·q_c) is off by about
-// 2^-11·‖A·q_c‖/sqrt(n), ~2^-11·λ_c/sqrt(n): the column of the smaller quotient is the accurate one. This is the
-// Daleckii–Krein expansion of f(B) about its diagonal to first order, so what a kept basis leaves out is
-// second order in B's off-diagonal part. Where φ_i and φ_j agree to the threshold, the midpoint's error
-// (~gap²) is below what the difference would lose to cancellation (~u·p/gap). F is taken at the floored
-// quotients: below n·u·λ_max B's entries are rounding, which f's steep divided differences would amplify.
-// The CPU computes in f64; the GPU in B's dtype, the couplings' sums of 32 terms too, the rest in f64
-// (cuda/linalg_kept_basis.cu).
-KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
-                                       const Tensor& diagonal_roots, double p, const Tensor& middle,
-                                       const Tensor& coupling));
+// (the root is then q·middle·qᵀ, and the basis is kept where max_i sqrt(coupling_i) is small). For an integer
+// p (1..64) F is computed without cancellation: with v = φ^(1/p) = 1/f(φ), φ_i − φ_j = (v_i − v_j)·S_ij where
+// S_ij = Σ_{k<p} v_i^k·v_j^(p−1−k), so F_ij = −f(φ_i)·f(φ_j) / S_ij, a few ulps of the exact value at any gap
+// (f'(φ) at a tie), with no threshold and no power an entry. For other p, F_ij is f'((φ_i + φ_j)/2) where φ_i
+// and φ_j agree to 1e-2 (f32) / 1e-5 (f64) of their mean (that midpoint's error, ~gap², is below what the
+// difference would lose to cancellation, ~u·p/gap) and the difference of the floored roots elsewhere.
+// B need not be symmetric: for i ≠ j, B_ij stands for the pair's entry `coupled` holds at (r, c), r the index
+// of the larger φ and c the other (equal φ: r the larger index), for both (i, j) and (j, i).
+// linalg::inverse_root_warm with options.tf32 (f32 on a GPU) computes B's second product qᵀ·(A·q) as one pass
+// of 11-bit operands, whose entry (r, c) = q_rᵀ·(A·q_c) is off by about 2^-11·‖A·q_c‖/sqrt(n),
+// ~2^-11·λ_c/sqrt(n): the column of the smaller quotient is the accurate one. This is the Daleckii–Krein
+// expansion of f(B) about its diagonal to first order, so what a kept basis leaves out is second order in B's
+// off-diagonal part. F is taken at the floored quotients: below n·u·λ_max B's entries are rounding, which
+// f's steep divided differences would amplify. The CPU computes in f64; the GPU in B's dtype, the couplings'
+// sums of 32 terms too, the rest in f64 (cuda/linalg_kept_basis.cu).
+KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& coupled_scales, const Tensor& floored,
+                                       const Tensor& floored_roots, const Tensor& diagonal_roots, double p,
+                                       const Tensor& middle, const Tensor& coupling));
 
 // How far a basis' columns are from unit norm: gap_b = max_j |Σ_i q_bij² − 1| for q (batch, n, n) contiguous,
 // f32 or f64, into gap (batch) of q's dtype and device (1 for a basis of zeros; NaN where q has one). The
@@ -219,9 +224,11 @@ inline float scale_to_tf32_value(float x, float scale) {
 }
 
 // kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four
-// (batch, n) vectors and the middle of its dtype, device and shape, all contiguous.
-inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& floored, const Tensor& floored_roots,
-                                       const Tensor& diagonal_roots, const Tensor& middle, const Tensor& coupling) {
+// (batch, n) vectors and the middle of its dtype, device and shape, the scales (batch) of its dtype and
+// device or undefined, all contiguous.
+inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& coupled_scales, const Tensor& floored,
+                                       const Tensor& floored_roots, const Tensor& diagonal_roots,
+                                       const Tensor& middle, const Tensor& coupling) {
   const bool matrices = coupled.defined() && coupled.dim() == 3 && coupled.size(1) == coupled.size(2) &&
                         (coupled.dtype() == DType::f32 || coupled.dtype() == DType::f64) && coupled.is_contiguous();
   const Shape rows = matrices ? Shape{coupled.size(0), coupled.size(1)} : Shape{};
@@ -231,10 +238,33 @@ inline void check_kept_basis_expansion(const Tensor& coupled, const Tensor& floo
            t.is_contiguous();
   };
   KILN_CHECK(matrices && fits(middle, coupled.sizes()) && fits(floored, rows) && fits(floored_roots, rows) &&
-                 fits(diagonal_roots, rows) && fits(coupling, rows),
-             "kept_basis_expansion: expected contiguous f32 or f64 B (batch, n, n), middle of its shape and (batch, n) "
-             "vectors of its dtype and device; got B ", str(coupled), ", floored ", str(floored), ", floored_roots ",
-             str(floored_roots), ", diagonal_roots ", str(diagonal_roots), ", middle ", str(middle), ", coupling ",
-             str(coupling));
+                 fits(diagonal_roots, rows) && fits(coupling, rows) &&
+                 (!coupled_scales.defined() || fits(coupled_scales, Shape{coupled.size(0)})),
+             "kept_basis_expansion: expected contiguous f32 or f64 B (batch, n, n), middle of its shape, (batch, n) "
+             "vectors and (batch) scales (or none) of its dtype and device; got B ", str(coupled), ", scales ",
+             str(coupled_scales), ", floored ", str(floored), ", floored_roots ", str(floored_roots),
+             ", diagonal_roots ", str(diagonal_roots), ", middle ", str(middle), ", coupling ", str(coupling));
+}
+
+// The denominator of kept_basis_expansion's divided difference F = (f(φ_i) − f(φ_j)) / (φ_i − φ_j) = −f_i·f_j / S
+// of f(x) = x^(−1/p) for an integer p (`integer_p`, 1..64), with f_i = f(φ_i) and v_i = 1/f_i = φ_i^(1/p):
+// S = Σ_{k<p} v_i^k·v_j^(p−1−k) (so that φ_i − φ_j = (v_i − v_j)·S), by Horner's rule in v_i, positive terms:
+// no cancellation. The CPU's loop (in f64) and the GPU's kernel (in B's dtype) both call it.
+template <class T>
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline T integer_root_difference_sum(T v_i, T v_j, int integer_p) {
+  T s = 1, power = 1;
+  for (int k = 1; k < integer_p; ++k) {
+    power *= v_j;
+    s = s * v_i + power;
+  }
+  return s;
+}
+
+// p as kept_basis_expansion's closed form takes it: the integer 1..64 it equals, or 0 for any other p.
+inline int kept_basis_integer_p(double p) {
+  return p >= 1 && p <= 64 && p == double(int(p)) ? int(p) : 0;
 }
 }  // namespace kiln

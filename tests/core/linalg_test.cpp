@@ -385,46 +385,62 @@ TEST(LinalgInverseRootWarm, TheCouplingFollowsTheRootErrorOfAnIllConditionedMatr
 
 // kernels::kept_basis_expansion against its formula composed from general ops in f64 (the composition
 // inverse_root_warm used before the kernel): entry by entry, relative, with quotients spread over 1e-6..1,
-// pairs that agree to 1e-3 (f'(mean)) and to 3e-2 (the divided difference), in f64 and f32 (the CPU
-// computes in f64 either way), B not symmetric (each pair read in the row of its larger φ); mismatched
-// operands are an error naming them.
+// pairs that agree to 1e-3 and to 3e-2, in f64 and f32 (the CPU computes in f64 either way), B not symmetric
+// (each pair read in the row of its larger φ) and given as coupled·scales (powers of two); p = 4 and 3 (the
+// closed form, no threshold) and 2.5 (the difference, f'(mean) within the threshold); mismatched operands are
+// an error naming them.
 TEST(LinalgInverseRootWarm, TheKeptBasisExpansionIsItsFormula) {
   Generator gen(17);
   const int64_t batch = 2, n = 9;
-  const double p = 4;
   const Tensor b = f64({batch, n, n}, gen);
+  const Tensor scales = from_vector(std::vector<double>{0x1p-10, 0x1p7}, {batch});
+  const Tensor coupled = div(b, scales.view({batch, 1, 1}));
   Tensor phi = exp(mul(rand({batch, n}, {.dtype = DType::f64}, &gen), -13.8));
   phi.narrow(1, 1, 1).copy_(mul(phi.narrow(1, 0, 1), 1.001));
   phi.narrow(1, 3, 1).copy_(mul(phi.narrow(1, 2, 1), 1.03));
   const Tensor lifted = add(phi, 1e-7);
-  // the formula: diag f(lifted); off it F_ij·B_ij; coupling_i = Σ_{j≠i} B_ij²/(φ_i·φ_j), with B_ij the pair's
-  // entry in the row of the larger φ (no two are equal here)
-  const Tensor f = pow(phi, -1.0 / p);
   const Tensor pi = phi.unsqueeze(-1), pj = phi.unsqueeze(-2);
   const Tensor picked = where(gt(pi, pj), b, b.transpose(-2, -1));
   const Tensor gap = sub(pi, pj), mean = mul(add(pi, pj), 0.5);
   const Tensor near = le(abs(gap), mul(mean, 1e-5));
-  const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p), div(sub(f.unsqueeze(-1), f.unsqueeze(-2)), gap));
   const Tensor identity = linalg::eye(n, {.dtype = DType::f64});
   const Tensor off = rsub(identity, 1.0);
-  const Tensor want_middle = add(mul(mul(divided, picked), off), mul(identity, pow(lifted, -1.0 / p).unsqueeze(-1)));
   const Tensor want_coupling = sum(mul(div(square(picked), mul(pi, pj)), off), {-1});
-  for (DType t : {DType::f64, DType::f32}) {
-    const Tensor bt = cast(b, t), phit = cast(phi, t);
-    const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
-    kernels::kept_basis_expansion(bt, phit, pow(phit, -1.0 / p), pow(cast(lifted, t), -1.0 / p), p, middle, coupling);
-    // f32: the inputs' rounding (u = 2⁻²⁴), amplified in F's difference to ~2u·p/δ where φ_i and φ_j are δ
-    // apart (up to ~5e-5 for δ near the 1e-2 threshold)
-    const double tol = t == DType::f64 ? 1e-12 : 1e-4;
-    EXPECT_LT(max_abs(div(sub(cast(middle, DType::f64), want_middle), want_middle)), tol) << dtype_name(t);
-    EXPECT_LT(max_abs(div(sub(cast(coupling, DType::f64), want_coupling), want_coupling)), tol) << dtype_name(t);
+  for (double p : {4.0, 3.0, 2.5}) {
+    // the formula: diag f(lifted); off it F_ij·B_ij; coupling_i = Σ_{j≠i} B_ij²/(φ_i·φ_j), with B_ij the
+    // pair's entry in the row of the larger φ (no two are equal here)
+    const Tensor f = pow(phi, -1.0 / p);
+    const Tensor divided = where(near, mul(pow(mean, -1.0 / p - 1.0), -1.0 / p),
+                                 div(sub(f.unsqueeze(-1), f.unsqueeze(-2)), gap));
+    const Tensor want_middle =
+        add(mul(mul(divided, picked), off), mul(identity, pow(lifted, -1.0 / p).unsqueeze(-1)));
+    for (DType t : {DType::f64, DType::f32}) {
+      const Tensor bt = cast(coupled, t), phit = cast(phi, t);
+      const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
+      kernels::kept_basis_expansion(bt, cast(scales, t), phit, pow(phit, -1.0 / p), pow(cast(lifted, t), -1.0 / p),
+                                    p, middle, coupling);
+      // f64: the reference's own difference loses ~u·p/δ (4e-13 at δ = 1e-3). f32: the inputs' rounding
+      // (u = 2⁻²⁴), amplified in F's difference to ~2u·p/δ where φ_i and φ_j are δ apart (p = 2.5: up to
+      // ~5e-5 for δ near the 1e-2 threshold; the closed form's inputs f(φ) are off by a few u)
+      const double tol = t == DType::f64 ? 1e-12 : 1e-4;
+      EXPECT_LT(max_abs(div(sub(cast(middle, DType::f64), want_middle), want_middle)), tol)
+          << dtype_name(t) << " p " << p;
+      EXPECT_LT(max_abs(div(sub(cast(coupling, DType::f64), want_coupling), want_coupling)), tol)
+          << dtype_name(t) << " p " << p;
+    }
   }
+  const double p = 4;
+  const Tensor f = pow(phi, -1.0 / p);
   const Tensor m = empty({batch, n, n}, {.dtype = DType::f64}), c = empty({batch, n}, {.dtype = DType::f64});
-  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b, phi, f, f, p, m, empty({batch, n + 1}, {.dtype = DType::f64})),
-                    "kept_basis_expansion", "coupling f64[2, 10]");
-  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(cast(b, DType::f32), phi, f, f, p, m, c), "kept_basis_expansion",
-                    "B f32[2, 9, 9]", "floored f64[2, 9]");
-  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b.transpose(-2, -1), phi, f, f, p, m, c), "kept_basis_expansion");
+  EXPECT_KILN_ERROR(
+      kernels::kept_basis_expansion(b, Tensor(), phi, f, f, p, m, empty({batch, n + 1}, {.dtype = DType::f64})),
+      "kept_basis_expansion", "coupling f64[2, 10]");
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(cast(b, DType::f32), Tensor(), phi, f, f, p, m, c),
+                    "kept_basis_expansion", "B f32[2, 9, 9]", "floored f64[2, 9]");
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b.transpose(-2, -1), Tensor(), phi, f, f, p, m, c),
+                    "kept_basis_expansion");
+  EXPECT_KILN_ERROR(kernels::kept_basis_expansion(b, ones({batch + 1}, {.dtype = DType::f64}), phi, f, f, p, m, c),
+                    "kept_basis_expansion", "scales f64[3]");
 }
 
 // kernels::kept_basis_expansion reads each off-diagonal pair (i, j), (j, i) from one entry: row r, column c, r the
@@ -457,7 +473,7 @@ TEST(LinalgInverseRootWarm, TheKeptBasisExpansionReadsEachPairInTheRowOfItsLarge
     for (const Tensor& b : {cast(symmetric, t), cast(half, t)}) {
       middle[which] = empty({batch, n, n}, {.dtype = t});
       coupling[which] = empty({batch, n}, {.dtype = t});
-      kernels::kept_basis_expansion(b, phit, f, d, p, middle[which], coupling[which]);
+      kernels::kept_basis_expansion(b, Tensor(), phit, f, d, p, middle[which], coupling[which]);
       ++which;
     }
     EXPECT_TRUE(all_true(eq(middle[1], middle[0]))) << dtype_name(t);  // NaN would be unequal

@@ -162,47 +162,49 @@ TEST(CudaLinalg, KeptRootsOnF16KeepEachMatrixsOwnScale) {
   }
 }
 
-// kernels::kept_basis_expansion on the GPU against the CPU's f64: random B, quotients spread over 1e-6..1 with
-// pairs that agree to 1e-3 (f'(mean) there) and to 3e-2 (the divided difference), rows in 16-byte units
-// and not (n = 5, 1027).
-// B not symmetric: each pair is read where the pick says (core/kernels/linalg.h), here from tiles on both sides
-// of the diagonal (n = 64, 1027), ties in φ included.
+// kernels::kept_basis_expansion on the GPU against the CPU's f64: random B given as coupled·scales (powers of
+// two), quotients spread over 1e-6..1 with pairs that agree to 1e-3 and to 3e-2, rows in 16-byte units and not
+// (n = 5, 1027); p = 4 (f32: the kernel specialised for it), 3 (the closed form for any integer) and 2.5 (the
+// difference, f'(mean) within the threshold). B not symmetric: each pair is read where the pick says
+// (core/kernels/linalg.h), here from tiles on both sides of the diagonal (n = 64, 1027), ties in φ included.
 TEST(CudaLinalg, KeptBasisExpansionMatchesTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(44);
-  for (DType t : {DType::f64, DType::f32})
-    for (int64_t n : {1, 5, 64, 1027}) {
-      const int64_t batch = 3;
-      const Tensor coupled = cast(randn({batch, n, n}, {.dtype = DType::f64}), t);
-      Tensor floored = exp(mul(rand({batch, n}, {.dtype = DType::f64}), -13.8));  // 1e-6 .. 1
-      if (n >= 5) {
-        floored.narrow(1, 1, 1).copy_(mul(floored.narrow(1, 0, 1), 1.001));
-        floored.narrow(1, 3, 1).copy_(mul(floored.narrow(1, 2, 1), 1.03));
-        floored.narrow(1, n - 1, 1).copy_(floored.narrow(1, 2, 1));  // a tie, across tiles for n > 32
+  for (double p : {4.0, 3.0, 2.5})
+    for (DType t : {DType::f64, DType::f32})
+      for (int64_t n : {1, 5, 64, 1027}) {
+        const int64_t batch = 3;
+        const Tensor coupled = cast(randn({batch, n, n}, {.dtype = DType::f64}), t);
+        const Tensor scales = cast(from_vector(std::vector<double>{1.0, 0x1p-20, 0x1p20}, {batch}), t);
+        Tensor floored = exp(mul(rand({batch, n}, {.dtype = DType::f64}), -13.8));  // 1e-6 .. 1
+        if (n >= 5) {
+          floored.narrow(1, 1, 1).copy_(mul(floored.narrow(1, 0, 1), 1.001));
+          floored.narrow(1, 3, 1).copy_(mul(floored.narrow(1, 2, 1), 1.03));
+          floored.narrow(1, n - 1, 1).copy_(floored.narrow(1, 2, 1));  // a tie, across tiles for n > 32
+        }
+        floored = cast(floored, t);
+        const Tensor lifted = cast(add(floored, 1e-7), t);
+        const Tensor floored_roots = pow(floored, -1.0 / p), diagonal_roots = pow(lifted, -1.0 / p);
+        const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
+        kernels::kept_basis_expansion(coupled, scales, floored, floored_roots, diagonal_roots, p, middle, coupling);
+        const Tensor gm = empty({batch, n, n}, {.dtype = t, .device = gpu()});
+        const Tensor gc = empty({batch, n}, {.dtype = t, .device = gpu()});
+        kernels::kept_basis_expansion(coupled.to(gpu()), scales.to(gpu()), floored.to(gpu()),
+                                      floored_roots.to(gpu()), diagonal_roots.to(gpu()), p, gm, gc);
+        // entry by entry, relative (the entries span many orders of magnitude); n = 1 has a zero coupling
+        auto relative = [](const Tensor& got, const Tensor& want) {
+          const Tensor w = cast(want, DType::f64);
+          return max_abs(div(sub(cast(got.cpu(), DType::f64), w), add(abs(w), 1e-300)));
+        };
+        const double middle_err = relative(gm, middle);
+        const double coupling_err = n == 1 ? max_abs(gc.cpu()) : relative(gc, coupling);
+        std::printf("kept_basis_expansion %s p=%g n=%lld: middle %.2e, coupling %.2e\n", dtype_name(t), p,
+                    (long long)n, middle_err, coupling_err);
+        // f32: both start from the same f32 φ and f(φ); the GPU computes in f32 (the closed form to a few ulps;
+        // for p = 2.5 the 1e-2 threshold falls differently in f32 and f64, ~1e-5, and the GPU's f32 pow)
+        EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-4) << dtype_name(t) << " p " << p << " n " << n;
+        EXPECT_LT(coupling_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " p " << p << " n " << n;
       }
-      floored = cast(floored, t);
-      const Tensor lifted = cast(add(floored, 1e-7), t);
-      const Tensor floored_roots = pow(floored, -0.25), diagonal_roots = pow(lifted, -0.25);
-      const Tensor middle = empty({batch, n, n}, {.dtype = t}), coupling = empty({batch, n}, {.dtype = t});
-      kernels::kept_basis_expansion(coupled, floored, floored_roots, diagonal_roots, 4.0, middle, coupling);
-      const Tensor gm = empty({batch, n, n}, {.dtype = t, .device = gpu()});
-      const Tensor gc = empty({batch, n}, {.dtype = t, .device = gpu()});
-      kernels::kept_basis_expansion(coupled.to(gpu()), floored.to(gpu()), floored_roots.to(gpu()),
-                                    diagonal_roots.to(gpu()), 4.0, gm, gc);
-      // entry by entry, relative (the entries span many orders of magnitude); n = 1 has a zero coupling
-      auto relative = [](const Tensor& got, const Tensor& want) {
-        const Tensor w = cast(want, DType::f64);
-        return max_abs(div(sub(cast(got.cpu(), DType::f64), w), add(abs(w), 1e-300)));
-      };
-      const double middle_err = relative(gm, middle);
-      const double coupling_err = n == 1 ? max_abs(gc.cpu()) : relative(gc, coupling);
-      std::printf("kept_basis_expansion %s n=%lld: middle %.2e, coupling %.2e\n", dtype_name(t), (long long)n,
-                  middle_err, coupling_err);
-      // f32: both start from the same f32 φ and f(φ); they differ where the 1e-2 threshold falls differently in
-      // f32 and f64 (~1e-5) and by the GPU's f32 pow
-      EXPECT_LT(middle_err, t == DType::f64 ? 1e-12 : 1e-4) << dtype_name(t) << " n " << n;
-      EXPECT_LT(coupling_err, t == DType::f64 ? 1e-12 : 1e-5) << dtype_name(t) << " n " << n;
-    }
 }
 
 // split_tf32 on the GPU is the CPU's bit for bit: random values over ~50 binades, the specials (ties, FLT_MAX,
