@@ -4,9 +4,10 @@
 //
 // A block takes a pair of 32 x 32 tiles at a time, (I, J) and its mirror (J, I) (I >= J), both staged in shared
 // memory: each entry pair (i, j), (j, i) takes the one of the two that B's pick names (the column of the smaller
-// φ), and both halves of the middle are written from it, rows coalesced. Each row's coupling is summed along a
-// fixed order (a tile's 32 terms by the warp's butterfly in B's dtype into one f64 partial a row and column
-// tile, then the partials in tile order in f64 by a second kernel), so the result is the same every run.
+// φ), and both halves of the middle are written from it, rows coalesced; the next pair's tiles are loaded into
+// registers while a pair is worked. Each row's coupling is summed along a fixed order (a tile's 32 terms in
+// column order in B's dtype into one f64 partial a row and column tile, then the partials in tile order in
+// f64 by a second kernel), so the result is the same every run.
 // An entry costs ~30 instructions: what it needs of its row and column (φ, f(φ), 1/f(φ), φ^(−1/2)) is staged
 // once a tile, offsets within a matrix are 32-bit, and for an integer p the divided difference is the closed
 // form −f_i·f_j / S_ij (no branch, no power); the version with a power on the near-tie branch and 64-bit
@@ -57,49 +58,96 @@ __device__ __forceinline__ T divided_difference(const Quotient<T>& a, const Quot
   }
 }
 
-// Blocks stride over (matrix k, tile pair (I, J)); partial (batch, tiles, n): row r's coupling over column
-// tile t at [k][t][r], a tile row's 32 terms summed by the warp's butterfly in B's dtype, stored in f64. B's
-// entries are taken times the matrix's scale (1 where scales is null) as they are staged.
+constexpr int kRowsPerWarp = kTile / kTileRows;
+
+// Block index → (matrix k, tile pair (I, J)), pair = I·(I+1)/2 + J, 0 <= J <= I
+struct TilePair {
+  int64_t k;
+  int I, J;
+};
+__device__ __forceinline__ TilePair tile_pair(int64_t block, int pairs) {
+  const int64_t k = block / pairs;
+  const int pair = int(block - k * pairs);
+  int I = int((sqrt(8.0 * double(pair) + 1.0) - 1.0) / 2.0);
+  while (I * (I + 1) / 2 > pair) --I;
+  while ((I + 1) * (I + 2) / 2 <= pair) ++I;
+  return {k, I, pair - I * (I + 1) / 2};
+}
+
+// One thread's share of a tile pair, loaded into registers while the block works on the pair before it:
+// rows ty + 8u of tiles (I, J) and (J, I), and (threads 0..63) φ and f(φ) of I's (0..31) or J's (32..63) rows.
+template <class T>
+struct Staged {
+  T ij[kRowsPerWarp], ji[kRowsPerWarp];
+  T phi, f;
+  T scale;  // the matrix's
+};
+
+template <class T>
+__device__ __forceinline__ void load_pair(Staged<T>& s, const T* __restrict__ b, const T* __restrict__ scales,
+                                          const T* __restrict__ phi, const T* __restrict__ f, int n,
+                                          const TilePair& t, int tx, int ty) {
+  const T* b_k = b + t.k * n * n;
+  s.scale = scales != nullptr ? scales[t.k] : T(1);
+  const int i0 = t.I * kTile, j0 = t.J * kTile;
+#pragma unroll
+  for (int u = 0; u < kRowsPerWarp; ++u) {
+    const int r = ty + u * kTileRows;
+    s.ij[u] = i0 + r < n && j0 + tx < n ? b_k[(i0 + r) * n + j0 + tx] : T(0);
+    s.ji[u] = j0 + r < n && i0 + tx < n ? b_k[(j0 + r) * n + i0 + tx] : T(0);
+  }
+  if (threadIdx.x < 2 * kTile) {
+    const int at = (threadIdx.x < kTile ? i0 : j0) + tx;
+    s.phi = at < n ? phi[t.k * n + at] : T(1);
+    s.f = at < n ? f[t.k * n + at] : T(1);
+  }
+}
+
+// Blocks stride over (matrix k, tile pair (I, J)), the next pair's tiles loaded while this one is worked;
+// partial (batch, tiles, n): row r's coupling over column tile t at [k][t][r], a tile row's 32 terms summed in
+// B's dtype in column order by one thread (the squares staged in shared memory), stored in f64. B's entries
+// are taken times the matrix's scale (1 where scales is null) as they are staged.
 template <class T, int kP>
-__global__ void __launch_bounds__(kExpansionThreads) kept_basis_expansion_kernel(
+__global__ void __launch_bounds__(kExpansionThreads, sizeof(T) == 4 ? 6 : 1) kept_basis_expansion_kernel(
     const T* __restrict__ b, const T* __restrict__ scales, const T* __restrict__ phi, const T* __restrict__ f,
     const T* __restrict__ d, int n, int tiles, int pairs, int64_t batch, int integer_p, T exponent,
     T* __restrict__ m, double* __restrict__ partial) {
   __shared__ T c_ij[kTile][kTile + 1], c_ji[kTile][kTile + 1], picked[kTile][kTile + 1];
+  __shared__ T squares[2][kTile][kTile + 1];  // whitened B²: [0] I's rows × J's columns, [1] J's rows × I's
   __shared__ Quotient<T> quotients[2][kTile];  // [0]: I's rows, [1]: J's
   const int tx = int(threadIdx.x) % kTile, ty = int(threadIdx.x) / kTile;
   const T near = sizeof(T) == 8 ? T(1e-5) : T(1e-2);
-  for (int64_t block = blockIdx.x; block < batch * pairs; block += gridDim.x) {
-    const int64_t k = block / pairs;
-    const int pair = int(block - k * pairs);
-    // pair = I·(I+1)/2 + J, 0 <= J <= I
-    int I = int((sqrt(8.0 * double(pair) + 1.0) - 1.0) / 2.0);
-    while (I * (I + 1) / 2 > pair) --I;
-    while ((I + 1) * (I + 2) / 2 <= pair) ++I;
-    const int J = pair - I * (I + 1) / 2;
-    const int i0 = I * kTile, j0 = J * kTile;
-    const T* b_k = b + k * n * n;
-    T* m_k = m + k * n * n;
-    const T scale = scales != nullptr ? scales[k] : T(1);
-    for (int r = ty; r < kTile; r += kTileRows) {
-      c_ij[r][tx] = i0 + r < n && j0 + tx < n ? b_k[(i0 + r) * n + j0 + tx] * scale : T(0);
-      c_ji[r][tx] = j0 + r < n && i0 + tx < n ? b_k[(j0 + r) * n + i0 + tx] * scale : T(0);
+  const int64_t total = batch * pairs;
+  int64_t block = blockIdx.x;
+  if (block >= total) return;
+  TilePair t = tile_pair(block, pairs);
+  Staged<T> s;
+  load_pair(s, b, scales, phi, f, n, t, tx, ty);
+  for (; block < total; block += gridDim.x) {
+    const TilePair cur = t;
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      c_ij[ty + u * kTileRows][tx] = s.ij[u] * s.scale;
+      c_ji[ty + u * kTileRows][tx] = s.ji[u] * s.scale;
     }
-    if (threadIdx.x < 2 * kTile) {
-      const int side = int(threadIdx.x) / kTile;
-      const int at = (side == 0 ? i0 : j0) + tx;
-      const T phi_at = at < n ? phi[k * n + at] : T(1), f_at = at < n ? f[k * n + at] : T(1);
-      quotients[side][tx] = {phi_at, f_at, T(1) / f_at, T(1) / sqrt(phi_at)};
-    }
+    if (threadIdx.x < 2 * kTile)
+      quotients[threadIdx.x / kTile][tx] = {s.phi, s.f, T(1) / s.f, T(1) / sqrt(s.phi)};
     __syncthreads();
+    if (block + gridDim.x < total) {  // the next pair's loads in flight during this one's work
+      t = tile_pair(block + gridDim.x, pairs);
+      load_pair(s, b, scales, phi, f, n, t, tx, ty);
+    }
+    const int i0 = cur.I * kTile, j0 = cur.J * kTile;
+    T* m_k = m + cur.k * n * n;
     // I's rows against J's columns: the pick, then the entry
-    for (int r = ty; r < kTile; r += kTileRows) {
-      const int i = i0 + r, j = j0 + tx;
-      T sum = 0;
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      const int r = ty + u * kTileRows, i = i0 + r, j = j0 + tx;
+      T square = 0;
       if (i < n && j < n) {
         T value;
         if (i == j) {
-          value = d[k * n + i];
+          value = d[cur.k * n + i];
         } else {
           const Quotient<T> qi = quotients[0][r], qj = quotients[1][tx];
           const bool row_i = qi.phi > qj.phi || (qi.phi == qj.phi && i > j);  // the pair's entry at (r, c)
@@ -107,30 +155,38 @@ __global__ void __launch_bounds__(kExpansionThreads) kept_basis_expansion_kernel
           picked[r][tx] = bij;
           value = divided_difference<kP>(qi, qj, integer_p, near, exponent) * bij;
           const T whitened = bij * qi.rs * qj.rs;
-          sum = whitened * whitened;
+          square = whitened * whitened;
         }
         m_k[i * n + j] = value;
       }
-      sum = warp_allreduce(sum, SumOp{});
-      if (tx == 0 && i < n) partial[(k * tiles + J) * n + i] = double(sum);
+      squares[0][r][tx] = square;
     }
     __syncthreads();
-    if (I != J) {  // a diagonal tile is its own mirror
+    if (cur.I != cur.J) {  // a diagonal tile is its own mirror
       // J's rows against I's columns, from the same picks
-      for (int r = ty; r < kTile; r += kTileRows) {
-        const int j = j0 + r, i = i0 + tx;
-        T sum = 0;
+#pragma unroll
+      for (int u = 0; u < kRowsPerWarp; ++u) {
+        const int r = ty + u * kTileRows, j = j0 + r, i = i0 + tx;
+        T square = 0;
         if (i < n && j < n) {
           const Quotient<T> qj = quotients[1][r], qi = quotients[0][tx];
           const T bij = picked[tx][r];
           m_k[j * n + i] = divided_difference<kP>(qj, qi, integer_p, near, exponent) * bij;
           const T whitened = bij * qj.rs * qi.rs;
-          sum = whitened * whitened;
+          square = whitened * whitened;
         }
-        sum = warp_allreduce(sum, SumOp{});
-        if (tx == 0 && j < n) partial[(k * tiles + I) * n + j] = double(sum);
+        squares[1][r][tx] = square;
       }
-      __syncthreads();  // the staged tiles are read before the next pair's overwrite them
+      __syncthreads();
+    }
+    // each row's 32 terms in column order, a thread a row: warp 0 for I's rows, warp 1 for J's (the next
+    // pair's staging waits for these warps at its barrier, and writes no squares before the one after it)
+    if (ty < (cur.I != cur.J ? 2 : 1)) {
+      const int row = (ty == 0 ? i0 : j0) + tx;
+      T sum = 0;
+#pragma unroll 8
+      for (int c = 0; c < kTile; ++c) sum += squares[ty][tx][c];
+      if (row < n) partial[(cur.k * tiles + (ty == 0 ? cur.J : cur.I)) * n + row] = double(sum);
     }
   }
 }
@@ -157,10 +213,13 @@ void launch_expansion(const Tensor& coupled, const Tensor& coupled_scales, const
   const int64_t tiles = (n + kTile - 1) / kTile, pairs = tiles * (tiles + 1) / 2;
   const Tensor partial = empty({batch, tiles, n}, {.dtype = DType::f64, .device = coupled.device()});
   double* pp = static_cast<double*>(partial.raw_data());
-  // at most 8 blocks an SM (256 threads, 13-26 KiB of tiles each), striding over the pairs
-  const int64_t blocks = std::min<int64_t>(batch * pairs, int64_t(sm_count()) * 8);
   const int integer_p = kept_basis_integer_p(p);
   auto launch = [&](auto kernel) {
+    // as many blocks as fit at once (f32: 6 an SM, 40 registers a thread, 22 KiB of tiles), striding over the
+    // pairs: one wave
+    int resident = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kExpansionThreads, 0));
+    const int64_t blocks = std::min<int64_t>(batch * pairs, int64_t(sm_count()) * std::max(resident, 1));
     kernel<<<unsigned(blocks), kExpansionThreads, 0, current_stream()>>>(
         static_cast<const T*>(coupled.raw_data()),
         coupled_scales.defined() ? static_cast<const T*>(coupled_scales.raw_data()) : nullptr,
