@@ -127,10 +127,14 @@ Rayleigh rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
 // ‖q_i‖·‖M_j‖ ≤ sqrt(n)·max|M|, so W stays under 2^14 where M is within its bound. Each matrix's own scale
 // keeps its W in f16's normal range (one scale for a batch whose roots lie 2^20 apart would leave the smaller
 // ones' W, ~2^-6·2^-20 at n = 1024, in f16's subnormals). The second product undoes the common scales (host
-// alpha), and one pass each matrix's own. (split_f16's shift is clamped to ±100, which M's bound reaches only
+// alpha); each matrix's own is returned beside it, for the caller's copy of the roots to apply (a pass of its
+// own took ~0.55 ms of a GPT-2 root step on an H200). (split_f16's shift is clamped to ±100, which M's bound reaches only
 // beyond 2^114 or under 2^-87: with f32 quotients λ^(−1/p), only for p below ~1.5; Shampoo's p = 2·order ≥ 2.)
-Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots, double p,
-                              double tolerance) {
+struct ScaledRoots {
+  Tensor root, scales;  // the root of matrix b is root_b·scales_b
+};
+ScaledRoots kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Tensor& diagonal_roots, double p,
+                                   double tolerance) {
   const int64_t b = middle.size(0), n = middle.size(-1);
   const TensorOptions f32{.dtype = DType::f32, .device = middle.device()};
   const TensorOptions f16{.dtype = DType::f16, .device = middle.device()};
@@ -143,8 +147,7 @@ Tensor kept_root_products_f16(const Tensor& q16, const Tensor& middle, const Ten
   // W·(q·2^13)ᵀ = alpha·2^26·s_M·q·M·qᵀ: powers of two, exact
   Tensor root = empty({b, n, n}, f32);
   kernels::bmm_add(w16, q16.transpose(-2, -1), root, 1.0 / (alpha * 0x1p26), 0.0);
-  root.mul_(rdiv(m_scales, 1.0).view({b, 1, 1}));
-  return root;
+  return {root, rdiv(m_scales, 1.0)};
 }
 
 // The eigenpairs of (batch, n, n) ridged matrices; a matrix the solver does not converge on is an error.
@@ -343,7 +346,9 @@ WarmRootsStarted start_warm_roots(const Tensor& a, double p, const Tensor& basis
   // every matrix's root q·M·qᵀ in its basis, as if kept (those refreshed are overwritten: at a refresh of all,
   // the first call's, two products wasted beside the eigensolver's ~10x): in f32, or on f16 where asked
   if (tf32) {
-    out.root = kept_root_products_f16(rayleigh.q16, middle, diagonal_roots, p, options.warm_tolerance).reshape(a.sizes());
+    ScaledRoots kept = kept_root_products_f16(rayleigh.q16, middle, diagonal_roots, p, options.warm_tolerance);
+    out.root = kept.root.reshape(a.sizes());
+    out.root_scales = kept.scales;
   } else {
     const cuda::AllowTf32Guard exact(true, false);
     out.root = matmul(matmul(q, middle), q.transpose(-2, -1)).reshape(a.sizes());
@@ -361,6 +366,7 @@ WarmInverseRoot finish_warm_roots(const WarmRootsStarted& started, const std::ve
   const NoGradGuard no_grad;
   WarmInverseRoot out;
   out.root = started.root;
+  out.root_scales = started.root_scales;
   out.coupling = empty(batch_shape(started.root), {.dtype = DType::f64});
   if (!a3.defined()) {  // no matrices, or matrices of size 0
     out.coupling.zero_();
@@ -410,13 +416,30 @@ WarmInverseRoot finish_warm_roots(const WarmRootsStarted& started, const std::ve
       root_from_eigenpairs(e.eigenvalues, e.eigenvectors, started.p, started.options.epsilon));
   put(q, e.eigenvectors);
   out.refreshed = int64_t(refreshed.size());
+  if (out.root_scales.defined()) {  // the refreshed roots are written at their own scale: 1
+    if (out.refreshed == b) {
+      out.root_scales = Tensor();
+    } else {
+      std::vector<float> kept(size_t(b), 1.0f);
+      for (int64_t i : refreshed) kept[size_t(i)] = 0.0f;
+      const Tensor keep = from_vector(kept, {b}, {.dtype = out.root_scales.dtype(), .device = a3.device()});
+      out.root_scales = add(mul(out.root_scales, keep), rsub(keep, 1.0));
+    }
+  }
   return out;
 }
 
 WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis, const InverseRootOptions& options) {
   const WarmRootsStarted started = start_warm_roots(a, p, basis, options);
   // ρ, the column norms' deviation and the quotients' sum in one transfer
-  return finish_warm_roots(started, cast(started.figures, DType::f64).cpu().contiguous().to_vector<double>());
+  WarmInverseRoot out =
+      finish_warm_roots(started, cast(started.figures, DType::f64).cpu().contiguous().to_vector<double>());
+  if (out.root_scales.defined()) {
+    const int64_t n = a.size(-1), b = out.root_scales.numel();
+    out.root.reshape({b, n, n}).mul_(out.root_scales.view({b, 1, 1}));
+    out.root_scales = Tensor();
+  }
+  return out;
 }
 
 Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options) {

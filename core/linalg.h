@@ -96,6 +96,9 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // a's shape, dtype and device.
 struct WarmInverseRoot {
   Tensor root;             // (..., n, n)
+  Tensor root_scales;      // finish_warm_roots: undefined, or (b) on the device in root's dtype, matrix b's root
+                           // being root_b·root_scales_b (kept roots on f16 leave their powers of two to the
+                           // caller's copy of them: kernels::scale_matrices); inverse_root_warm: undefined
   Tensor coupling;         // (...) ρ of each matrix in the basis it came with; for a basis whose columns are
                            // not of unit norm, their largest deviation (1 for a basis of zeros); host f64
   int64_t refreshed = 0;   // matrices eigendecomposed afresh
@@ -111,7 +114,9 @@ WarmInverseRoot inverse_root_warm(const Tensor& a, double p, const Tensor& basis
 // of `basis`. Between the two, `basis` and `a` must not change. inverse_root_warm(a, p, basis, options) is
 // finish_warm_roots(start_warm_roots(a, p, basis, options), figures read).
 struct WarmRootsStarted {
-  Tensor root;     // (..., n, n): every matrix's root as though its basis were kept (refreshed rows: overwritten)
+  Tensor root;     // (..., n, n): every matrix's root as though its basis were kept (refreshed rows: overwritten),
+                   // times root_scales where those are defined (as WarmInverseRoot's)
+  Tensor root_scales;
   Tensor figures;  // (3, b) on a's device, a's dtype (b the batch's count): ρ, the largest column-norm
                    // deviation of the basis, the Rayleigh quotients' sum (non-finite with a)
   // what finish_warm_roots needs

@@ -298,9 +298,11 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
         try {
           double roots_sum = job.read.back();
           bool bases_changed = false;  // only a refresh writes the stacked bases: else there is nothing to copy back
+          Tensor root_scales;          // warm roots on f16: each root's power of two, applied as it is copied back
           if (warm) {
             job.read.pop_back();
             const linalg::WarmInverseRoot r = linalg::finish_warm_roots(*job.started, job.read);
+            root_scales = r.root_scales;
             job.started.reset();
             eigen_refreshes_ += r.refreshed;
             bases_changed = r.refreshed > 0;
@@ -317,7 +319,8 @@ void Shampoo::update_roots(std::vector<Factor>& factors) {
                 bases.push_back(group[j]->basis);
               }
             }
-            kernels::copy_matrices(from, to);
+            if (root_scales.defined()) kernels::scale_matrices(from, to, root_scales);
+            else kernels::copy_matrices(from, to);
             if (bases_changed) kernels::copy_matrices(from_bases, bases);
             for (const Tensor& t : to) t.bump_version();  // written in place, as copy_ marks it
             for (const Tensor& t : bases) t.bump_version();

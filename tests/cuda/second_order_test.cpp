@@ -131,6 +131,51 @@ TEST(CudaSecondOrder, ShampooBf16StaysNearF32) {
   EXPECT_GT(err, 0.0);
 }
 
+// Shampoo's warm roots with root_tf32 (their products on f16 tensor cores, each root's power of two applied as
+// it is copied back into the state): after the first roots (all eigendecomposed), the bases are kept and every
+// stored root stays within the f16 products' precision of the f32 run's, relative to its own size; the
+// parameters stay near the f32 run's without matching it.
+TEST(CudaSecondOrder, ShampooWarmRootsOnF16StayNearTheF32Ones) {
+  KILN_REQUIRE_GPU();
+  manual_seed(105);
+  Net f32_net, f16_net;
+  f16_net.load_state_dict(f32_net.state_dict());
+  f32_net.to(gpu());
+  f16_net.to(gpu());
+  const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
+  optim::Shampoo f32_opt(f32_net.parameters(), o), f16_opt(f16_net.parameters(), o);
+  for (optim::Shampoo* opt : {&f32_opt, &f16_opt}) {
+    opt->root_method = linalg::RootMethod::warm_eigen;
+    opt->warm_tolerance = 10.0;  // every basis kept after the first roots
+  }
+  f16_opt.root_tf32 = true;
+  const Batches data(6);
+  for (size_t i = 0; i < data.x.size(); ++i)
+    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&f16_net, &f16_opt}}) {
+      opt->zero_grad();
+      F::cross_entropy((*net)(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
+      opt->step();
+    }
+  EXPECT_EQ(f16_opt.eigen_refreshes(), f32_opt.eigen_refreshes());
+  EXPECT_LT(f16_opt.eigen_refreshes(), f16_opt.root_updates());  // some roots came from kept bases
+  double worst = 0;
+  int64_t roots = 0;
+  for (size_t p = 0; p < f32_net.parameters().size(); ++p)
+    for (const auto& [name, want] : f32_opt.state(int64_t(p)).tensors)
+      if (name.rfind("root.", 0) == 0) {
+        const Tensor got = f16_opt.state(int64_t(p)).tensors.at(name);
+        worst = std::max(worst, rel_err(got, want));
+        ++roots;
+      }
+  const double params = param_error(f16_net, f32_net);
+  std::printf("shampoo warm roots on f16: %lld roots, largest relative difference to f32 %.2e; parameters %.2e\n",
+              (long long)roots, worst, params);
+  EXPECT_GT(roots, 0);
+  EXPECT_LT(worst, 2e-3);
+  EXPECT_LT(params, 1e-2);
+  EXPECT_GT(params, 0.0);
+}
+
 TEST(CudaSecondOrder, KfacMatchesTheCpu) {
   KILN_REQUIRE_GPU();
   manual_seed(102);
