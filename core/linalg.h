@@ -53,7 +53,8 @@ struct InverseRootOptions {
   // 11 bits an operand, at twice the rate: each M scaled by its own power of two); and qᵀ·A·q, whose small
   // Rayleigh quotients need f32's accuracy: A·q as three f16 products of split, scaled operands
   // (kernels::split_f16: 2^-22 of the terms, against f32's 2^-24, at ~16x the f32 FFMA rate each), qᵀ·(A·q)
-  // as one TF32 pass read where it is accurate (each pair's entry in the column of the smaller quotient).
+  // as one f16 pass (11 bits an operand, as TF32's) read where it is accurate (each pair's entry in the
+  // column of the smaller quotient).
   bool tf32 = false;
   // warm_eigen: the largest coupling ρ (inverse_root_warm) at which the basis is reused (root error ~ρ²/8)
   double warm_tolerance = 0.1;
@@ -89,7 +90,7 @@ Tensor inverse_root(const Tensor& a, double p, const InverseRootOptions& options
 // starts, is off by 1) is refreshed at any tolerance; columns that are not orthogonal show in ρ. Refreshed matrices are
 // eigendecomposed afresh (the eigen method) and their rows of `basis` overwritten with the new
 // eigenvectors. A kept matrix costs four batched f32 GEMMs (A·q, qᵀ·(A·q), and the root's two; with
-// options.tf32 A·q as three f16 products of split operands, qᵀ·(A·q) on TF32 and the root's two on f16) and one
+// options.tf32 A·q as three f16 products of split operands, qᵀ·(A·q) and the root's two on f16) and one
 // pass over B (kernels::kept_basis_expansion), where cuSOLVER's eigensolver spends ~10x as long on its tridiagonal
 // reduction. Non-finite input is a kiln::Error, found without a pass of its own: it makes every entry of its
 // B non-finite, so it is refreshed, and refreshed matrices are checked. `basis` must be contiguous, with

@@ -1,6 +1,5 @@
-// kernels::split_f16 and kernels::scale_to_tf32 on the GPU (core/kernels/linalg.h): the f16 split of f32
-// operands for the three f16 products that stand in for one f32 product (linalg::inverse_root_warm's A·q), and
-// the pass that undoes its scale on the product and rounds it to TF32. Memory-bound: a grid column
+// kernels::split_f16 on the GPU (core/kernels/linalg.h): the f16 split of f32 operands for the three f16
+// products that stand in for one f32 product (linalg::inverse_root_warm's A·q). Memory-bound: a grid column
 // (blockIdx.x) a matrix, so that its scale is read once a thread; four elements a thread in 16-byte loads (8-byte f16
 // stores) where the shapes and addresses allow, one at a time otherwise.
 #include <algorithm>
@@ -58,31 +57,9 @@ __global__ void __launch_bounds__(kThreads) split_f16_kernel(const float* __rest
   }
 }
 
-// x (batch, per_matrix) in place; VEC = 4: per_matrix % 4 == 0 and x 16-byte aligned
-template <int VEC>
-__global__ void __launch_bounds__(kThreads) scale_to_tf32_kernel(float* __restrict__ x, const float* __restrict__ scales,
-                                                                 int64_t per_matrix) {
-  const int64_t b = blockIdx.x;
-  const float s = scales[b];
-  float* xb = x + b * per_matrix;
-  for (int64_t g = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; g < per_matrix / VEC;
-       g += int64_t(gridDim.y) * blockDim.x) {
-    if constexpr (VEC == 4) {
-      float4 v = reinterpret_cast<float4*>(xb)[g];
-      v.x = scale_to_tf32_value(v.x, s);
-      v.y = scale_to_tf32_value(v.y, s);
-      v.z = scale_to_tf32_value(v.z, s);
-      v.w = scale_to_tf32_value(v.w, s);
-      reinterpret_cast<float4*>(xb)[g] = v;
-    } else {
-      xb[g] = scale_to_tf32_value(xb[g], s);
-    }
-  }
-}
-
 // (matrices, blocks along a matrix): about 8 blocks an SM in all, at least one a matrix
 dim3 grid_for(int64_t batch, int64_t per_matrix_threads) {
-  KILN_CHECK(batch <= int64_t(INT32_MAX), "split_f16 / scale_to_tf32: ", batch, " matrices, more than a grid holds");
+  KILN_CHECK(batch <= int64_t(INT32_MAX), "split_f16: ", batch, " matrices, more than a grid holds");
   const int64_t want = std::max<int64_t>(int64_t(sm_count()) * 8 / std::max<int64_t>(batch, 1), 1);
   const int64_t along = std::min<int64_t>((per_matrix_threads + kThreads - 1) / kThreads, want);
   return dim3(unsigned(batch), unsigned(std::max<int64_t>(along, 1)));
@@ -119,22 +96,6 @@ void kernels::split_f16(const Tensor& x, const Tensor& bounds, const Tensor& sca
     split_f16_kernel<1><<<grid_for(batch, r * c), kThreads, 0, current_stream()>>>(px, pb, ps, r, c, h, l, again);
   }
   KILN_LAUNCH_CHECK("split_f16_kernel", "split_f16");
-}
-
-void kernels::scale_to_tf32(const Tensor& x, const Tensor& scales) {
-  NvtxRange range("scale_to_tf32");
-  check_scale_to_tf32(x, scales);
-  const int64_t batch = x.size(0), per_matrix = x.size(1) * x.size(2);
-  if (x.numel() == 0) return;
-  DeviceGuard guard(x.device().index);
-  float* px = static_cast<float*>(x.raw_data());
-  const float* ps = static_cast<const float*>(scales.raw_data());
-  if (per_matrix % 4 == 0 && aligned(px, 16)) {
-    scale_to_tf32_kernel<4><<<grid_for(batch, per_matrix / 4), kThreads, 0, current_stream()>>>(px, ps, per_matrix);
-  } else {
-    scale_to_tf32_kernel<1><<<grid_for(batch, per_matrix), kThreads, 0, current_stream()>>>(px, ps, per_matrix);
-  }
-  KILN_LAUNCH_CHECK("scale_to_tf32_kernel", "scale_to_tf32");
 }
 
 }  // namespace kiln::cuda

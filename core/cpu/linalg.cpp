@@ -1,6 +1,6 @@
 // The linalg kernels on the CPU (core/kernels/linalg.h): Eigen's symmetric eigensolver in f64, a matrix a
 // task, so the result does not depend on the thread count; the kept basis' expansion in f64, a row a task;
-// the TF32 and f16 splits, an element at a time.
+// the f16 split, an element at a time.
 #include <Eigen/Eigenvalues>
 
 #include <algorithm>
@@ -101,21 +101,6 @@ void kernels::kept_basis_expansion(const Tensor& coupled, const Tensor& coupled_
                                    coupling);
 }
 
-void kernels::split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
-  check_split_tf32(x, hi, lo);
-  const float* px = static_cast<const float*>(x.raw_data());
-  float* ph = static_cast<float*>(hi.raw_data());
-  if (!lo.defined()) {  // rounded alone (hi may be x)
-    parallel_for(x.numel(), 4, [&](int64_t i) {
-      float dropped;
-      split_tf32_value(px[i], ph[i], dropped);
-    });
-    return;
-  }
-  float* pl = static_cast<float*>(lo.raw_data());
-  parallel_for(x.numel(), 4, [&](int64_t i) { split_tf32_value(px[i], ph[i], pl[i]); });
-}
-
 void kernels::column_norm_gap(const Tensor& q, const Tensor& gap) {
   check_column_norm_gap(q, gap);
   const int64_t batch = q.size(0), n = q.size(1);
@@ -164,14 +149,6 @@ void kernels::split_f16(const Tensor& x, const Tensor& bounds, const Tensor& sca
       if (again) again[j] = h[j];
     }
   });
-}
-
-void kernels::scale_to_tf32(const Tensor& x, const Tensor& scales) {
-  check_scale_to_tf32(x, scales);
-  const int64_t per_matrix = x.size(1) * x.size(2);
-  float* px = static_cast<float*>(x.raw_data());
-  const float* ps = static_cast<const float*>(scales.raw_data());
-  parallel_for(x.numel(), 4, [&](int64_t i) { px[i] = scale_to_tf32_value(px[i], ps[i / per_matrix]); });
 }
 
 void kernels::eigh(const Tensor& a, const Tensor& w, const Tensor& v, const Tensor& info) {

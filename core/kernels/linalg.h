@@ -1,9 +1,8 @@
 #pragma once
 // Kernel family: dense linear algebra beyond the GEMM (core/linalg.h): the symmetric eigendecomposition,
-// batched, the warm-started roots' kept-basis expansion, and the TF32 and f16 splits of f32 operands.
+// batched, the warm-started roots' kept-basis expansion, and the f16 split of f32 operands.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include <kiln/core/error.h>
@@ -57,15 +56,6 @@ KILN_KERNEL(kept_basis_expansion, void(const Tensor& coupled, const Tensor& coup
 // copy and a read of it). linalg::inverse_root_warm keeps a basis only where this is small.
 KILN_KERNEL(column_norm_gap, void(const Tensor& q, const Tensor& gap));
 
-// The split that carries an f32 product onto TF32 tensor cores at about f32's accuracy ("3xTF32"): x into
-// hi = x rounded to TF32 (to nearest, ties away from zero: its low 13 mantissa bits zero, so the tensor cores
-// read it exactly) and lo = x − hi (exact in f32; |lo| ≤ 2^-11·|hi| for a normal x). Then a·b = a_hi·b_hi + a_hi·b_lo +
-// a_lo·b_hi + a_lo·b_lo, and the last term, 2^-22 of the product's terms, is the one left out; the others' own
-// TF32 rounding is of the same order. A finite x whose rounding would overflow is truncated instead; a
-// non-finite x gives hi = x, lo = 0. x, hi and lo f32, contiguous, of one shape and device; bit-identical on
-// the CPU and the GPU. lo may be undefined (x rounded to TF32 alone), and hi may be x itself (in place).
-KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo));
-
 // The split that carries an f32 product onto f16 tensor cores at about f32's accuracy ("3xF16", at twice the
 // TF32 rate): each matrix x_b of x (batch, r, c) scaled by s_b = 2^(14 − e_b), bounds_b = m·2^e_b with m in
 // [0.5, 1) (split_f16_scale: a bound of x_b's entries lands in [2^13, 2^14), so entries up to ~4x the bound
@@ -83,50 +73,7 @@ KILN_KERNEL(split_tf32, void(const Tensor& x, const Tensor& hi, const Tensor& lo
 KILN_KERNEL(split_f16, void(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
                             const Tensor& lo, const Tensor& hi_again));
 
-// x_b ← x_b·scales_b rounded to TF32 as split_tf32 rounds it, in place, for x (batch, r, c) f32 contiguous and
-// scales (batch) f32 contiguous on x's device: a split_f16 product's scale undone (powers of two: exact) and its
-// result readied for a TF32 product in one pass. Bit-identical on the CPU and the GPU.
-KILN_KERNEL(scale_to_tf32, void(const Tensor& x, const Tensor& scales));
-
 namespace kiln {
-// split_tf32's operands, checked by both implementations
-inline void check_split_tf32(const Tensor& x, const Tensor& hi, const Tensor& lo) {
-  auto fits = [&](const Tensor& t) {
-    return t.defined() && t.dtype() == DType::f32 && t.is_contiguous() && t.sizes() == x.sizes() &&
-           t.device() == x.device();
-  };
-  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
-  KILN_CHECK(x.defined() && fits(x) && fits(hi) && (!lo.defined() || fits(lo)),
-             "split_tf32: expected contiguous f32 x, hi and lo (or an undefined lo) of one shape and device; got x ",
-             str(x), ", hi ", str(hi), ", lo ", str(lo));
-}
-
-// One f32's split (split_tf32), as bits: the CPU's loop and the GPU's kernel both call it.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline void split_tf32_value(float x, float& hi, float& lo) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t bits = __float_as_uint(x);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-#endif
-  if ((bits & 0x7f800000u) == 0x7f800000u) {  // inf or NaN
-    hi = x;
-    lo = 0.0f;
-    return;
-  }
-  uint32_t rounded = (bits + 0x1000u) & 0xffffe000u;  // the magnitude's low 13 bits, to nearest (ties away)
-  if ((rounded & 0x7f800000u) == 0x7f800000u) rounded = bits & 0xffffe000u;  // would overflow: truncate
-#if defined(__CUDA_ARCH__)
-  hi = __uint_as_float(rounded);
-#else
-  std::memcpy(&hi, &rounded, 4);
-#endif
-  lo = x - hi;
-}
-
 // column_norm_gap's operands, checked by both implementations
 inline void check_column_norm_gap(const Tensor& q, const Tensor& gap) {
   auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
@@ -138,7 +85,7 @@ inline void check_column_norm_gap(const Tensor& q, const Tensor& gap) {
              "dtype and device; got q ", str(q), ", gap ", str(gap));
 }
 
-// split_f16's and scale_to_tf32's operands, checked by both implementations
+// split_f16's operands, checked by both implementations
 inline void check_split_f16(const Tensor& x, const Tensor& bounds, const Tensor& scales, const Tensor& hi,
                             const Tensor& lo, const Tensor& hi_again) {
   auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
@@ -157,15 +104,6 @@ inline void check_split_f16(const Tensor& x, const Tensor& bounds, const Tensor&
              "hi (lo and hi_again, or undefined) of x's shape with unit stride along c, on x's device; got x ",
              str(x), ", bounds ", str(bounds), ", scales ", str(scales), ", hi ", str(hi), ", lo ", str(lo),
              ", hi_again ", str(hi_again));
-}
-
-inline void check_scale_to_tf32(const Tensor& x, const Tensor& scales) {
-  auto str = [](const Tensor& t) { return t.defined() ? t.str() : std::string("undefined"); };
-  KILN_CHECK(x.defined() && x.dim() == 3 && x.dtype() == DType::f32 && x.is_contiguous() && scales.defined() &&
-                 scales.dtype() == DType::f32 && scales.is_contiguous() && scales.sizes() == Shape{x.size(0)} &&
-                 scales.device() == x.device(),
-             "scale_to_tf32: expected contiguous f32 x (batch, r, c) and f32 scales (batch) on its device; got x ",
-             str(x), ", scales ", str(scales));
 }
 
 // split_f16's scale for a matrix whose entries' bound is `bound`: the CPU's loop and the GPU's kernels both
@@ -212,16 +150,6 @@ inline void split_f16_value(float x, float scale, uint16_t& hi, uint16_t& lo) {
 #endif
 }
 
-// One element of scale_to_tf32: x·scale rounded to TF32 (a NaN kept as it is: the GPU's product would
-// replace its bits). The CPU's loop and the GPU's kernel both call it.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline float scale_to_tf32_value(float x, float scale) {
-  float hi = x, dropped;
-  if (x == x) split_tf32_value(x * scale, hi, dropped);
-  return hi;
-}
 
 // kept_basis_expansion's layouts, checked by both implementations: B (batch, n, n) f32 or f64, the four
 // (batch, n) vectors and the middle of its dtype, device and shape, the scales (batch) of its dtype and

@@ -481,54 +481,6 @@ TEST(LinalgInverseRootWarm, TheKeptBasisExpansionReadsEachPairInTheRowOfItsLarge
   }
 }
 
-// Under autocast the roots are still computed in the matrices' dtype (autocast would put the products in bf16).
-// split_tf32: hi exact in TF32 (its low 13 mantissa bits zero) and nearest to x, lo = x − hi exactly, so
-// |lo| ≤ 2^-11·|hi| (normal x); ties away from zero; non-finite values in hi, and those whose rounding would
-// overflow truncated.
-TEST(LinalgSplitTf32, HiIsTheNearestTf32AndLoTheExactRemainder) {
-  Generator gen(18);
-  std::vector<float> values = cast(mul(randn({4096}, {.dtype = DType::f64}, &gen),
-                                       exp(mul(randn({4096}, {.dtype = DType::f64}, &gen), 20.0))),
-                                   DType::f32)
-                                  .to_vector<float>();
-  const float tie = 1.0f + 0x1p-11f, below = 1.0f + 0x1p-11f - 0x1p-23f;  // halfway, and just under it
-  for (float v : {0.0f, -0.0f, 1.0f, tie, -tie, below, 0x1p-140f, 3.4028235e38f, -3.4028235e38f, INFINITY,
-                  -INFINITY, NAN})
-    values.push_back(v);
-  const int64_t n = int64_t(values.size());
-  const Tensor x = from_vector(values, {n}), hi = empty({n}), lo = empty({n});
-  kernels::split_tf32(x, hi, lo);
-  const std::vector<float> h = hi.to_vector<float>(), l = lo.to_vector<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = values[size_t(i)];
-    uint32_t bits;
-    std::memcpy(&bits, &h[size_t(i)], 4);
-    if (!std::isfinite(v)) {
-      EXPECT_TRUE(std::isnan(v) ? std::isnan(h[size_t(i)]) : h[size_t(i)] == v) << i;
-      EXPECT_EQ(l[size_t(i)], 0.0f) << i;
-      continue;
-    }
-    EXPECT_EQ(bits & 0x1fffu, 0u) << "hi of " << v << " is not a TF32 value";
-    EXPECT_EQ(double(h[size_t(i)]) + double(l[size_t(i)]), double(v)) << "hi + lo != x for " << v;
-    // to nearest: half a TF32 unit of hi; truncated near FLT_MAX: under a unit; subnormal: under 2^-136
-    const double bound = std::abs(double(v)) < 0x1p-126 ? 0x1p-136
-                         : std::abs(double(v)) > 3.4e38  ? 0x1p-10 * std::abs(double(h[size_t(i)]))
-                                                         : 0x1p-11 * std::abs(double(h[size_t(i)]));
-    EXPECT_LE(std::abs(double(l[size_t(i)])), bound) << v;
-  }
-  EXPECT_EQ(h[size_t(n) - 9], 1.0f + 0x1p-10f);    // the tie, away from zero
-  EXPECT_EQ(h[size_t(n) - 8], -1.0f - 0x1p-10f);
-  EXPECT_EQ(h[size_t(n) - 7], 1.0f);               // just under it, down
-  EXPECT_TRUE(std::isfinite(h[size_t(n) - 5]));    // FLT_MAX truncated, not rounded to inf
-  EXPECT_THROW(kernels::split_tf32(x, empty({n - 1}), lo), Error);
-  EXPECT_THROW(kernels::split_tf32(cast(x, DType::f64), hi, lo), Error);
-  // without lo, in place: x rounded to the same hi, bit for bit (NaN included)
-  const Tensor rounded = x.clone();
-  kernels::split_tf32(rounded, rounded, Tensor());
-  const std::vector<float> r = rounded.to_vector<float>();
-  EXPECT_EQ(std::memcmp(r.data(), h.data(), h.size() * sizeof(float)), 0);
-}
-
 // column_norm_gap: max_j |‖q_j‖² − 1| per basis: ~0 for an orthonormal one, the one stretched column's gap, 1
 // for zeros, NaN where q has one; f32 and f64; bad shapes are errors.
 TEST(LinalgColumnNormGap, IsTheLargestColumnNormOffOne) {
@@ -610,20 +562,7 @@ TEST(LinalgSplitF16, HiAndLoCarryTheScaledValueTo22Bits) {
   EXPECT_THROW(kernels::split_f16(x, bounds.narrow(0, 0, 4), scales, hi, lo, Tensor()), Error);
 }
 
-// scale_to_tf32: each matrix times its scale, rounded as split_tf32 rounds, in place
-TEST(LinalgSplitF16, ScaleToTf32IsTheScaledValueRounded) {
-  Generator gen(20);
-  const Tensor x = randn({3, 5, 7}, {}, &gen);
-  const Tensor scales = from_vector(std::vector<float>{0x1p-5f, 0x1p7f, 1.0f}, {3});
-  const Tensor want = mul(x, scales.view({3, 1, 1}));
-  kernels::split_tf32(want, want, Tensor());
-  const Tensor got = x.clone();
-  kernels::scale_to_tf32(got, scales);
-  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
-  EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0);
-  EXPECT_THROW(kernels::scale_to_tf32(got, scales.narrow(0, 0, 2)), Error);
-}
-
+// Under autocast the roots are still computed in the matrices' dtype (autocast would put the products in bf16).
 TEST(LinalgInverseRootWarm, AutocastDoesNotLowerTheRootsProducts) {
   Generator gen(18);
   const int64_t n = 12;
