@@ -8,10 +8,10 @@
 // registers while a pair is worked. Each row's coupling is summed along a fixed order (a tile's 32 terms in
 // column order in B's dtype into one f64 partial a row and column tile, then the partials in tile order in
 // f64 by a second kernel), so the result is the same every run.
-// An entry costs ~30 instructions: what it needs of its row and column (φ, f(φ), 1/f(φ), φ^(−1/2)) is staged
-// once a tile, offsets within a matrix are 32-bit, and for an integer p the divided difference is the closed
-// form −f_i·f_j / S_ij (no branch, no power); the version with a power on the near-tie branch and 64-bit
-// offsets took ~125 and ran at a third of its bytes' speed.
+// What an entry needs of its row and column (φ, f(φ), 1/f(φ), φ^(−1/2)) is staged once a tile, offsets within a
+// matrix are 32-bit, and for an integer p the divided difference is the closed form −f_i·f_j / S_ij (no
+// power, no near-tie branch). Still bound by its instructions (ncu, H200, the 146 blocks of 1024: 669 µs,
+// ~112 instructions an entry, 39% of the DRAM bandwidth; docs/optim.md, session 35, names what they are).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
