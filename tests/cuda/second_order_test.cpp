@@ -87,9 +87,11 @@ TEST(CudaSecondOrder, ShampooMatchesTheCpu) {
 }
 
 // Six Shampoo steps of a net on the GPU in f32 and with `lower` set on a second Shampoo (its products in a
-// lower precision), from the same start and batches: the parameters' relative difference after them. Each
-// step leaves the process-wide TF32 setting off, as it was.
-double shampoo_difference_to_f32(uint64_t seed, const std::function<void(optim::Shampoo&)>& lower) {
+// lower precision), from the same start and batches, `both` set on the two first; `after` sees the two nets
+// and optimizers at the end. Each step leaves the process-wide TF32 setting off, as it was.
+using Configure = std::function<void(optim::Shampoo&)>;
+void train_shampoo_pair(uint64_t seed, const Configure& both, const Configure& lower,
+                        const std::function<void(Net&, optim::Shampoo&, Net&, optim::Shampoo&)>& after) {
   manual_seed(seed);
   Net f32_net, lower_net;
   lower_net.load_state_dict(f32_net.state_dict());
@@ -97,6 +99,8 @@ double shampoo_difference_to_f32(uint64_t seed, const std::function<void(optim::
   lower_net.to(gpu());
   const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
   optim::Shampoo f32_opt(f32_net.parameters(), o), lower_opt(lower_net.parameters(), o);
+  both(f32_opt);
+  both(lower_opt);
   lower(lower_opt);
   EXPECT_FALSE(cuda::allow_tf32());
   const Batches data(6);
@@ -107,7 +111,17 @@ double shampoo_difference_to_f32(uint64_t seed, const std::function<void(optim::
       opt->step();
       EXPECT_FALSE(cuda::allow_tf32());
     }
-  return param_error(lower_net, f32_net);
+  after(f32_net, f32_opt, lower_net, lower_opt);
+}
+
+// train_shampoo_pair's parameters' relative difference after the six steps.
+double shampoo_difference_to_f32(uint64_t seed, const Configure& lower) {
+  double err = 0;
+  train_shampoo_pair(seed, [](optim::Shampoo&) {}, lower,
+                     [&](Net& f32_net, optim::Shampoo&, Net& lower_net, optim::Shampoo&) {
+                       err = param_error(lower_net, f32_net);
+                     });
+  return err;
 }
 
 // Shampoo::tf32: the statistics and preconditioning products on TF32 tensor cores stay near the f32 run
@@ -137,43 +151,31 @@ TEST(CudaSecondOrder, ShampooBf16StaysNearF32) {
 // parameters stay near the f32 run's without matching it.
 TEST(CudaSecondOrder, ShampooWarmRootsOnF16StayNearTheF32Ones) {
   KILN_REQUIRE_GPU();
-  manual_seed(105);
-  Net f32_net, f16_net;
-  f16_net.load_state_dict(f32_net.state_dict());
-  f32_net.to(gpu());
-  f16_net.to(gpu());
-  const optim::ShampooOptions o{.lr = 0.01, .epsilon = 1e-4, .max_preconditioner_dim = 64, .precondition_frequency = 2};
-  optim::Shampoo f32_opt(f32_net.parameters(), o), f16_opt(f16_net.parameters(), o);
-  for (optim::Shampoo* opt : {&f32_opt, &f16_opt}) {
-    opt->root_method = linalg::RootMethod::warm_eigen;
-    opt->warm_tolerance = 10.0;  // every basis kept after the first roots
-  }
-  f16_opt.root_tf32 = true;
-  const Batches data(6);
-  for (size_t i = 0; i < data.x.size(); ++i)
-    for (auto [net, opt] : {std::pair<Net*, optim::Shampoo*>{&f32_net, &f32_opt}, {&f16_net, &f16_opt}}) {
-      opt->zero_grad();
-      F::cross_entropy((*net)(data.x[i].to(gpu())), data.y[i].to(gpu())).backward();
-      opt->step();
-    }
-  EXPECT_EQ(f16_opt.eigen_refreshes(), f32_opt.eigen_refreshes());
-  EXPECT_LT(f16_opt.eigen_refreshes(), f16_opt.root_updates());  // some roots came from kept bases
-  double worst = 0;
-  int64_t roots = 0;
-  for (size_t p = 0; p < f32_net.parameters().size(); ++p)
-    for (const auto& [name, want] : f32_opt.state(int64_t(p)).tensors)
-      if (name.rfind("root.", 0) == 0) {
-        const Tensor got = f16_opt.state(int64_t(p)).tensors.at(name);
-        worst = std::max(worst, rel_err(got, want));
-        ++roots;
-      }
-  const double params = param_error(f16_net, f32_net);
-  std::printf("shampoo warm roots on f16: %lld roots, largest relative difference to f32 %.2e; parameters %.2e\n",
-              (long long)roots, worst, params);
-  EXPECT_GT(roots, 0);
-  EXPECT_LT(worst, 2e-3);
-  EXPECT_LT(params, 1e-2);
-  EXPECT_GT(params, 0.0);
+  auto warm = [](optim::Shampoo& opt) {
+    opt.root_method = linalg::RootMethod::warm_eigen;
+    opt.warm_tolerance = 10.0;  // every basis kept after the first roots
+  };
+  train_shampoo_pair(105, warm, [](optim::Shampoo& opt) { opt.root_tf32 = true; },
+                     [](Net& f32_net, optim::Shampoo& f32_opt, Net& f16_net, optim::Shampoo& f16_opt) {
+                       EXPECT_EQ(f16_opt.eigen_refreshes(), f32_opt.eigen_refreshes());
+                       EXPECT_LT(f16_opt.eigen_refreshes(), f16_opt.root_updates());  // some from kept bases
+                       double worst = 0;
+                       int64_t roots = 0;
+                       for (size_t p = 0; p < f32_net.parameters().size(); ++p)
+                         for (const auto& [name, want] : f32_opt.state(int64_t(p)).tensors)
+                           if (name.rfind("root.", 0) == 0) {
+                             worst = std::max(worst, rel_err(f16_opt.state(int64_t(p)).tensors.at(name), want));
+                             ++roots;
+                           }
+                       const double params = param_error(f16_net, f32_net);
+                       std::printf("shampoo warm roots on f16: %lld roots, largest relative difference to f32 "
+                                   "%.2e; parameters %.2e\n",
+                                   (long long)roots, worst, params);
+                       EXPECT_GT(roots, 0);
+                       EXPECT_LT(worst, 2e-3);
+                       EXPECT_LT(params, 1e-2);
+                       EXPECT_GT(params, 0.0);
+                     });
 }
 
 TEST(CudaSecondOrder, KfacMatchesTheCpu) {
