@@ -128,8 +128,9 @@ Rayleigh rayleigh_matrix(const Tensor& a3, const Tensor& q, bool split) {
 // keeps its W in f16's normal range (one scale for a batch whose roots lie 2^20 apart would leave the smaller
 // ones' W, ~2^-6·2^-20 at n = 1024, in f16's subnormals). The second product undoes the common scales (host
 // alpha); each matrix's own is returned beside it, for the caller's copy of the roots to apply (a pass of its
-// own took ~0.55 ms of a GPT-2 root step on an H200). (split_f16's shift is clamped to ±100, which M's bound reaches only
-// beyond 2^114 or under 2^-87: with f32 quotients λ^(−1/p), only for p below ~1.5; Shampoo's p = 2·order ≥ 2.)
+// own took ~0.55 ms of a GPT-2 root step on an H200). (split_f16's shift is clamped to ±100, which M's bound
+// reaches only beyond 2^114 or under 2^-87: with f32 quotients λ^(−1/p), only for p below ~1.5; Shampoo's
+// p = 2·order ≥ 2.)
 struct ScaledRoots {
   Tensor root, scales;  // the root of matrix b is root_b·scales_b
 };
