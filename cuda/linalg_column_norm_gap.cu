@@ -19,10 +19,6 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kRowLanes = 8;
 
-struct NanMaxOp {  // max that keeps NaN
-  __device__ double operator()(double a, double b) const { return a != a || b != b ? a + b : (a > b ? a : b); }
-};
-
 // block (matrix k, tile t) -> partial[k][t]
 template <class T>
 __global__ void __launch_bounds__(kTile * kRowLanes) column_gap_tile_kernel(const T* __restrict__ q, int64_t n,

@@ -58,6 +58,11 @@ struct SumOp {
 struct MaxOp {
   template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return a > b ? a : b; }
 };
+struct NanMaxOp {  // MaxOp that keeps a NaN (either operand's)
+  template <class A> __device__ __forceinline__ A operator()(A a, A b) const {
+    return a != a || b != b ? a + b : (a > b ? a : b);
+  }
+};
 
 template <class A, class Op>
 __device__ __forceinline__ A warp_allreduce(A v, Op op) {
