@@ -32,8 +32,8 @@ constexpr int kTile = 32;
 constexpr int kTileRows = 8;  // a warp a row of the tile, each warp 4 rows
 constexpr int kExpansionThreads = kTile * kTileRows;
 
-// How F_ij is computed (core/kernels/linalg.h): kP > 0, the closed form for that p (its Horner loop unrolled);
-// kAnyInteger, the closed form for the integer p passed at run time; kOtherP, the difference or f'(mean).
+// How F_ij is computed (core/kernels/linalg.h): kP = 4, the closed form for p = 4 with S factored; kAnyInteger,
+// the closed form for the integer p passed at run time; kOtherP, the difference or f'(mean).
 constexpr int kAnyInteger = 0, kOtherP = -1;
 
 // What an entry needs of its row or column: φ, f(φ) = φ^(−1/p), v = 1/f(φ) = φ^(1/p) and φ^(−1/2)
@@ -42,7 +42,13 @@ struct alignas(4 * sizeof(T)) Quotient {
   T phi, f, v, rs;
 };
 
-__device__ __forceinline__ float quotient(float num, float den) { return __fdividef(num, den); }  // 2 ulps
+// num / den: f32 by the approximate reciprocal (1 ulp; one MUFU instruction, where __fdividef added ~6 for its
+// range checks), f64 exactly
+__device__ __forceinline__ float quotient(float num, float den) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(den));
+  return num * r;
+}
 __device__ __forceinline__ double quotient(double num, double den) { return num / den; }
 
 // F_ij, the divided difference of f at φ_i, φ_j (exponent = −1/p, near the tie threshold of kOtherP)
@@ -52,9 +58,10 @@ __device__ __forceinline__ T divided_difference(const Quotient<T>& a, const Quot
   if constexpr (kP == kOtherP) {
     const T gap = a.phi - b.phi, mean = T(0.5) * (a.phi + b.phi);
     return fabs(gap) <= near * mean ? exponent * pow(mean, exponent - T(1)) : (a.f - b.f) / gap;
+  } else if constexpr (kP == 4) {  // S = v_i³ + v_i²·v_j + v_i·v_j² + v_j³ = (v_i + v_j)·(v_i² + v_j²)
+    return -quotient(a.f * b.f, (a.v + b.v) * (a.v * a.v + b.v * b.v));
   } else {
-    const T s = integer_root_difference_sum(a.v, b.v, kP > 0 ? kP : integer_p);
-    return -quotient(a.f * b.f, s);
+    return -quotient(a.f * b.f, integer_root_difference_sum(a.v, b.v, integer_p));
   }
 }
 
@@ -68,7 +75,7 @@ struct TilePair {
 __device__ __forceinline__ TilePair tile_pair(int64_t block, int pairs) {
   const int64_t k = block / pairs;
   const int pair = int(block - k * pairs);
-  int I = int((sqrt(8.0 * double(pair) + 1.0) - 1.0) / 2.0);
+  int I = int((sqrtf(8.0f * float(pair) + 1.0f) - 1.0f) * 0.5f);  // within one of I (corrected below)
   while (I * (I + 1) / 2 > pair) --I;
   while ((I + 1) * (I + 2) / 2 <= pair) ++I;
   return {k, I, pair - I * (I + 1) / 2};
@@ -103,12 +110,72 @@ __device__ __forceinline__ void load_pair(Staged<T>& s, const T* __restrict__ b,
   }
 }
 
+template <class T>
+using TileOf = T[kTile][kTile + 1];
+
+// One staged tile pair's entries: I's rows against J's columns, each pair's entry picked (the column of the
+// smaller φ), then, off the diagonal, J's rows against I's columns from the same picks; the whitened squares
+// into squares[0] and squares[1] for the row sums. kChecked: bounds and diagonal checks (a pair on the
+// diagonal or at the matrix's edge). Barriers inside: every thread of the block calls it.
+template <int kP, bool kChecked, class T>
+__device__ __forceinline__ void expand_pair(const TileOf<T>& c_ij, const TileOf<T>& c_ji, TileOf<T>& picked,
+                                            TileOf<T> (&squares)[2], const Quotient<T> (&quotients)[2][kTile],
+                                            T* __restrict__ m_k, const T* __restrict__ d, const TilePair& cur, int n,
+                                            int integer_p, T near, T exponent) {
+  const int tx = int(threadIdx.x) % kTile, ty = int(threadIdx.x) / kTile;
+  const int i0 = cur.I * kTile, j0 = cur.J * kTile;
+  {
+    const Quotient<T> qj = quotients[1][tx];  // this thread's column, every row
+    const int j = j0 + tx;
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      const int r = ty + u * kTileRows, i = i0 + r;
+      T square = 0;
+      if (!kChecked || (i < n && j < n)) {
+        T value;
+        if (kChecked && i == j) {
+          value = d[cur.k * n + i];
+        } else {
+          const Quotient<T> qi = quotients[0][r];
+          const bool row_i = qi.phi > qj.phi || (qi.phi == qj.phi && i > j);  // the pair's entry at (r, c)
+          const T from_ij = c_ij[r][tx], from_ji = c_ji[tx][r];
+          const T bij = row_i ? from_ij : from_ji;
+          picked[r][tx] = bij;
+          value = divided_difference<kP>(qi, qj, integer_p, near, exponent) * bij;
+          const T whitened = bij * (qi.rs * qj.rs);
+          square = whitened * whitened;
+        }
+        m_k[i * n + j] = value;
+      }
+      squares[0][r][tx] = square;
+    }
+  }
+  __syncthreads();
+  if (cur.I == cur.J) return;  // a diagonal tile is its own mirror
+  const Quotient<T> qi = quotients[0][tx];
+  const int i = i0 + tx;
+#pragma unroll
+  for (int u = 0; u < kRowsPerWarp; ++u) {
+    const int r = ty + u * kTileRows, j = j0 + r;
+    T square = 0;
+    if (!kChecked || (i < n && j < n)) {
+      const Quotient<T> qj = quotients[1][r];
+      const T bij = picked[tx][r];
+      m_k[j * n + i] = divided_difference<kP>(qj, qi, integer_p, near, exponent) * bij;
+      const T whitened = bij * (qj.rs * qi.rs);
+      square = whitened * whitened;
+    }
+    squares[1][r][tx] = square;
+  }
+  __syncthreads();
+}
+
 // Blocks stride over (matrix k, tile pair (I, J)), the next pair's tiles loaded while this one is worked;
 // partial (batch, tiles, n): row r's coupling over column tile t at [k][t][r], a tile row's 32 terms summed in
 // B's dtype in column order by one thread (the squares staged in shared memory), stored in f64. B's entries
 // are taken times the matrix's scale (1 where scales is null) as they are staged.
 template <class T, int kP>
-__global__ void __launch_bounds__(kExpansionThreads, sizeof(T) == 4 ? 6 : 1) kept_basis_expansion_kernel(
+__global__ void __launch_bounds__(kExpansionThreads, sizeof(T) == 4 ? 4 : 1) kept_basis_expansion_kernel(
     const T* __restrict__ b, const T* __restrict__ scales, const T* __restrict__ phi, const T* __restrict__ f,
     const T* __restrict__ d, int n, int tiles, int pairs, int64_t batch, int integer_p, T exponent,
     T* __restrict__ m, double* __restrict__ partial) {
@@ -139,46 +206,12 @@ __global__ void __launch_bounds__(kExpansionThreads, sizeof(T) == 4 ? 6 : 1) kep
     }
     const int i0 = cur.I * kTile, j0 = cur.J * kTile;
     T* m_k = m + cur.k * n * n;
-    // I's rows against J's columns: the pick, then the entry
-#pragma unroll
-    for (int u = 0; u < kRowsPerWarp; ++u) {
-      const int r = ty + u * kTileRows, i = i0 + r, j = j0 + tx;
-      T square = 0;
-      if (i < n && j < n) {
-        T value;
-        if (i == j) {
-          value = d[cur.k * n + i];
-        } else {
-          const Quotient<T> qi = quotients[0][r], qj = quotients[1][tx];
-          const bool row_i = qi.phi > qj.phi || (qi.phi == qj.phi && i > j);  // the pair's entry at (r, c)
-          const T bij = row_i ? c_ij[r][tx] : c_ji[tx][r];
-          picked[r][tx] = bij;
-          value = divided_difference<kP>(qi, qj, integer_p, near, exponent) * bij;
-          const T whitened = bij * qi.rs * qj.rs;
-          square = whitened * whitened;
-        }
-        m_k[i * n + j] = value;
-      }
-      squares[0][r][tx] = square;
-    }
-    __syncthreads();
-    if (cur.I != cur.J) {  // a diagonal tile is its own mirror
-      // J's rows against I's columns, from the same picks
-#pragma unroll
-      for (int u = 0; u < kRowsPerWarp; ++u) {
-        const int r = ty + u * kTileRows, j = j0 + r, i = i0 + tx;
-        T square = 0;
-        if (i < n && j < n) {
-          const Quotient<T> qj = quotients[1][r], qi = quotients[0][tx];
-          const T bij = picked[tx][r];
-          m_k[j * n + i] = divided_difference<kP>(qj, qi, integer_p, near, exponent) * bij;
-          const T whitened = bij * qj.rs * qi.rs;
-          square = whitened * whitened;
-        }
-        squares[1][r][tx] = square;
-      }
-      __syncthreads();
-    }
+    // a tile pair off the diagonal and inside the matrix (all but the last row or column of tiles): no
+    // bounds or diagonal checks an entry
+    if (cur.I != cur.J && i0 + kTile <= n)
+      expand_pair<kP, false>(c_ij, c_ji, picked, squares, quotients, m_k, d, cur, n, integer_p, near, exponent);
+    else
+      expand_pair<kP, true>(c_ij, c_ji, picked, squares, quotients, m_k, d, cur, n, integer_p, near, exponent);
     // each row's 32 terms in column order, a thread a row: warp 0 for I's rows, warp 1 for J's (the next
     // pair's staging waits for these warps at its barrier, and writes no squares before the one after it)
     if (ty < (cur.I != cur.J ? 2 : 1)) {
