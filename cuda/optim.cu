@@ -35,6 +35,9 @@ struct TensorList {
   void* ptr[9][kMaxTensors];
   int64_t size[kMaxTensors];
   bool vec[kMaxTensors];  // every pointer of the tensor aligned for 4-element vectors
+  // the kernel's companion lists (shampoo_moments' copies, shampoo_apply's direction), where they are
+  // column-blocked companions of list 0's tensor: their places (count 0: element for element)
+  ColumnBlocks blocks[kMaxTensors];
   unsigned char chunk_tensor[kMaxChunks];
   int chunk_index[kMaxChunks];
   int chunks;
@@ -173,7 +176,8 @@ __device__ __forceinline__ void moments_update(S g, S& m, S& v, S& f, S& gr, con
 // Lists: 0 gradients (P), 1 filtered (S; null where only its bf16 copy is wanted), 2 first moments, 3 grafting
 // statistics, 4 grafted directions (S; the lists a step does not use hold the gradients, untouched: never read
 // or written here; null where only its sum is wanted), 5 and 6 bf16 copies of the gradient and of the filtered
-// gradient (null where a tensor has none), 7 the grafted sum's workspace (f64: a partial sum a chunk, then a
+// gradient (null where a tensor has none; column-blocked companions of the gradient where blocks[] says), 7 the
+// grafted sum's workspace (f64: a partial sum a chunk, then a
 // count of the chunks done, zeroed before the launch; null: no sum) and 8 the sum (S). Arithmetic
 // in S; 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {bc1, bcg} in device
 // memory, which replace a's.
@@ -198,8 +202,12 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
     S* m = static_cast<S*>(tl.ptr[2][t]) + base;
     S* v = static_cast<S*>(tl.ptr[3][t]) + base;
     S* gr = tl.ptr[4][t] ? static_cast<S*>(tl.ptr[4][t]) + base : nullptr;  // null: only its sum
-    __nv_bfloat16* gc = tl.ptr[5][t] ? static_cast<__nv_bfloat16*>(tl.ptr[5][t]) + base : nullptr;
-    __nv_bfloat16* fc = tl.ptr[6][t] ? static_cast<__nv_bfloat16*>(tl.ptr[6][t]) + base : nullptr;
+    // the copies: at base + j (element for element), or at their column-blocked places (from their start)
+    const ColumnBlocks at = tl.blocks[t];
+    const int64_t copy_base = at.count ? 0 : base;
+    __nv_bfloat16* gc = tl.ptr[5][t] ? static_cast<__nv_bfloat16*>(tl.ptr[5][t]) + copy_base : nullptr;
+    __nv_bfloat16* fc = tl.ptr[6][t] ? static_cast<__nv_bfloat16*>(tl.ptr[6][t]) + copy_base : nullptr;
+    auto copy_at = [&](int64_t j) { return at.count ? at.offset(base + j) : j; };
     double* work = static_cast<double*>(tl.ptr[7][t]);  // null: no sum
     double squares = 0;
     int64_t i = 0;
@@ -221,17 +229,18 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
 #pragma unroll
             for (int e = 0; e < 4; ++e) squares += double(rv.v[e]) * double(rv.v[e]);
         }
+        const int64_t jc = copy_at(j);  // (4 elements in one column block: C a multiple of 4)
         if (gc) {
           Four<__nv_bfloat16> c;
 #pragma unroll
           for (int e = 0; e < 4; ++e) c.v[e] = convert<__nv_bfloat16>(gv.v[e]);
-          *reinterpret_cast<Four<__nv_bfloat16>*>(gc + j) = c;
+          *reinterpret_cast<Four<__nv_bfloat16>*>(gc + jc) = c;
         }
         if (fc) {
           Four<__nv_bfloat16> c;
 #pragma unroll
           for (int e = 0; e < 4; ++e) c.v[e] = convert<__nv_bfloat16>(fv.v[e]);
-          *reinterpret_cast<Four<__nv_bfloat16>*>(fc + j) = c;
+          *reinterpret_cast<Four<__nv_bfloat16>*>(fc + jc) = c;
         }
       }
     for (i += threadIdx.x; i < n; i += kThreads) {
@@ -244,8 +253,8 @@ __global__ void __launch_bounds__(kThreads) shampoo_moments_kernel(const __grid_
         if (gr) gr[i] = ri;
         squares += double(ri) * double(ri);
       }
-      if (gc) gc[i] = convert<__nv_bfloat16>(g[i]);
-      if (fc) fc[i] = convert<__nv_bfloat16>(fi);
+      if (gc) gc[copy_at(i)] = convert<__nv_bfloat16>(g[i]);
+      if (fc) fc[copy_at(i)] = convert<__nv_bfloat16>(fi);
     }
     if (work) {  // (block-uniform: every thread of the block reaches the barriers)
       squares = group_allreduce(squares, kThreads, sums, SumOp{});
@@ -285,9 +294,10 @@ __device__ __forceinline__ S apply_update(S p, S d, S& b, const ApplyArgs& a) {
   return p * S(a.decay) - S(a.lr) * d;
 }
 
-// Lists: 0 parameters (P), 1 directions (S), 2 momentum buffers (S; the directions when there is no
-// momentum, then never written), 3 kept copies, 4 the direction's scale (one S; null: none), d ← scale·d
-// rounded in S (no contraction into the update's multiply-adds: as a scaled copy of d would round).
+// Lists: 0 parameters (P), 1 directions (S; a column-blocked companion of the parameter where blocks[] says),
+// 2 momentum buffers (S; the directions when there is no momentum, then never written), 3 kept copies, 4 the
+// direction's scale (one S, or one a column block; null: none), d ← scale·d rounded in S (no contraction into
+// the update's multiply-adds: as a scaled copy of d would round).
 // 4-element accesses where the tensor's pointers allow them. hyper (CUDA graphs): {lr, weight_decay} in device
 // memory, which replace a's (rounded as the host rounds them).
 template <class P, class S>
@@ -301,10 +311,16 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
     const int64_t base = int64_t(tl.chunk_index[c]) * kChunk;
     const int64_t n = min(kChunk, tl.size[t] - base);
     DP* p = static_cast<DP*>(tl.ptr[0][t]) + base;
-    const S* d = static_cast<const S*>(tl.ptr[1][t]) + base;
+    // the direction: at base + j (element for element), or at its column-blocked place (from its start),
+    // block b scaled by scale[b] (a scale an element) or by the one
+    const ColumnBlocks at = tl.blocks[t];
+    const S* d = static_cast<const S*>(tl.ptr[1][t]) + (at.count ? 0 : base);
     S* b = static_cast<S*>(tl.ptr[2][t]) + base;
     const bool scaled = tl.ptr[4][t] != nullptr;
-    const S scale = scaled ? *static_cast<const S*>(tl.ptr[4][t]) : S(1);
+    const S* scales = static_cast<const S*>(tl.ptr[4][t]);
+    const S one_scale = scaled && !at.count ? scales[0] : S(1);
+    auto direction_at = [&](int64_t j) { return at.count ? at.offset(base + j) : j; };
+    auto scale_at = [&](int64_t jd) { return scaled && at.count ? scales[jd / (at.rows * at.cols)] : one_scale; };
     const CopyKind ck = tl.ptr[3][t] ? copy_kind : CopyKind::none;
     void* copy = ck == CopyKind::bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(tl.ptr[3][t]) + base)
                  : ck == CopyKind::f16 ? static_cast<void*>(static_cast<__half*>(tl.ptr[3][t]) + base) : nullptr;
@@ -313,10 +329,13 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
       for (; i + 4 * kThreads <= n; i += 4 * kThreads) {
         const int64_t j = i + int64_t(threadIdx.x) * 4;
         Four<DP> pv = *reinterpret_cast<const Four<DP>*>(p + j);
-        Four<S> dv = *reinterpret_cast<const Four<S>*>(d + j);
-        if (scaled)
+        const int64_t jd = direction_at(j);  // (4 elements in one column block: C a multiple of 4)
+        Four<S> dv = *reinterpret_cast<const Four<S>*>(d + jd);
+        if (scaled) {
+          const S scale = scale_at(jd);
 #pragma unroll
           for (int e = 0; e < 4; ++e) dv.v[e] = mul_rn(scale, dv.v[e]);
+        }
         Four<S> bv{};
         if (momentum) bv = *reinterpret_cast<const Four<S>*>(b + j);
 #pragma unroll
@@ -327,7 +346,8 @@ __global__ void __launch_bounds__(kThreads) shampoo_apply_kernel(const __grid_co
       }
     for (i += threadIdx.x; i < n; i += kThreads) {
       S bi = momentum ? b[i] : S(0);
-      p[i] = convert<DP>(apply_update(convert<S>(p[i]), scaled ? mul_rn(scale, d[i]) : d[i], bi, a));
+      const int64_t id = direction_at(i);
+      p[i] = convert<DP>(apply_update(convert<S>(p[i]), scaled ? mul_rn(scale_at(id), d[id]) : d[id], bi, a));
       if (copy) store_copy(ck, copy, i, p[i]);
       if (momentum) b[i] = bi;
     }
@@ -371,8 +391,12 @@ __global__ void __launch_bounds__(kThreads) unscale_kernel(const __grid_constant
 // Packs tensors into as few launches as the argument block allows and calls launch(list). A tensor whose
 // chunks do not all fit continues in the next launch. Lists from vector_lists on hold one-element tensors
 // (scalars), left out of the 4-element alignment.
+//
+// blocked_lists: the lists whose tensor may be a column-blocked companion of list 0's (the first defined one
+// of them says; the others the same), recorded in blocks[] (vectors need C a multiple of 4 there).
 template <class Launch>
-void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& launch, size_t vector_lists = SIZE_MAX) {
+void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& launch, size_t vector_lists = SIZE_MAX,
+                     const std::vector<size_t>& blocked_lists = {}) {
   auto tl = std::make_unique<TensorList>();
   int nt = 0;
   tl->chunks = 0;
@@ -389,6 +413,13 @@ void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& lau
       const Tensor& t = lists[k][i];  // an undefined tensor (a parameter without a kept copy) is a null pointer
       vec &= !t.defined() || reinterpret_cast<uintptr_t>(t.raw_data()) % (4 * t.element_size()) == 0;
     }
+    ColumnBlocks blocks;
+    for (size_t k : blocked_lists)
+      if (lists[k][i].defined()) {
+        blocks = column_blocks(lists[k][i], lists[0][i]);
+        break;
+      }
+    vec &= blocks.count == 0 || blocks.cols % 4 == 0;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
       if (tl->chunks == kMaxChunks || (c == 0 && nt == kMaxTensors)) flush();
@@ -396,6 +427,7 @@ void for_each_launch(const std::vector<std::vector<Tensor>>& lists, Launch&& lau
         for (size_t k = 0; k < lists.size(); ++k) tl->ptr[k][nt] = lists[k][i].defined() ? lists[k][i].raw_data() : nullptr;
         tl->size[nt] = n;
         tl->vec[nt] = vec;
+        tl->blocks[nt] = blocks;
         ++nt;
       }
       tl->chunk_tensor[tl->chunks] = (unsigned char)(nt - 1);
@@ -476,7 +508,7 @@ namespace {
 // launches the kernel.
 template <class DTypeOf, class Entry, class Launch>
 void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype_of, Entry entry, size_t state,
-                           Launch launch, size_t vector_lists = SIZE_MAX) {
+                           Launch launch, size_t vector_lists = SIZE_MAX, const std::vector<size_t>& blocked_lists = {}) {
   for (DType pd : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     std::vector<std::vector<Tensor>> l(lists);
     for (size_t i = 0; i < n; ++i)
@@ -488,7 +520,7 @@ void launch_by_param_dtype(const char* op, size_t n, size_t lists, DTypeOf dtype
       for (const Tensor& t : l[state])  // (an undefined one: a filtered gradient kept only as its copy)
         KILN_CHECK(!t.defined() || t.dtype() == (std::is_same_v<S, double> ? DType::f64 : DType::f32), op, ": ", t.str(),
                    " is not in the state dtype of ", dtype_name(pd), " parameters");
-      for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); }, vector_lists);
+      for_each_launch(l, [&](const TensorList& tl) { launch(scalar_t(), S(), tl); }, vector_lists, blocked_lists);
     });
   }
 }
@@ -551,7 +583,7 @@ void kernels::shampoo_moments(const std::vector<Tensor>& grads, const std::vecto
                           kernel<<<persistent_grid(reinterpret_cast<const void*>(kernel), tl.chunks), kThreads, 0,
                                    current_stream()>>>(tl, a, h.device_hyper);
                           KILN_LAUNCH_CHECK("shampoo_moments_kernel", "shampoo_moments");
-                        }, 7);
+                        }, 7, {5, 6});
 }
 
 void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
@@ -592,7 +624,7 @@ void kernels::shampoo_apply(const std::vector<Tensor>& params, const std::vector
               tl, a, h.device_hyper, ck);
           KILN_LAUNCH_CHECK("shampoo_apply_kernel", "shampoo_apply");
         },
-        /*vector_lists=*/4);
+        /*vector_lists=*/4, /*blocked_lists=*/{1});
   }
 }
 

@@ -660,12 +660,15 @@ void Shampoo::step() {
     pending.push_back({&g, p, filtered, grafted, std::move(blocks), pre, index, Tensor()});
   });
 
-  // Shampoo::bf16: the groups whose blocks are all whole rows of their parameters (contiguous: GPT-2's but
-  // the (768, 3072) MLP projections') get the products' bf16 operands, G and Ḡ, from the moments kernel
-  // itself, written into rows of two stacks a group: no gathers (GPT-2 124M on an H100: 0.64 ms a step of
-  // converting copies). Their parameters go to the kernel block by block, each block's copies a stack row.
+  // Shampoo::bf16: the groups whose blocks are all whole rows of their parameters (contiguous), or a matrix's
+  // equal column blocks (GPT-2's (768, 3072) MLP projections), get the products' bf16 operands, G and Ḡ, from
+  // the moments kernel itself, written into rows of two stacks a group: no gathers (GPT-2 124M on an H100: 0.64
+  // ms a step of converting copies; the projections' 0.13 ms on an H200). Parameters of whole-row blocks go to
+  // the kernel block by block, each block's copies a stack row; a column-blocked one whole, its copies its k
+  // rows as a column-blocked companion.
   std::map<GroupKey, std::pair<Tensor, Tensor>> operand_stacks;       // (G, Ḡ) stacks of such groups
   std::map<std::pair<int64_t, size_t>, std::pair<Tensor, Tensor>> operand_rows;  // (parameter, block): rows
+  std::map<int64_t, std::pair<Tensor, Tensor>> operand_blocks;  // a column-blocked parameter: its k rows
   std::map<int64_t, size_t> pending_of;                                 // parameter -> its pending entry
   for (size_t i = 0; i < pending.size(); ++i) pending_of[pending[i].index] = i;
   auto whole_rows = [](const ShampooBlocks& blocks) {
@@ -673,29 +676,52 @@ void Shampoo::step() {
       if (shape.size() != 2 || shape[1] != blocks.merged[1]) return false;
     return true;
   };
+  // A matrix (R, k·C) cut into k ≥ 2 column blocks of one shape (GPT-2's (768, 3072) MLP projections): its
+  // blocks are consecutive rows of one group's stacks, which the kernels write and read as one column-blocked
+  // companion of the whole matrix (kernels' ColumnBlocks): no gathers and no scattered copies either.
+  auto column_blocked = [](const ShampooBlocks& blocks) {
+    const int64_t k = int64_t(blocks.size());
+    if (blocks.merged.size() != 2 || k < 2 || blocks.merged[1] % k != 0) return false;
+    const int64_t width = blocks.merged[1] / k;
+    for (int64_t b = 0; b < k; ++b)
+      if (blocks.shapes[size_t(b)] != Shape{blocks.merged[0], width} || blocks.starts[size_t(b)] != Shape{0, b * width})
+        return false;
+    return true;
+  };
   auto started = [&](const Pending& w) {
     const int64_t t = step_of.count(w.index) ? step_of.at(w.index) : state(w.index).step;
     return w.preconditioned && t >= int64_t(w.group->get("start_preconditioning_step"));
   };
-  // A started matrix parameter cut into whole rows (blocks contiguous in it) has its update read each block's
-  // direction where its group's product P left it, scaled there by the block's grafting step size: no
-  // scaled copy into a direction tensor (GPT-2 124M on an H100: 0.35 ms a step). The others' blocks are
-  // scattered into their direction.
+  // A started matrix parameter cut into whole rows (blocks contiguous in it), or into equal column blocks, has
+  // its update read each block's direction where its group's product P left it, scaled there by the block's
+  // grafting step size: no scaled copy into a direction tensor (GPT-2 124M on an H100: 0.35 ms a step). The
+  // others' blocks are scattered into their direction.
   auto in_place = [&](const Pending& w) {  // (a parameter that is not contiguous: its blocks would be copies)
-    return started(w) && w.blocks.merged.size() == 2 && whole_rows(w.blocks) && w.param.is_contiguous();
+    return started(w) && w.blocks.merged.size() == 2 && (whole_rows(w.blocks) || column_blocked(w.blocks)) &&
+           w.param.is_contiguous();
   };
   if (bf16)
     for (auto& [key, members] : matrix_blocks) {
       if (DType(std::get<2>(key)) != DType::f32) continue;
       bool direct = true;
-      for (const Member& mb : members) direct = direct && whole_rows(pending[mb.pending].blocks);
+      for (const Member& mb : members)
+        direct = direct && (whole_rows(pending[mb.pending].blocks) || column_blocked(pending[mb.pending].blocks));
       if (!direct) continue;
       const TensorOptions o{.dtype = DType::bf16, .device = pending[members[0].pending].param.device()};
       const Tensor gs = empty({int64_t(members.size()), std::get<0>(key), std::get<1>(key)}, o), fs = empty_like(gs);
       operand_stacks[key] = {gs, fs};
-      for (size_t j = 0; j < members.size(); ++j)
-        operand_rows[{pending[members[j].pending].index, members[j].block}] = {gs.select(0, int64_t(j)),
-                                                                                fs.select(0, int64_t(j))};
+      for (size_t j = 0; j < members.size(); ++j) {
+        const Pending& w = pending[members[j].pending];
+        operand_rows[{w.index, members[j].block}] = {gs.select(0, int64_t(j)), fs.select(0, int64_t(j))};
+        if (members[j].block == 0 && column_blocked(w.blocks)) {  // its k blocks: rows j..j+k-1, in order
+          const int64_t k = int64_t(w.blocks.size());
+          for (int64_t b = 0; b < k; ++b)
+            KILN_CHECK(j + size_t(b) < members.size() && members[j + size_t(b)].pending == members[j].pending &&
+                           members[j + size_t(b)].block == size_t(b),
+                       "Shampoo: internal: the column blocks of parameter ", w.index, " are not consecutive rows");
+          operand_blocks[w.index] = {gs.narrow(0, int64_t(j), k), fs.narrow(0, int64_t(j), k)};
+        }
+      }
     }
   // Adam's or AdaGrad's grafting: a block that the moments kernel writes in bf16 and the update reads in place
   // needs its grafted direction D only for ‖D_b‖, which the kernel sums as it goes: D is not written (GPT-2
@@ -713,7 +739,7 @@ void Shampoo::step() {
         const Pending& w = pending[mb.pending];
         const auto grafting = Grafting(int(w.group->get("grafting")));
         if ((grafting != Grafting::adam && grafting != Grafting::adagrad) || !in_place(w) ||
-            !operand_rows.count({w.index, mb.block}))
+            !operand_rows.count({w.index, mb.block}) || !whole_rows(w.blocks))  // (column blocks: D is written)
           continue;
         const std::pair<int, std::string> where{std::get<2>(key), std::get<3>(key)};
         slots.emplace_back(std::pair{w.index, mb.block}, where, count[where]++);
@@ -783,6 +809,12 @@ void Shampoo::step() {
         entry(i, [](const Tensor& t) { return t; }, Tensor(), Tensor(), Tensor());
         continue;
       }
+      const auto column = operand_blocks.find(b.params[i]);
+      if (column != operand_blocks.end()) {  // the whole matrix, its copies column-blocked companions
+        entry(i, [&](const Tensor& t) { return t.reshape(blocks->merged); }, column->second.first,
+              column->second.second, Tensor());
+        continue;
+      }
       for (size_t k = 0; k < blocks->size(); ++k) {  // whole rows: each block a contiguous view
         const auto rows = operand_rows.find({b.params[i], k});
         const bool copied = rows != operand_rows.end();
@@ -840,6 +872,8 @@ void Shampoo::step() {
                " starts preconditioning at step ", w.group->get("start_preconditioning_step"), " (what a step does then changes): capture a "
                "CUDA graph of a later step");
   std::map<std::pair<int64_t, size_t>, std::pair<Tensor, Tensor>> block_directions;  // (P row, scale or none)
+  // a column-blocked parameter read in place: its k rows of P and their k scales (or none)
+  std::map<int64_t, std::pair<Tensor, Tensor>> column_directions;
   for (Pending& w : pending)
     if (started(w) && !in_place(w))
       w.direction = empty(w.blocks.merged, {.dtype = state_dtype(w.param.dtype()), .device = w.param.device()});
@@ -901,8 +935,18 @@ void Shampoo::step() {
         kernels::scale_matrices(sc.graft_from, sc.graft_to, graft_scales(sc.graft_from, sc.graft_directions));
       if (!sc.kept_from.empty()) {
         const Tensor scales = graft_scales(sc.kept_from, sc.kept_directions, sc.kept_sums);
-        for (size_t j = 0; j < sc.kept_blocks.size(); ++j)
+        for (size_t j = 0; j < sc.kept_blocks.size(); ++j) {
           block_directions[sc.kept_blocks[j]].second = scales.narrow(0, int64_t(j), 1);
+          const auto column = column_directions.find(sc.kept_blocks[j].first);
+          if (column != column_directions.end() && sc.kept_blocks[j].second == 0) {  // the k blocks' scales
+            const int64_t k = column->second.first.size(0);
+            for (int64_t b = 0; b < k; ++b)
+              KILN_CHECK(j + size_t(b) < sc.kept_blocks.size() &&
+                             sc.kept_blocks[j + size_t(b)] == std::make_pair(column->first, size_t(b)),
+                         "Shampoo: internal: the column blocks of parameter ", column->first, " are not scaled in order");
+            column->second.second = scales.narrow(0, int64_t(j), k);
+          }
+        }
       }
     }
     scatters.clear();
@@ -975,6 +1019,14 @@ void Shampoo::step() {
       Pending& w = pending[mb.pending];
       if (in_place(w)) {
         block_directions[{w.index, mb.block}] = {pb.select(0, int64_t(r)), Tensor()};
+        if (mb.block == 0 && column_blocked(w.blocks)) {  // its k blocks: rows r..r+k-1 of P, in order
+          const size_t k = w.blocks.size();
+          for (size_t b = 0; b < k; ++b)
+            KILN_CHECK(r + b < rows.size() && (*members)[rows[r + b]].pending == mb.pending &&
+                           (*members)[rows[r + b]].block == b,
+                       "Shampoo: internal: the column blocks of parameter ", w.index, " are not consecutive rows of P");
+          column_directions[w.index] = {pb.narrow(0, int64_t(r), int64_t(k)), Tensor()};
+        }
         if (Grafting(int(w.group->get("grafting"))) != Grafting::none) {
           sc.kept_from.push_back(pb.select(0, int64_t(r)));
           const auto slot = sum_slots.find({w.index, mb.block});
@@ -1024,6 +1076,15 @@ void Shampoo::step() {
       must_exist(buf, "momentum_buffer", w.index);
       if (!buf.defined()) buf = zeros(p.shape(), {.dtype = sdt, .device = p.device()});
       buffer = buf;
+    }
+    const auto column = column_directions.find(w.index);
+    if (in_place(w) && column != column_directions.end()) {  // the whole matrix, its direction column-blocked
+      u.params.push_back(p.reshape(w.blocks.merged));
+      u.directions.push_back(column->second.first);
+      u.scales.push_back(column->second.second);
+      u.copies.push_back(copy.defined() ? copy.reshape(w.blocks.merged) : Tensor());
+      if (buffer.defined()) u.buffers.push_back(buffer.reshape(w.blocks.merged));
+      continue;
     }
     if (in_place(w)) {  // block by block: each block's direction its row of P, with its grafting scale
       for (size_t b = 0; b < w.blocks.size(); ++b) {

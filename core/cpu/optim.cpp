@@ -32,6 +32,9 @@ template <class P, class S>
 void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v_t, const Tensor& f_t,
                            const Tensor& gr_t, const Tensor& gc_t, const Tensor& fc_t, const Tensor& sum_t,
                            const ShampooMomentsHyper& h) {
+  // the copies' places (column-blocked: the gradient's k column blocks stacked)
+  const ColumnBlocks at = gc_t.defined() || fc_t.defined() ? column_blocks(gc_t.defined() ? gc_t : fc_t, g_t)
+                                                            : ColumnBlocks{};
   const P* g = static_cast<const P*>(g_t.raw_data());
   S* m = m_t.defined() ? static_cast<S*>(m_t.raw_data()) : nullptr;
   S* v = v_t.defined() ? static_cast<S*>(v_t.raw_data()) : nullptr;
@@ -50,8 +53,8 @@ void shampoo_moments_typed(const Tensor& g_t, const Tensor& m_t, const Tensor& v
     }
     const S f_state = S(fi);
     if (f) f[i] = f_state;
-    if (gc) gc[i] = BFloat16(float(g[i]));  // g and f rounded once to bf16 (from P, and from S: as a cast does)
-    if (fc) fc[i] = BFloat16(float(f_state));
+    if (gc) gc[at.offset(i)] = BFloat16(float(g[i]));  // g and f rounded once to bf16 (from P, and from S: as a cast does)
+    if (fc) fc[at.offset(i)] = BFloat16(float(f_state));
     S direction = S(0);
     if (h.grafting == 3) {
       v[i] = S(h.grafting_beta2 * double(v[i]) + (1.0 - h.grafting_beta2) * gi * gi);
@@ -82,9 +85,12 @@ void shampoo_apply_typed(const Tensor& p_t, const Tensor& d_t, const Tensor& b_t
   const S* d = static_cast<const S*>(d_t.raw_data());
   S* b = b_t.defined() ? static_cast<S*>(b_t.raw_data()) : nullptr;
   const S* scale = s_t.defined() ? static_cast<const S*>(s_t.raw_data()) : nullptr;
+  const ColumnBlocks at = column_blocks(d_t, p_t);  // column-blocked: block b's scale is scale[b]
   const double decay = 1.0 - h.lr * h.weight_decay;
   parallel_for(p_t.numel(), 4, [&](int64_t i) {
-    double di = scale ? double(S(*scale * d[i])) : double(d[i]);  // scaled in S, as a scaled copy would be
+    const int64_t j = at.offset(i);
+    const S s = !scale ? S(1) : at.count ? scale[j / (at.rows * at.cols)] : *scale;
+    double di = scale ? double(S(s * d[j])) : double(d[j]);  // scaled in S, as a scaled copy would be
     if (b) {
       b[i] = S(h.momentum * double(b[i]) + di);
       di = h.nesterov ? di + h.momentum * double(b[i]) : double(b[i]);

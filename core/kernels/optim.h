@@ -38,6 +38,28 @@ struct ShampooApplyHyper {
   // CUDA graphs: when set, the CUDA kernel reads {lr, weight_decay} from this device memory at run time.
   const double* device_hyper = nullptr;
 };
+// A column-blocked companion of a matrix x of shape (R, k·C), k ≥ 2: a (k, R, C) tensor whose [b, r, c] is
+// x[r, b·C + c], x's k column blocks stacked (Shampoo's operand and product stacks of a matrix cut into
+// column blocks). shampoo_moments' copies and shampoo_apply's directions may be one. count 0: a companion that
+// corresponds element for element, in flat order.
+struct ColumnBlocks {
+  int64_t count = 0, rows = 0, cols = 0;  // k, R, C
+  // where element i of x (row-major) is in the companion (the CPU's loops and the GPU's kernels both call it)
+#if defined(__CUDACC__)
+  __host__ __device__
+#endif
+  int64_t offset(int64_t i) const {
+    if (count == 0) return i;
+    const int64_t width = count * cols, r = i / width, c = i - r * width, b = c / cols;
+    return (b * rows + r) * cols + (c - b * cols);
+  }
+};
+inline ColumnBlocks column_blocks(const Tensor& companion, const Tensor& x) {
+  if (companion.dim() != 3 || x.dim() != 2 || companion.size(0) < 2 || companion.size(1) != x.size(0) ||
+      companion.size(0) * companion.size(2) != x.size(1))
+    return {};
+  return {companion.size(0), companion.size(1), companion.size(2)};
+}
 }  // namespace kiln
 
 // Fused AdamW (all tensors contiguous, on one device). For each i, with g = grads[i] and m, v = exp_avgs[i],
@@ -62,7 +84,9 @@ KILN_KERNEL(amp_unscale, void(const std::vector<Tensor>& tensors, const Tensor& 
 // exp_avgs is empty without a first moment; grafting_states and grafted are empty for none / SGD grafting
 // (whose direction is f itself). grad_copies and filtered_copies (each empty, or one per tensor, undefined or
 // a contiguous bf16 tensor of the gradient's numel, any shape, on its device) get g and f rounded to bf16 in
-// the same pass: Shampoo::bf16 writes the operands of its products there, rows of the stacks they read. With
+// the same pass: Shampoo::bf16 writes the operands of its products there, rows of the stacks they read (a
+// copy that is a column-blocked companion of its gradient, ColumnBlocks above, gets each element at its place
+// there; both copies of a tensor then so, and its grafted sum undefined). With
 // Adam's or AdaGrad's grafting, filtered[i] may be undefined where filtered_copies[i] is defined: f is then
 // written only as that copy. grafted_sums (empty, or one per tensor, undefined or a one-element tensor in the
 // state dtype on its device; Adam's or AdaGrad's grafting) gets Σ grafted² of its tensor, the squares of the
@@ -114,6 +138,19 @@ inline void check_moments_copies(const std::vector<Tensor>& grads, const std::ve
                  "of f32 state: its values rounded once)");
     }
   }
+  // a column-blocked copy: both copies of the tensor alike, and no grafted sum
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor none;
+    const Tensor& gc = grad_copies.empty() ? none : grad_copies[i];
+    const Tensor& fc = filtered_copies.empty() ? none : filtered_copies[i];
+    const int64_t gb = gc.defined() ? column_blocks(gc, grads[i]).count : 0;
+    const int64_t fb = fc.defined() ? column_blocks(fc, grads[i]).count : 0;
+    if (gb == 0 && fb == 0) continue;
+    KILN_CHECK((!gc.defined() || !fc.defined() || gc.sizes() == fc.sizes()) &&
+                   (grafted_sums.empty() || !grafted_sums[i].defined()),
+               "shampoo_moments: the copies of gradient ", grads[i].str(), " (", gc.defined() ? gc.str() : "none", ", ",
+               fc.defined() ? fc.str() : "none", ") must be column-blocked alike, and without a grafted sum");
+  }
 }
 // shampoo_apply's directions and their scales, checked by both implementations
 inline void check_apply_scales(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
@@ -125,10 +162,14 @@ inline void check_apply_scales(const std::vector<Tensor>& params, const std::vec
     KILN_CHECK(directions[i].numel() == params[i].numel(), "shampoo_apply: direction ", directions[i].str(),
                " for parameter ", params[i].str());
     const Tensor& s = direction_scales.empty() ? directions[i] : direction_scales[i];
+    const int64_t blocks = column_blocks(directions[i], params[i]).count;
     KILN_CHECK(direction_scales.empty() || !s.defined() ||
-                   (s.numel() == 1 && s.dtype() == directions[i].dtype() && s.device() == directions[i].device()),
+                   (s.numel() == (blocks > 0 ? blocks : 1) && s.is_contiguous() &&
+                    s.dtype() == directions[i].dtype() && s.device() == directions[i].device()),
                "shampoo_apply: a direction's scale ", s.defined() ? s.str() : std::string(),
-               " must be one element in the direction's dtype and device: direction ", directions[i].str());
+               " must be one element in the direction's dtype and device (one a column block of a column-blocked "
+               "direction): direction ",
+               directions[i].str(), ", parameter ", params[i].str());
   }
 }
 }  // namespace kiln
@@ -139,7 +180,9 @@ inline void check_apply_scales(const std::vector<Tensor>& params, const std::vec
 // with the new p in the same pass). direction_scales (empty, or one per tensor, each undefined or a one-element
 // tensor in the state dtype on the tensor's device): d ← scale·d first, rounded in the state dtype (a Shampoo
 // block's grafting step size, its direction read where its product left it: no scaled copy). A direction
-// needs only the parameter's numel (any shape).
+// needs only the parameter's numel (any shape), or is a column-blocked companion of a 2-D parameter
+// (ColumnBlocks: the rows of the product stack of a matrix cut into k column blocks), whose scale then has k
+// elements, block b's direction taking element b.
 KILN_KERNEL(shampoo_apply, void(const std::vector<Tensor>& params, const std::vector<Tensor>& directions,
                                 const std::vector<Tensor>& momentum_buffers, const std::vector<Tensor>& copies,
                                 const std::vector<Tensor>& direction_scales, const ShampooApplyHyper& h));

@@ -414,3 +414,56 @@ TEST(CudaSecondOrder, ShampooFusedKernelsMatchTheCpu) {
     }
   }
 }
+
+// The fused kernels with column-blocked companions (Shampoo's stacks of a matrix cut into k equal column
+// blocks: kernels' ColumnBlocks) on the GPU against the CPU: the moments' bf16 copies of g and f written at
+// their places in a (k, R, C) stack, and the update reading its direction there, block b scaled by scale[b];
+// a (300, 3·256) matrix (4-element accesses, chunks across blocks) and a (5, 3·6) one (C = 6: the scalar
+// path). On the GPU the update gives the bits of the direction scaled block by block into a flat tensor.
+TEST(CudaSecondOrder, ShampooKernelsWithColumnBlockedCompanionsMatchTheCpu) {
+  KILN_REQUIRE_GPU();
+  manual_seed(24);
+  auto companion = [](const Tensor& x, int64_t c) {  // x's column blocks of width c, stacked
+    std::vector<Tensor> blocks;
+    for (int64_t b = 0; b < x.size(1) / c; ++b) blocks.push_back(x.narrow(1, b * c, c));
+    return stack(blocks);
+  };
+  for (const auto& [rows, c] : {std::pair<int64_t, int64_t>{300, 256}, std::pair<int64_t, int64_t>{5, 6}}) {
+    SCOPED_TRACE("(" + std::to_string(rows) + ", 3 x " + std::to_string(c) + ")");
+    const Shape shape{rows, 3 * c};
+    const Tensor g = randn(shape), m = randn(shape), v = abs(randn(shape)), p = randn(shape), b = randn(shape);
+    Tensor gg = g.to(gpu()), mg = m.to(gpu()), vg = v.to(gpu()), pg = p.to(gpu()), bg = b.to(gpu());
+    Tensor mc = m.clone(), vc = v.clone(), pc = p.clone(), bc = b.clone();
+    Tensor gr = empty(shape), grg = empty(shape, {.device = gpu()});
+    const Shape stacked{3, rows, c};
+    Tensor gcopy = empty(stacked, {.dtype = DType::bf16}), fcopy = empty_like(gcopy);
+    Tensor gcopy_g = empty(stacked, {.dtype = DType::bf16, .device = gpu()}), fcopy_g = empty_like(gcopy_g);
+    Tensor f = empty(shape), fg = empty(shape, {.device = gpu()});
+    const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 3.0), 3, 0.99, 1.0 - std::pow(0.99, 3.0), 1e-6};
+    kernels::shampoo_moments({g}, {mc}, {vc}, {f}, {gr}, {gcopy}, {fcopy}, {}, h);
+    kernels::shampoo_moments({gg}, {mg}, {vg}, {fg}, {grg}, {gcopy_g}, {fcopy_g}, {}, h);
+    EXPECT_TRUE(all_true(eq(gcopy_g.cpu(), companion(cast(g, DType::bf16), c))));
+    EXPECT_TRUE(all_true(eq(fcopy_g.cpu(), companion(cast(fg.cpu(), DType::bf16), c))));
+    EXPECT_TRUE(all_true(eq(gcopy, companion(cast(g, DType::bf16), c))));
+    EXPECT_TRUE(all_true(eq(fcopy, companion(cast(f, DType::bf16), c))));
+    EXPECT_LT(rel_err(grg.cpu(), gr), 1e-6);
+    EXPECT_LT(rel_err(mg.cpu(), mc), 1e-6);
+    // the update, its direction the grafted one's column blocks stacked
+    const Tensor scales = from_vector(std::vector<float>{0.5f, 3.f, 1.7f}, {3});
+    const Tensor d = companion(gr, c).contiguous(), dg = companion(grg, c).contiguous(), sg = scales.to(gpu());
+    const ShampooApplyHyper a{0.01, 0.1, 0.5, true};
+    Tensor p_flat = pg.clone(), b_flat = bg.clone();
+    kernels::shampoo_apply({pc}, {d}, {bc}, {}, {scales}, a);
+    kernels::shampoo_apply({pg}, {dg}, {bg}, {}, {sg}, a);
+    EXPECT_LT(rel_err(pg.cpu(), pc), 1e-6);
+    EXPECT_LT(rel_err(bg.cpu(), bc), 1e-6);
+    EXPECT_GT(rel_err(pc, p), 1e-4);  // it moved
+    Tensor flat = empty(shape, {.device = gpu()});
+    std::vector<Tensor> from, to;
+    for (int64_t k = 0; k < 3; ++k) from.push_back(dg.select(0, k)), to.push_back(flat.narrow(1, k * c, c));
+    kernels::scale_matrices(from, to, sg);
+    kernels::shampoo_apply({p_flat}, {flat}, {b_flat}, {}, {}, a);
+    EXPECT_TRUE(all_true(eq(pg.cpu(), p_flat.cpu())));
+    EXPECT_TRUE(all_true(eq(bg.cpu(), b_flat.cpu())));
+  }
+}

@@ -426,7 +426,7 @@ TEST(Shampoo, Bf16ProductsRoundTheirOperandsOnce) {
 TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
   auto bf16_round = [](const Tensor& t) { return cast(cast(cast(t, DType::f32), DType::bf16), DType::f64); };
   Generator gen(13);
-  const std::vector<Shape> shapes{{7, 3}, {3, 3}, {2, 5}};
+  const std::vector<Shape> shapes{{7, 3}, {3, 3}, {2, 5}, {2, 6}};  // (2, 6): two equal column blocks
   std::vector<Tensor> ws, ws_f32, refs;
   for (const Shape& shape : shapes) {
     const Tensor w0 = randn(shape, {}, &gen);
@@ -448,6 +448,7 @@ TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
   }
   EXPECT_EQ(plans[0].size(), 3u);
   EXPECT_EQ(plans[2].size(), 2u);
+  EXPECT_EQ(plans[3].shapes, (std::vector<Shape>{{2, 3}, {2, 3}}));
   for (int step = 0; step < 4; ++step) {
     for (size_t i = 0; i < ws.size(); ++i) {
       const Tensor g = randn(shapes[i], {}, &gen);
@@ -476,24 +477,88 @@ TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
     EXPECT_GT(to_f32, 1e-4) << i;
   }
   // With Adam's grafting, a first moment and momentum (the kernel then keeps a written block's Ḡ in bf16
-  // only): the (7, 3) alone, its (3, 3) blocks written by the moments, steps to the same bits as beside a
-  // (3, 6), whose column blocks send the (3, 3) group to the gathers
+  // only): the (7, 3) and the (3, 6) alone, their (3, 3) blocks written by the moments (the (3, 6)'s two column
+  // blocks as one column-blocked companion, its update reading its direction so), step to the same bits as
+  // beside a (3, 5), whose unequal column blocks send the (3, 3) group to the gathers
   const ShampooOptions adam{.lr = 0.05, .betas = {0.9, 0.99}, .epsilon = 0.1, .weight_decay = 0.01, .momentum = 0.5,
                             .max_preconditioner_dim = 3, .precondition_frequency = 2, .start_preconditioning_step = 2};
-  const Tensor p0 = randn({7, 3}, {}, &gen);
-  Tensor alone = p0.clone().requires_grad_(), beside = p0.clone().requires_grad_(), other = randn({3, 6}, {}, &gen).requires_grad_();
-  Shampoo written({alone}, adam), gathered({beside, other}, adam);
+  const Tensor p0 = randn({7, 3}, {}, &gen), q0 = randn({3, 6}, {}, &gen);
+  Tensor alone = p0.clone().requires_grad_(), beside = p0.clone().requires_grad_();
+  Tensor columns = q0.clone().requires_grad_(), columns_beside = q0.clone().requires_grad_();
+  Tensor other = randn({3, 5}, {}, &gen).requires_grad_();
+  Shampoo written({alone, columns}, adam), gathered({beside, columns_beside, other}, adam);
   written.bf16 = gathered.bf16 = true;
   for (int step = 0; step < 5; ++step) {
-    const Tensor g = randn({7, 3}, {}, &gen);
+    const Tensor g = randn({7, 3}, {}, &gen), h = randn({3, 6}, {}, &gen);
     alone.set_grad(g.clone());
     beside.set_grad(g.clone());
-    other.set_grad(randn({3, 6}, {}, &gen));
+    columns.set_grad(h.clone());
+    columns_beside.set_grad(h.clone());
+    other.set_grad(randn({3, 5}, {}, &gen));
     written.step();
     gathered.step();
     EXPECT_TRUE(all_true(eq(alone, beside))) << "step " << step;
+    EXPECT_TRUE(all_true(eq(columns, columns_beside))) << "step " << step;
   }
   EXPECT_GT(max_abs(sub(cast(alone, DType::f64), cast(p0, DType::f64))), 0.01);
+  EXPECT_GT(max_abs(sub(cast(columns, DType::f64), cast(q0, DType::f64))), 0.01);
+}
+
+// x's k column blocks of width c stacked: the (k, R, c) column-blocked companion of x (kernels' ColumnBlocks)
+static Tensor column_companion(const Tensor& x, int64_t c) {
+  std::vector<Tensor> blocks;
+  for (int64_t b = 0; b < x.size(1) / c; ++b) blocks.push_back(x.narrow(1, b * c, c));
+  return stack(blocks);
+}
+
+// The kernels with column-blocked companions (Shampoo's stacks of a matrix cut into equal column blocks): the
+// moments' copies are the flat copies' column blocks, and the update reading a direction so, block b scaled by
+// scale[b], gives the bits of the direction scaled block by block into a flat tensor, then the update. Other
+// shapes of companion read element for element; a scale of the wrong length is an error.
+TEST(Shampoo, KernelsWithColumnBlockedCompanionsGiveTheBitsOfTheFlatOnes) {
+  Generator gen(15);
+  for (const DType dt : {DType::f32, DType::f64}) {
+    const TensorOptions o{.dtype = dt};
+    const Tensor p0 = randn({5, 12}, o, &gen), d = randn({5, 12}, o, &gen), b0 = randn({5, 12}, o, &gen);
+    const Tensor scales = tensor(std::vector<double>{0.37, 1.9, 0.0}, {3}, o);
+    Tensor flat = empty_like(d);
+    std::vector<Tensor> from, to;
+    const Tensor companion = column_companion(d, 4);
+    for (int64_t b = 0; b < 3; ++b) from.push_back(companion.select(0, b)), to.push_back(flat.narrow(1, 4 * b, 4));
+    kernels::scale_matrices(from, to, scales);
+    const ShampooApplyHyper h{0.03, 0.1, 0.9, true};
+    Tensor p_flat = p0.clone(), b_flat = b0.clone(), p_read = p0.clone(), b_read = b0.clone();
+    kernels::shampoo_apply({p_flat}, {flat}, {b_flat}, {}, {}, h);
+    kernels::shampoo_apply({p_read}, {companion}, {b_read}, {}, {scales}, h);
+    EXPECT_TRUE(all_true(eq(p_read, p_flat))) << dtype_name(dt);
+    EXPECT_TRUE(all_true(eq(b_read, b_flat))) << dtype_name(dt);
+    EXPECT_FALSE(all_true(eq(p_read.narrow(1, 0, 4), p0.narrow(1, 0, 4))));
+    EXPECT_KILN_ERROR(kernels::shampoo_apply({p_read}, {companion}, {b_read}, {}, {scales.narrow(0, 0, 1)}, h),
+                      "shampoo_apply", "scale", "[1]", "[3, 5, 4]");
+    // a (3, 4, 5) direction is no companion of a (5, 12) parameter: read element for element
+    Tensor p_any = p0.clone(), b_any = b0.clone(), p_flat2 = p0.clone(), b_flat2 = b0.clone();
+    kernels::shampoo_apply({p_any}, {d.reshape({3, 4, 5})}, {b_any}, {}, {}, h);
+    kernels::shampoo_apply({p_flat2}, {d}, {b_flat2}, {}, {}, h);
+    EXPECT_TRUE(all_true(eq(p_any, p_flat2))) << dtype_name(dt);
+  }
+  const Tensor g = randn({5, 12}, {}, &gen), m0 = randn({5, 12}, {}, &gen), v0 = abs(randn({5, 12}, {}, &gen));
+  const ShampooMomentsHyper h{0.9, 1.0 - std::pow(0.9, 2.0), 3, 0.99, 1.0 - std::pow(0.99, 2.0), 1e-8};
+  Tensor m1 = m0.clone(), v1 = v0.clone(), f1 = empty({5, 12}), r1 = empty({5, 12});
+  Tensor gc1 = empty({5, 12}, {.dtype = DType::bf16}), fc1 = empty_like(gc1);
+  Tensor m2 = m0.clone(), v2 = v0.clone(), r2 = empty({5, 12});
+  Tensor gc2 = empty({3, 5, 4}, {.dtype = DType::bf16}), fc2 = empty_like(gc2);
+  kernels::shampoo_moments({g}, {m1}, {v1}, {f1}, {r1}, {gc1}, {fc1}, {}, h);
+  kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {gc2}, {fc2}, {}, h);
+  EXPECT_TRUE(all_true(eq(gc2, column_companion(gc1, 4))));
+  EXPECT_TRUE(all_true(eq(fc2, column_companion(fc1, 4))));
+  EXPECT_TRUE(all_true(eq(r2, r1)));
+  EXPECT_TRUE(all_true(eq(m2, m1)));
+  // column-blocked copies come alike and without a grafted sum
+  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {Tensor()}, {r2}, {gc2}, {empty({60}, {.dtype = DType::bf16})},
+                                             {}, h),
+                    "shampoo_moments", "column-blocked alike");
+  EXPECT_KILN_ERROR(kernels::shampoo_moments({g}, {m2}, {v2}, {f1}, {r2}, {gc2}, {fc2}, {empty({1})}, h),
+                    "shampoo_moments", "without a grafted sum");
 }
 
 // The update's direction scale (kernels::shampoo_apply reading a block's direction where its product left it)
