@@ -123,24 +123,30 @@ TEST(Shampoo, NewtonRootsMatchTheReferenceAndCountTheirFallbacks) {
 
 // Blocks of a (6, 4) matrix at max dim 3 (2 x 2 blocks of 3 x 3 and 3 x 1), β1 and β2 averages with bias
 // correction, Adam grafting per block, roots every 2 steps from step 2, decoupled decay and momentum.
+// (6, 4) in blocks of rows and columns; (3, 6) in two equal column blocks, which the update reads in place from
+// the product's rows as one column-blocked direction, each block with its own grafting scale
 TEST(Shampoo, BlockedAdamGraftedMatchesTheDirectReference) {
+  for (const Shape& shape : {Shape{6, 4}, Shape{3, 6}}) {
+  SCOPED_TRACE(shape_str(shape));
   Generator gen(2);
   const double lr = 0.05, b1 = 0.9, b2 = 0.95, eps = 1e-8, bg = 0.99, geps = 1e-8, wd = 0.1, mu = 0.5;
-  Tensor w = randn({6, 4}, kF64, &gen).requires_grad_();
+  Tensor w = randn(shape, kF64, &gen).requires_grad_();
   Tensor ref = w.detach().clone();
   Shampoo opt({w}, {.lr = lr, .betas = {b1, b2}, .epsilon = eps, .weight_decay = wd, .momentum = mu,
                     .max_preconditioner_dim = 3, .precondition_frequency = 2, .grafting = Grafting::adam,
                     .grafting_beta2 = bg, .grafting_epsilon = geps});
-  const ShampooBlocks blocks = ShampooBlocks::plan({6, 4}, 3);
-  std::vector<Tensor> L(4), R(4), rootL(4), rootR(4);
-  for (int b = 0; b < 4; ++b) {
+  const ShampooBlocks blocks = ShampooBlocks::plan(shape, 3);
+  const size_t count = blocks.size();
+  EXPECT_EQ(count, shape[0] == 6 ? 4u : 2u);
+  std::vector<Tensor> L(count), R(count), rootL(count), rootR(count);
+  for (size_t b = 0; b < count; ++b) {
     const int64_t m = blocks.shapes[size_t(b)][0], n = blocks.shapes[size_t(b)][1];
-    L[size_t(b)] = zeros({m, m}, kF64), R[size_t(b)] = zeros({n, n}, kF64);
-    rootL[size_t(b)] = linalg::eye(m, kF64), rootR[size_t(b)] = linalg::eye(n, kF64);
+    L[b] = zeros({m, m}, kF64), R[b] = zeros({n, n}, kF64);
+    rootL[b] = linalg::eye(m, kF64), rootR[b] = linalg::eye(n, kF64);
   }
-  Tensor m1 = zeros({6, 4}, kF64), v = zeros({6, 4}, kF64), buf = zeros({6, 4}, kF64);
+  Tensor m1 = zeros(shape, kF64), v = zeros(shape, kF64), buf = zeros(shape, kF64);
   for (int t = 1; t <= 6; ++t) {
-    const Tensor g = randn({6, 4}, kF64, &gen);
+    const Tensor g = randn(shape, kF64, &gen);
     w.set_grad(g.clone());
     opt.step();
     m1 = add(mul(m1, b1), mul(g, 1 - b1));
@@ -148,7 +154,7 @@ TEST(Shampoo, BlockedAdamGraftedMatchesTheDirectReference) {
     v = add(mul(v, bg), mul(mul(g, g), 1 - bg));
     const Tensor adam = div(gbar, add(sqrt(div(v, 1 - std::pow(bg, t))), geps));
     Tensor dir = adam.clone();
-    for (size_t b = 0; b < 4; ++b) {
+    for (size_t b = 0; b < count; ++b) {
       const Tensor gb = blocks.block(g, b).contiguous();
       L[b] = add(mul(L[b], b2), mul(matmul(gb, gb.transpose(0, 1)), 1 - b2));
       R[b] = add(mul(R[b], b2), mul(matmul(gb.transpose(0, 1), gb), 1 - b2));
@@ -168,6 +174,7 @@ TEST(Shampoo, BlockedAdamGraftedMatchesTheDirectReference) {
     ref = sub(mul(ref, 1 - lr * wd), mul(buf, lr));
   }
   EXPECT_LT(max_abs(sub(w.detach(), ref)), 1e-10);
+  }
 }
 
 // An order-3 tensor (no dims merge at max dim 6): three factors, roots −1/6, applied along each dim.
@@ -426,7 +433,9 @@ TEST(Shampoo, Bf16ProductsRoundTheirOperandsOnce) {
 TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
   auto bf16_round = [](const Tensor& t) { return cast(cast(cast(t, DType::f32), DType::bf16), DType::f64); };
   Generator gen(13);
-  const std::vector<Shape> shapes{{7, 3}, {3, 3}, {2, 5}, {2, 6}};  // (2, 6): two equal column blocks
+  // (3, 6): two equal column blocks, in the (3, 3) group with the (7, 3)'s and the (3, 3), whose operands the
+  // moments write (the (2, 5)'s unequal column blocks send its (2, 3) block's group to the gathers)
+  const std::vector<Shape> shapes{{7, 3}, {3, 3}, {2, 5}, {3, 6}};
   std::vector<Tensor> ws, ws_f32, refs;
   for (const Shape& shape : shapes) {
     const Tensor w0 = randn(shape, {}, &gen);
@@ -448,7 +457,7 @@ TEST(Shampoo, Bf16OperandsWrittenByTheMomentsOrGatheredFollowTheReference) {
   }
   EXPECT_EQ(plans[0].size(), 3u);
   EXPECT_EQ(plans[2].size(), 2u);
-  EXPECT_EQ(plans[3].shapes, (std::vector<Shape>{{2, 3}, {2, 3}}));
+  EXPECT_EQ(plans[3].shapes, (std::vector<Shape>{{3, 3}, {3, 3}}));
   for (int step = 0; step < 4; ++step) {
     for (size_t i = 0; i < ws.size(); ++i) {
       const Tensor g = randn(shapes[i], {}, &gen);
