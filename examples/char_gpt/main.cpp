@@ -507,6 +507,8 @@ int run(const Args& args) {
         if (metrics) {
           std::vector<std::pair<std::string, double>> values{
               {"train_loss", train_loss}, {"val_loss", val_loss}, {"lr", schedule.get_last_lr()[0]}};
+          // the training's own time so far, evaluations left out (AlgoPerf's time to target counts it so)
+          values.emplace_back("train_seconds", train_seconds);
           if (segment_iters > 0) {
             values.emplace_back("ms_per_iter", ms_per_iter);
             values.emplace_back("tokens_per_second", double(tokens_per_iter * world) * 1e3 / ms_per_iter);
