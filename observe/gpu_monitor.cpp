@@ -123,6 +123,20 @@ std::string clock_event_reasons(uint64_t mask) {
   return out.empty() ? "none" : out;
 }
 
+GpuSummary summarize(const std::vector<GpuSample>& samples, int device) {
+  GpuSummary out;
+  for (const GpuSample& s : samples) {
+    if (s.device != device) continue;
+    ++out.samples;
+    out.sm_clock_mhz += s.sm_clock_mhz;
+    out.power_w += s.power_w;
+    out.max_temperature_c = std::max(out.max_temperature_c, s.temperature_c);
+    out.clock_event_reasons |= s.clock_event_reasons;
+  }
+  if (out.samples > 0) out.sm_clock_mhz /= double(out.samples), out.power_w /= double(out.samples);
+  return out;
+}
+
 std::unique_ptr<GpuMonitor> monitor_training(MetricsLogger* metrics, const Device& device, double seconds,
                                              std::function<int64_t()> step) {
   KILN_CHECK(seconds >= 0, "monitor_training: the interval must be >= 0 seconds, got ", seconds);

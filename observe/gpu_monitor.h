@@ -86,4 +86,14 @@ GpuSampler nvml_sampler(std::string* why = nullptr);
 // NVML's clock-event reasons as words ("power cap, thermal (hardware)", "none").
 std::string clock_event_reasons(uint64_t mask);
 
+// One device's samples taken together, for a benchmark's result: the mean SM clock and power, the highest
+// temperature and every clock-event reason any sample saw. An H200 runs a run's first seconds at ~1.83 GHz
+// and ~1.67 GHz at its power cap after that (docs/performance.md): two timings compare only at one clock.
+struct GpuSummary {
+  int64_t samples = 0;  // 0: nothing sampled (no NVML, or no sample of that device)
+  double sm_clock_mhz = 0, power_w = 0, max_temperature_c = 0;
+  uint64_t clock_event_reasons = 0;
+};
+GpuSummary summarize(const std::vector<GpuSample>& samples, int device);
+
 }  // namespace kiln::observe

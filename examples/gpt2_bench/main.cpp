@@ -8,7 +8,8 @@
 //
 // Runs --warmup untimed steps (allocator, cuBLASLt heuristics), then --steps timed steps between two
 // device synchronizations. stdout ends with
-//   RESULT tokens_per_second=... mfu=... peak_gib=... step_ms=...
+//   RESULT tokens_per_second=... mfu=... peak_gib=... step_ms=... world=... [...] sm_mhz=... power_w=...
+// the last two being the GPU's mean SM clock and power over the timed steps (NVML; absent without it).
 // Data parallel: started with several ranks (scripts/kilnrun --nproc-per-node 2 gpt2_bench, or mpirun -n 2
 // gpt2_bench), each rank drives the GPU of
 // its local rank, trains on its own batches of B x T tokens, and DistributedDataParallel averages the
@@ -50,6 +51,7 @@
 #include <kiln/distributed/zero_adamw.h>
 #include <kiln/nn/fp8_autocast.h>
 #include <kiln/nn/gpt.h>
+#include <kiln/observe/gpu_monitor.h>
 #include <kiln/observe/progress.h>
 #include <kiln/observe/step_profile.h>
 #include <kiln/observe/trace.h>
@@ -346,6 +348,11 @@ int run(const Args& args) {
   sync();
   const int64_t roots_before = shampoo_stats ? shampoo_stats->root_updates() : 0;
   const int64_t refreshes_before = shampoo_stats ? shampoo_stats->eigen_refreshes() : 0;
+  // the GPU's clock and power over the timed steps (NVML every 50 ms): the clock falls ~9% once an H200
+  // draws its power cap, ~10 s into a run, so two timings compare only at one clock (docs/performance.md)
+  std::unique_ptr<observe::GpuMonitor> monitor;
+  if (dev.is_cuda()) monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
+                         .devices = {dev.index}, .interval = std::chrono::milliseconds(50)});
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr
   if (rank == 0) progress = std::make_unique<observe::ProgressBar>("step", args.steps);
@@ -359,6 +366,8 @@ int run(const Args& args) {
   if (mark) marks.emplace_back(true).record();
   sync();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const observe::GpuSummary gpu = monitor ? observe::summarize(monitor->samples(), dev.index) : observe::GpuSummary{};
+  monitor.reset();
 
   if (args.profile > 0) {
     // Host and wall time of each phase, synchronizing between phases (core/phase_timer.h).
@@ -425,11 +434,20 @@ int run(const Args& args) {
     std::printf("%s\n", line.c_str());
   }
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
-  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s\n", tps, mfu,
+  std::string clocks;  // rank 0's GPU over the timed steps
+  if (gpu.samples > 0) {
+    std::fprintf(stderr, "GPU %d over the timed steps (%lld samples): SM clock %.0f MHz, %.0f W, up to %.0f C; clocks held "
+                 "back by: %s\n", dev.index, (long long)gpu.samples, gpu.sm_clock_mhz, gpu.power_w, gpu.max_temperature_c,
+                 observe::clock_event_reasons(gpu.clock_event_reasons).c_str());
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " sm_mhz=%.0f power_w=%.0f", gpu.sm_clock_mhz, gpu.power_w);
+    clocks = buf;
+  }
+  std::printf("RESULT tokens_per_second=%.0f mfu=%.4f peak_gib=%.2f step_ms=%.1f world=%d%s%s%s%s%s%s%s\n", tps, mfu,
               peak_gib, 1e3 * seconds / double(args.steps), world, zero ? " zero=1" : "",
               args.shampoo > 0 ? (" shampoo=" + std::to_string(args.shampoo)).c_str() : args.comm_bf16 ? " comm=bf16" : "",
               graph ? " cuda_graph=1" : "", args.fp8 ? " fp8=1" : "", args.overlap_step ? " overlap_step=1" : "",
-              args.step_in_backward ? " step_in_backward=1" : "");
+              args.step_in_backward ? " step_in_backward=1" : "", clocks.c_str());
   return 0;
 }
 

@@ -100,6 +100,31 @@ TEST(GpuMonitor, TrainersGetNoneWithoutMetricsOnTheCpuOrWhenOff) {
   fs::remove_all(dir);
 }
 
+TEST(GpuMonitor, SummaryOfOneDeviceMeansItsClockAndPowerAndJoinsItsReasons) {
+  auto sample = [](int device, double clock, double power, double temperature, uint64_t reasons) {
+    GpuSample s;
+    s.device = device, s.sm_clock_mhz = clock, s.power_w = power, s.temperature_c = temperature;
+    s.clock_event_reasons = reasons;
+    return s;
+  };
+  const std::vector<GpuSample> samples{sample(0, 1830, 400, 48, 0x0), sample(1, 1980, 100, 40, 0x1),
+                                       sample(0, 1670, 700, 57, 0x4), sample(0, 1660, 690, 56, 0x4 | 0x20)};
+  const GpuSummary zero = summarize(samples, 0);
+  EXPECT_EQ(zero.samples, 3);
+  EXPECT_DOUBLE_EQ(zero.sm_clock_mhz, (1830.0 + 1670 + 1660) / 3);
+  EXPECT_DOUBLE_EQ(zero.power_w, (400.0 + 700 + 690) / 3);
+  EXPECT_EQ(zero.max_temperature_c, 57);
+  EXPECT_EQ(zero.clock_event_reasons, uint64_t(0x4 | 0x20));
+  const GpuSummary one = summarize(samples, 1);
+  EXPECT_EQ(one.samples, 1);
+  EXPECT_EQ(one.sm_clock_mhz, 1980);
+  EXPECT_EQ(one.clock_event_reasons, uint64_t(0x1));
+  const GpuSummary none = summarize(samples, 3);  // a device nothing was sampled from
+  EXPECT_EQ(none.samples, 0);
+  EXPECT_EQ(none.sm_clock_mhz, 0);
+  EXPECT_EQ(none.power_w, 0);
+}
+
 TEST(GpuMonitor, ClockEventReasonsInWords) {
   EXPECT_EQ(clock_event_reasons(0), "none");
   EXPECT_EQ(clock_event_reasons(0x4 | 0x40), "power cap, thermal (hardware)");
