@@ -126,6 +126,7 @@ class Shampoo : public Optimizer {
   std::string check_param_state(const Tensor& param, const std::string& name, const Tensor& t) const override;
 
  private:
+  class Step;     // one step's passes, from the moments to the update (optim/shampoo_step.cpp)
   struct Factor;  // one factor matrix of one block of one parameter, for the batched root job
   void update_roots(std::vector<Factor>& factors);
   struct MatrixGroup;  // the order-2 blocks of one shape: stacked factors and roots

@@ -430,7 +430,7 @@ TEST(CudaSecondOrder, ShampooKernelsWithColumnBlockedCompanionsMatchTheCpu) {
     return stack(blocks);
   };
   for (const auto& [rows, c] : {std::pair<int64_t, int64_t>{300, 256}, std::pair<int64_t, int64_t>{200, 6}}) {
-    SCOPED_TRACE("(" + std::to_string(rows) + ", 3 x " + std::to_string(c) + ")");
+    SCOPED_TRACE(::testing::Message() << "(" << rows << ", 3 x " << c << ")");
     const Shape shape{rows, 3 * c};
     const Tensor g = randn(shape), m = randn(shape), v = abs(randn(shape)), p = randn(shape), b = randn(shape);
     Tensor gg = g.to(gpu()), mg = m.to(gpu()), vg = v.to(gpu()), pg = p.to(gpu()), bg = b.to(gpu());
