@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include <kiln/core/error.h>
@@ -83,16 +86,32 @@ const Nvml* load_nvml(std::string* why) {
 GpuSampler nvml_sampler(std::string* why) {
   const Nvml* nvml = load_nvml(why);
   if (!nvml) return nullptr;
-  return [nvml](int device) -> std::optional<GpuSample> {
+  // each device's handle, looked up once: cuda::properties asks the driver for all of the device's properties,
+  // too slow to repeat every sample beside a timed run
+  struct Handles {
+    std::mutex mutex;
+    std::map<int, nvmlDevice_t> of;
+  };
+  auto handles = std::make_shared<Handles>();
+  return [nvml, handles](int device) -> std::optional<GpuSample> {
     nvmlDevice_t handle = nullptr;
-    bool found = false;
-    if (nvml->by_pci) {  // the same board as CUDA's device (CUDA_VISIBLE_DEVICES may renumber them)
-      try {
-        found = nvml->by_pci(cuda::properties(device).pci_bus_id.c_str(), &handle) == 0;
-      } catch (const Error&) {
-      }
+    {
+      std::lock_guard<std::mutex> lock(handles->mutex);
+      const auto at = handles->of.find(device);
+      if (at != handles->of.end()) handle = at->second;
     }
-    if (!found && nvml->by_index(unsigned(device), &handle) != 0) return std::nullopt;
+    if (!handle) {
+      bool found = false;
+      if (nvml->by_pci) {  // the same board as CUDA's device (CUDA_VISIBLE_DEVICES may renumber them)
+        try {
+          found = nvml->by_pci(cuda::properties(device).pci_bus_id.c_str(), &handle) == 0;
+        } catch (const Error&) {
+        }
+      }
+      if (!found && nvml->by_index(unsigned(device), &handle) != 0) return std::nullopt;
+      std::lock_guard<std::mutex> lock(handles->mutex);
+      handles->of[device] = handle;
+    }
     GpuSample s;
     s.device = device;
     nvmlUtilization_t u{};

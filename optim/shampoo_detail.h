@@ -39,7 +39,7 @@ struct Shampoo::MatrixGroup {
   // Shampoo::bf16: roots i as bf16, cast again where the roots changed since (their storage's version moves
   // with a root update, a retry's copy, a load into them). Cast in place, so that a CUDA graph captured after
   // it reads the new copy at its next replay: the eager step that changed the roots casts (a root step is
-  // never captured), and so does a replay's hook (step()) where they changed otherwise.
+  // never captured), and so does a replay's hook (Shampoo::Step::directions) where they changed otherwise.
   const Tensor& half_roots(int i) {
     Tensor& h = half[i];
     const uint64_t version = roots[i].version();

@@ -219,8 +219,8 @@ class Shampoo::Step {
 
   bool started(const Pending& w) const {
     const auto t = step_of_.find(w.index);
-    return w.preconditioned &&
-           (t != step_of_.end() ? t->second : s_.state(w.index).step) >= int64_t(w.group->get("start_preconditioning_step"));
+    const int64_t step = t != step_of_.end() ? t->second : s_.state(w.index).step;
+    return w.preconditioned && step >= int64_t(w.group->get("start_preconditioning_step"));
   }
 
   // A started matrix parameter cut into whole rows (blocks contiguous in it), or into equal column blocks, has
@@ -314,7 +314,8 @@ class Shampoo::Step {
             const int64_t d = blocks.shapes[b][size_t(i)];
             state_tensor(factor_name(b, i), {d, d});
             state_tensor(root_name(b, i), {d, d}, /*identity=*/true);
-            if (s_.root_method == linalg::RootMethod::warm_eigen) state_tensor(basis_name(b, i), {d, d});  // zeros: δ = 1
+            if (s_.root_method == linalg::RootMethod::warm_eigen)
+              state_tensor(basis_name(b, i), {d, d});  // zeros: δ = 1
           }
           if (k == 2) {  // batched in statistics(), with the other blocks of its shape
             matrix_blocks_[{blocks.shapes[b][0], blocks.shapes[b][1], int(sdt), p.device().str(), b2}].push_back(
@@ -523,7 +524,8 @@ class Shampoo::Step {
       if (s_.root_method == linalg::RootMethod::warm_eigen) f.basis = tensors.at(basis_name(f.block, f.dim));
     }
     if (!due_.empty()) {
-      const cuda::AllowTf32Guard f32_roots(s_.tf32, false);  // the roots' own products (Newton, the residual check) in f32
+      // the roots' own products (Newton, the residual check) in f32
+      const cuda::AllowTf32Guard f32_roots(s_.tf32, false);
       s_.update_roots(due_);
     }
   }

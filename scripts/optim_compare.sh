@@ -31,7 +31,7 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   "$build/examples/gpt2_bench" --steps 30 --step-ms --trace "$out/gpt2_trace.json" > "$out/gpt2_adamw.txt" 2> "$out/gpt2_adamw.err"
   "$build/examples/gpt2_bench" --steps 30 --shampoo 10 > "$out/gpt2_shampoo.txt" 2>&1
   # AdamW after the same 500 warm-up steps as the tuned Shampoo runs below: the H200 holds ~1.83 GHz for the
-  # first seconds of a run and ~1.67 GHz at its 700 W limit after that, 2.6-3.5% on AdamW's step (session
+  # first seconds of a run and ~1.67 GHz at its 700 W limit after that, 2.6-3.6% on AdamW's step (session
   # 37, docs/optim.md), so the ratio compares two steps at the same steady clock
   "$build/examples/gpt2_bench" --warmup 500 --steps 30 --step-ms > "$out/gpt2_adamw_w500.txt" 2>&1
   # GPT-2's cheapest Shampoo step so far (session 30, docs/optim.md): TF32 products, warm-started roots with
@@ -56,7 +56,7 @@ char() {  # char NAME DEVICE FLAGS...
 char_runs() {
   local seed
   set -- --iters 2000 --lr-decay-iters 5000 --eval-interval 50
-  # (bf16 products since session 37: as few iterations to 1.50 as TF32's on seeds 1337, 2 and 3, 0.15-0.25
+  # (bf16 products since session 37: as few iterations to 1.50 as TF32's on seeds 1337, 2 and 3, and ~0.1-0.2
   # ms an iteration less)
   local shampoo="--optimizer shampoo --shampoo-frequency 50 --shampoo-bf16 --shampoo-newton-tf32"
   shampoo+=" --shampoo-max-dim 512 --shampoo-epsilon 1e-6"
@@ -121,10 +121,10 @@ for name in sorted(os.listdir(root)):
     else:
         key, target, better = "test_accuracy", 0.91, lambda v: v >= 0.91
     clock = "seconds" if all("seconds" in r for r in recs if r.get(key) is not None) else "time"
-    vals = [(r["step"], r[clock], r[key]) for r in recs if r.get(key) is not None]
-    hit = next(((s, t) for s, t, v in vals if better(v)), None)
-    train = next((r["train_seconds"] for r in recs if "train_seconds" in r and r.get(key) is not None and better(r[key])), None)
-    best = (min if key == "val_loss" else max)(v for _, _, v in vals) if vals else float("nan")
+    vals = [(r["step"], r[clock], r[key], r.get("train_seconds")) for r in recs if r.get(key) is not None]
+    first = next((x for x in vals if better(x[2])), None)
+    hit, train = (first[:2], first[3]) if first else (None, None)
+    best = (min if key == "val_loss" else max)(x[2] for x in vals) if vals else float("nan")
     end = vals[-1][1] if vals else 0
     print(f"{name:24} {key} {target}: " + (f"at step {hit[0]} after {hit[1]:.1f} s" if hit else "not reached") +
           (f" ({train:.2f} s of training)" if hit and train is not None else "") +

@@ -351,7 +351,7 @@ int run(const Args& args) {
   // the GPU's clock and power over the timed steps (NVML every 50 ms): the clock falls ~9% once an H200
   // draws its power cap, ~10 s into a run, so two timings compare only at one clock (docs/performance.md)
   std::unique_ptr<observe::GpuMonitor> monitor;
-  if (dev.is_cuda()) monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
+  if (dev.is_cuda() && rank == 0) monitor = std::make_unique<observe::GpuMonitor>(observe::GpuMonitor::Options{
                          .devices = {dev.index}, .interval = std::chrono::milliseconds(50)});
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<observe::ProgressBar> progress;  // rank 0, on stderr
@@ -436,8 +436,10 @@ int run(const Args& args) {
   if (!timeline.empty()) std::printf("DDP timeline of one step (ms from the first gradient ready):\n%s", timeline.c_str());
   std::string clocks;  // rank 0's GPU over the timed steps
   if (gpu.samples > 0) {
-    std::fprintf(stderr, "GPU %d over the timed steps (%lld samples): SM clock %.0f MHz, %.0f W, up to %.0f C; clocks held "
-                 "back by: %s\n", dev.index, (long long)gpu.samples, gpu.sm_clock_mhz, gpu.power_w, gpu.max_temperature_c,
+    std::fprintf(stderr,
+                 "GPU %d over the timed steps (%lld samples): SM clock %.0f MHz, %.0f W, up to %.0f C; clocks held "
+                 "back by: %s\n",
+                 dev.index, (long long)gpu.samples, gpu.sm_clock_mhz, gpu.power_w, gpu.max_temperature_c,
                  observe::clock_event_reasons(gpu.clock_event_reasons).c_str());
     char buf[64];
     std::snprintf(buf, sizeof buf, " sm_mhz=%.0f power_w=%.0f", gpu.sm_clock_mhz, gpu.power_w);

@@ -107,7 +107,7 @@ TEST(GpuMonitor, SummaryOfOneDeviceMeansItsClockAndPowerAndJoinsItsReasons) {
     s.clock_event_reasons = reasons;
     return s;
   };
-  const std::vector<GpuSample> samples{sample(0, 1830, 400, 48, 0x0), sample(1, 1980, 100, 40, 0x1),
+  const std::vector<GpuSample> samples{sample(0, 1830, 400, 48, 0x0), sample(1, 1980, 100, 90, 0x1),
                                        sample(0, 1670, 700, 57, 0x4), sample(0, 1660, 690, 56, 0x4 | 0x20)};
   const GpuSummary zero = summarize(samples, 0);
   EXPECT_EQ(zero.samples, 3);
@@ -118,6 +118,7 @@ TEST(GpuMonitor, SummaryOfOneDeviceMeansItsClockAndPowerAndJoinsItsReasons) {
   const GpuSummary one = summarize(samples, 1);
   EXPECT_EQ(one.samples, 1);
   EXPECT_EQ(one.sm_clock_mhz, 1980);
+  EXPECT_EQ(one.max_temperature_c, 90);
   EXPECT_EQ(one.clock_event_reasons, uint64_t(0x1));
   const GpuSummary none = summarize(samples, 3);  // a device nothing was sampled from
   EXPECT_EQ(none.samples, 0);
