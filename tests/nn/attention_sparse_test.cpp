@@ -164,11 +164,15 @@ TEST(SparseAttention, QueryTileOrderIsEveryTileByItsLiveBlocksMostFirst) {
         ++seen[size_t(o[i])];
         if (i > 0) {
           EXPECT_GE(live(o[i - 1]), live(o[i])) << "position " << i;
-          if (live(o[i - 1]) == live(o[i])) EXPECT_LT(o[i - 1], o[i]) << "position " << i;
+          if (live(o[i - 1]) == live(o[i])) {
+            EXPECT_LT(o[i - 1], o[i]) << "position " << i;
+          }
         }
       }
       for (int c : seen) EXPECT_EQ(c, 1);
-      if (!causal) EXPECT_EQ(o[0] / per_block, 2);  // the global row first
+      if (!causal) {
+        EXPECT_EQ(o[0] / per_block, 2);  // the global row first
+      }
       // a mask whose order does not list every tile is refused, not run with tiles left out
       AttentionMask cut = keys;
       cut.query_tile_order = keys.query_tile_order.narrow(0, 0, 1).clone();
